@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Installs what zipkv needs on a fresh Debian machine (CPU): redis-server, a CPU torch, zipkv with its
+# dev extras (editable). Idempotent: a second run only checks.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PY:-python3}
+log() { printf '[setup] %s\n' "$*"; }
+if ! command -v redis-server >/dev/null 2>&1; then
+  log "installing redis-server (Debian package)"
+  if [ "$(id -u)" = 0 ]; then SUDO=""; else SUDO="sudo"; fi
+  $SUDO apt-get update -qq && $SUDO apt-get install -y -qq redis-server >/dev/null
+fi
+if ! $PY -c "import torch" >/dev/null 2>&1; then
+  # The pinned version is a CPU build on this machine's local disk; an unpinned torch pulls CUDA (GBs).
+  log "installing torch==2.13.0 (CPU)"
+  $PY -m pip install -q torch==2.13.0
+fi
+if ! $PY -c "import zipkv.kernels, grpc_tools, ray.serve, helm" >/dev/null 2>&1; then
+  log "installing zipkv[dev] (editable)"
+  $PY -m pip install -q -e ".[dev]"
+fi
+log "ready: $($PY -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__)')"
