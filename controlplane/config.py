@@ -1,0 +1,240 @@
+"""The router's one config: a YAML file plus `ZIPKV_*` environment overrides, validated at start-up.
+
+Environment overrides name a key path with double underscores, e.g. `ZIPKV_HTTP__PORT=8080`,
+`ZIPKV_STATE__REDIS_URL=redis://redis:6379/0`, `ZIPKV_SECURITY__REPORT_TOKEN=...`. Values are parsed as
+YAML scalars (so `8080` is an int, `true` a bool, `[a, b]` a list). Unknown keys, in the file or in the
+environment, are errors: a typo must not silently fall back to a default.
+
+Check a file without starting anything: `python -m zipkv.controlplane.config --check FILE`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+ENV_PREFIX = "ZIPKV_"
+
+
+class ConfigError(ValueError):
+    """The config is invalid; the message names the key and what to do."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class HttpConfig(_Strict):
+    host: str = "0.0.0.0"
+    port: int = Field(8000, ge=0, le=65535)
+    max_request_bytes: int = Field(1 << 20, gt=0, description="larger bodies get 413")
+    max_prompt_messages: int = Field(1024, gt=0)
+
+
+class GrpcConfig(_Strict):
+    host: str = "0.0.0.0"
+    port: int = Field(50051, ge=0, le=65535, description="ControlPlane.ReportCapacity listens here")
+
+
+class ModelConfig(_Strict):
+    name: str = Field(min_length=1)
+    tokenizer: str = Field("byte", description="`byte` (built-in) or a folder holding tokenizer.json")
+    max_context_tokens: int = Field(2048, gt=0)
+    # Prior for the TTFT prediction: prefill cost per prompt token on one worker.
+    prefill_ms_per_token: float = Field(0.05, ge=0)
+    default_max_tokens: int = Field(256, gt=0)
+
+
+class StateConfig(_Strict):
+    backend: Literal["memory", "redis"] = "memory"
+    redis_url: str | None = None
+    key_prefix: str = "zipkv"
+    refresh_ms: int = Field(50, gt=0, description="how often a router reloads the shared snapshot")
+    redis_timeout_ms: int = Field(200, gt=0)
+
+    @model_validator(mode="after")
+    def _redis_needs_url(self) -> StateConfig:
+        if self.backend == "redis" and not self.redis_url:
+            raise ValueError(
+                "state.backend is 'redis' but state.redis_url is empty: set it (redis://host:6379/0)"
+            )
+        return self
+
+
+class PlacementConfig(_Strict):
+    stale_after_ms: int = Field(1000, gt=0, description="older reports are compared on the coarse signal")
+    expire_after_ms: int = Field(5000, gt=0, description="workers whose reports stop are dropped after this")
+    reservation_ttl_s: float = Field(900.0, gt=0, description="a crashed router's reservations expire")
+    weight_headroom: float = Field(1.0, ge=0)
+    weight_slo: float = Field(1.0, ge=0)
+    weight_queue: float = Field(0.5, ge=0)
+    # Priors used when a worker has no measurement yet (idle): decode step and HBM bandwidth.
+    idle_itl_ms: float = Field(10.0, gt=0)
+    decode_ms_per_gib: float = Field(0.25, gt=0, description="ms to read 1 GiB of KV (H200 ~4 TB/s)")
+
+    @model_validator(mode="after")
+    def _check(self) -> PlacementConfig:
+        if self.expire_after_ms < self.stale_after_ms:
+            raise ValueError("placement.expire_after_ms must be >= placement.stale_after_ms")
+        if self.weight_headroom + self.weight_slo + self.weight_queue <= 0:
+            raise ValueError("placement weights are all zero: give at least one scorer a positive weight")
+        return self
+
+
+class SloConfig(_Strict):
+    ttft_ms: float = Field(2000.0, gt=0)
+    tpot_ms: float = Field(100.0, gt=0)
+
+
+class LimitsConfig(_Strict):
+    requests_per_s: float = Field(0.0, ge=0, description="token-bucket rate per API key (0 = off)")
+    burst: int = Field(100, gt=0)
+    max_inflight_requests: int = Field(0, ge=0, description="429 beyond this many (0 = off)")
+    retry_after_s: int = Field(1, gt=0)
+
+
+class DispatchConfig(_Strict):
+    deadline_s: float = Field(600.0, gt=0, description="gRPC deadline of one Generate call")
+    connect_timeout_s: float = Field(2.0, gt=0)
+    retries: int = Field(1, ge=0, le=3, description="retries elsewhere before any token was sent")
+
+
+class SecurityConfig(_Strict):
+    api_keys: tuple[str, ...] = Field((), description="Bearer keys for the HTTP API (empty = open)")
+    report_token: str = Field("", description="shared token workers send with ReportCapacity")
+    allow_unauthenticated_reports: bool = Field(
+        False, description="must be true to run with an empty report_token (local development only)"
+    )
+
+    @model_validator(mode="after")
+    def _token(self) -> SecurityConfig:
+        if not self.report_token and not self.allow_unauthenticated_reports:
+            raise ValueError(
+                "security.report_token is empty: set it (env ZIPKV_SECURITY__REPORT_TOKEN) or set "
+                "security.allow_unauthenticated_reports: true for local development"
+            )
+        return self
+
+
+class TelemetryConfig(_Strict):
+    service_name: str = "zipkv-router"
+    otlp_endpoint: str | None = Field(None, description="else the standard OTEL_EXPORTER_OTLP_* variables")
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+
+
+class RouterConfig(_Strict):
+    http: HttpConfig = HttpConfig()
+    grpc: GrpcConfig = GrpcConfig()
+    models: tuple[ModelConfig, ...] = Field(min_length=1)
+    state: StateConfig = StateConfig()
+    placement: PlacementConfig = PlacementConfig()
+    slo: SloConfig = SloConfig()
+    limits: LimitsConfig = LimitsConfig()
+    dispatch: DispatchConfig = DispatchConfig()
+    security: SecurityConfig = SecurityConfig(allow_unauthenticated_reports=True)
+    telemetry: TelemetryConfig = TelemetryConfig()
+
+    @model_validator(mode="after")
+    def _unique_models(self) -> RouterConfig:
+        names = [m.name for m in self.models]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ValueError(f"models: duplicate names {dupes}")
+        return self
+
+    def model(self, name: str) -> ModelConfig | None:
+        return next((m for m in self.models if m.name == name), None)
+
+
+def _set_path(tree: dict[str, Any], path: list[str], value: Any) -> None:
+    node = tree
+    for key in path[:-1]:
+        child = node.setdefault(key, {})
+        if not isinstance(child, dict):
+            raise ConfigError(f"{ENV_PREFIX}{'__'.join(path).upper()}: '{key}' is not a section")
+        node = child
+    node[path[-1]] = value
+
+
+def _env_overrides(env: Mapping[str, str]) -> dict[str, Any]:
+    tree: dict[str, Any] = {}
+    for name, raw in sorted(env.items()):
+        if not name.startswith(ENV_PREFIX) or "__" not in name:
+            continue
+        path = [p.lower() for p in name[len(ENV_PREFIX) :].split("__")]
+        if not all(path):
+            raise ConfigError(f"{name}: empty key segment (use ZIPKV_SECTION__KEY)")
+        try:
+            value = yaml.safe_load(raw) if raw else ""
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"{name}: not a YAML scalar: {exc}") from exc
+        _set_path(tree, path, value)
+    return tree
+
+
+def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in over.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def _format_errors(exc: ValidationError, source: str) -> str:
+    lines = [f"invalid router config ({source}):"]
+    for err in exc.errors():
+        loc = ".".join(str(p) for p in err["loc"]) or "(top level)"
+        lines.append(f"  {loc}: {err['msg']}")
+    return "\n".join(lines)
+
+
+def load_config(path: str | None, env: Mapping[str, str] | None = None) -> RouterConfig:
+    """Load and validate the router config; raise ConfigError with every problem listed."""
+    env = os.environ if env is None else env
+    data: dict[str, Any] = {}
+    source = "defaults"
+    if path:
+        file = Path(path)
+        if not file.is_file():
+            raise ConfigError(f"config file {path} does not exist")
+        try:
+            loaded = yaml.safe_load(file.read_text()) or {}
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"config file {path} is not valid YAML: {exc}") from exc
+        if not isinstance(loaded, dict):
+            raise ConfigError(f"config file {path} must hold a mapping at the top level")
+        data, source = loaded, str(path)
+    overrides = _env_overrides(env)
+    if overrides:
+        data = _merge(data, overrides)
+        source += " + ZIPKV_* env"
+    try:
+        return RouterConfig.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(_format_errors(exc, source)) from None
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m zipkv.controlplane.config")
+    parser.add_argument("--check", metavar="FILE", required=True, help="validate FILE (+ ZIPKV_* env)")
+    args = parser.parse_args(argv)
+    try:
+        cfg = load_config(args.check, os.environ)
+    except ConfigError as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    print(f"ok: {args.check}: models {[m.name for m in cfg.models]}, state {cfg.state.backend}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
