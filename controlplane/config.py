@@ -33,31 +33,31 @@ class _Strict(BaseModel):
 
 class HttpConfig(_Strict):
     host: str = "0.0.0.0"
-    port: int = Field(8000, ge=0, le=65535)
-    max_request_bytes: int = Field(1 << 20, gt=0, description="larger bodies get 413")
-    max_prompt_messages: int = Field(1024, gt=0)
+    port: int = Field(default=8000, ge=0, le=65535)
+    max_request_bytes: int = Field(default=1 << 20, gt=0, description="larger bodies get 413")
+    max_prompt_messages: int = Field(default=1024, gt=0)
 
 
 class GrpcConfig(_Strict):
     host: str = "0.0.0.0"
-    port: int = Field(50051, ge=0, le=65535, description="ControlPlane.ReportCapacity listens here")
+    port: int = Field(default=50051, ge=0, le=65535, description="ControlPlane.ReportCapacity listens here")
 
 
 class ModelConfig(_Strict):
     name: str = Field(min_length=1)
-    tokenizer: str = Field("byte", description="`byte` (built-in) or a folder holding tokenizer.json")
-    max_context_tokens: int = Field(2048, gt=0)
+    tokenizer: str = Field(default="byte", description="`byte` (built-in) or a folder holding tokenizer.json")
+    max_context_tokens: int = Field(default=2048, gt=0)
     # Prior for the TTFT prediction: prefill cost per prompt token on one worker.
-    prefill_ms_per_token: float = Field(0.05, ge=0)
-    default_max_tokens: int = Field(256, gt=0)
+    prefill_ms_per_token: float = Field(default=0.05, ge=0)
+    default_max_tokens: int = Field(default=256, gt=0)
 
 
 class StateConfig(_Strict):
     backend: Literal["memory", "redis"] = "memory"
     redis_url: str | None = None
     key_prefix: str = "zipkv"
-    refresh_ms: int = Field(50, gt=0, description="how often a router reloads the shared snapshot")
-    redis_timeout_ms: int = Field(200, gt=0)
+    refresh_ms: int = Field(default=50, gt=0, description="how often a router reloads the shared snapshot")
+    redis_timeout_ms: int = Field(default=200, gt=0)
 
     @model_validator(mode="after")
     def _redis_needs_url(self) -> StateConfig:
@@ -69,15 +69,21 @@ class StateConfig(_Strict):
 
 
 class PlacementConfig(_Strict):
-    stale_after_ms: int = Field(1000, gt=0, description="older reports are compared on the coarse signal")
-    expire_after_ms: int = Field(5000, gt=0, description="workers whose reports stop are dropped after this")
-    reservation_ttl_s: float = Field(900.0, gt=0, description="a crashed router's reservations expire")
-    weight_headroom: float = Field(1.0, ge=0)
-    weight_slo: float = Field(1.0, ge=0)
-    weight_queue: float = Field(0.5, ge=0)
+    stale_after_ms: int = Field(
+        default=1000, gt=0, description="older reports are compared on the coarse signal"
+    )
+    expire_after_ms: int = Field(
+        default=5000, gt=0, description="workers whose reports stop are dropped after this"
+    )
+    reservation_ttl_s: float = Field(
+        default=900.0, gt=0, description="a crashed router's reservations expire"
+    )
+    weight_headroom: float = Field(default=1.0, ge=0)
+    weight_slo: float = Field(default=1.0, ge=0)
+    weight_queue: float = Field(default=0.5, ge=0)
     # Priors used when a worker has no measurement yet (idle): decode step and HBM bandwidth.
-    idle_itl_ms: float = Field(10.0, gt=0)
-    decode_ms_per_gib: float = Field(0.25, gt=0, description="ms to read 1 GiB of KV (H200 ~4 TB/s)")
+    idle_itl_ms: float = Field(default=10.0, gt=0)
+    decode_ms_per_gib: float = Field(default=0.25, gt=0, description="ms to read 1 GiB of KV (H200 ~4 TB/s)")
 
     @model_validator(mode="after")
     def _check(self) -> PlacementConfig:
@@ -89,28 +95,28 @@ class PlacementConfig(_Strict):
 
 
 class SloConfig(_Strict):
-    ttft_ms: float = Field(2000.0, gt=0)
-    tpot_ms: float = Field(100.0, gt=0)
+    ttft_ms: float = Field(default=2000.0, gt=0)
+    tpot_ms: float = Field(default=100.0, gt=0)
 
 
 class LimitsConfig(_Strict):
-    requests_per_s: float = Field(0.0, ge=0, description="token-bucket rate per API key (0 = off)")
-    burst: int = Field(100, gt=0)
-    max_inflight_requests: int = Field(0, ge=0, description="429 beyond this many (0 = off)")
-    retry_after_s: int = Field(1, gt=0)
+    requests_per_s: float = Field(default=0.0, ge=0, description="token-bucket rate per API key (0 = off)")
+    burst: int = Field(default=100, gt=0)
+    max_inflight_requests: int = Field(default=0, ge=0, description="429 beyond this many (0 = off)")
+    retry_after_s: int = Field(default=1, gt=0)
 
 
 class DispatchConfig(_Strict):
-    deadline_s: float = Field(600.0, gt=0, description="gRPC deadline of one Generate call")
-    connect_timeout_s: float = Field(2.0, gt=0)
-    retries: int = Field(1, ge=0, le=3, description="retries elsewhere before any token was sent")
+    deadline_s: float = Field(default=600.0, gt=0, description="gRPC deadline of one Generate call")
+    connect_timeout_s: float = Field(default=2.0, gt=0)
+    retries: int = Field(default=1, ge=0, le=3, description="retries elsewhere before any token was sent")
 
 
 class SecurityConfig(_Strict):
-    api_keys: tuple[str, ...] = Field((), description="Bearer keys for the HTTP API (empty = open)")
-    report_token: str = Field("", description="shared token workers send with ReportCapacity")
+    api_keys: tuple[str, ...] = Field(default=(), description="Bearer keys for the HTTP API (empty = open)")
+    report_token: str = Field(default="", description="shared token workers send with ReportCapacity")
     allow_unauthenticated_reports: bool = Field(
-        False, description="must be true to run with an empty report_token (local development only)"
+        default=False, description="must be true to run with an empty report_token (local development only)"
     )
 
     @model_validator(mode="after")
@@ -125,7 +131,9 @@ class SecurityConfig(_Strict):
 
 class TelemetryConfig(_Strict):
     service_name: str = "zipkv-router"
-    otlp_endpoint: str | None = Field(None, description="else the standard OTEL_EXPORTER_OTLP_* variables")
+    otlp_endpoint: str | None = Field(
+        default=None, description="else the standard OTEL_EXPORTER_OTLP_* variables"
+    )
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
 
 
