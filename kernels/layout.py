@@ -119,7 +119,9 @@ class PageFormat:
         if self.num_kv_heads < 1:
             raise ValueError(f"num_kv_heads must be >= 1, got {self.num_kv_heads}")
         if self.version != FORMAT_VERSION:
-            raise ValueError(f"page format version {self.version} unknown; this build reads v{FORMAT_VERSION}")
+            raise ValueError(
+                f"page format version {self.version} unknown; this build reads v{FORMAT_VERSION}"
+            )
         for name in ("k_geometry", "v_geometry"):
             geometry = getattr(self, name)
             if geometry is None:
@@ -187,7 +189,9 @@ class PageFormat:
 
     def expected_page_bytes(self, compressible_fraction: float) -> float:
         """Mean stored bytes per page (metadata included) at a compressible fraction of blocks."""
-        per_block = compressible_fraction * COMPRESSED_BLOCK_BYTES + (1 - compressible_fraction) * RAW_BLOCK_BYTES
+        per_block = (
+            compressible_fraction * COMPRESSED_BLOCK_BYTES + (1 - compressible_fraction) * RAW_BLOCK_BYTES
+        )
         return self.blocks_per_page * per_block + self.meta_bytes_per_page
 
     def block_of(self, kv: int, token: int, channel: int) -> int:

@@ -116,8 +116,14 @@ def capture_llama(text: str, tokens: int, seed: int) -> Capture:
 
     out: Capture = {}
 
-    def capturing_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor,
-                            value: torch.Tensor, *args: object, **kwargs: object) -> object:
+    def capturing_attention(
+        module: torch.nn.Module,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        *args: object,
+        **kwargs: object,
+    ) -> object:
         layer = int(module.layer_idx)  # type: ignore[arg-type]
         out.setdefault((layer, "K"), []).append(key[0].transpose(0, 1))  # key: [1, Hkv, T, D], post-RoPE
         out.setdefault((layer, "V"), []).append(value[0].transpose(0, 1))
@@ -125,11 +131,20 @@ def capture_llama(text: str, tokens: int, seed: int) -> Capture:
 
     AttentionInterface.register("zipkv_capture", capturing_attention)
     torch.manual_seed(seed)
-    config = LlamaConfig(vocab_size=32000, hidden_size=1024, intermediate_size=2816, num_hidden_layers=4,
-                         num_attention_heads=8, num_key_value_heads=4, head_dim=128,
-                         max_position_embeddings=4096, attn_implementation="zipkv_capture")
+    config = LlamaConfig(
+        vocab_size=32000,
+        hidden_size=1024,
+        intermediate_size=2816,
+        num_hidden_layers=4,
+        num_attention_heads=8,
+        num_key_value_heads=4,
+        head_dim=128,
+        max_position_embeddings=4096,
+        attn_implementation="zipkv_capture",
+    )
     model = LlamaForCausalLM(config).to(torch.bfloat16).eval()
     for i, layer in enumerate(model.model.layers):
+
         def pre(_m: torch.nn.Module, _i: object, o: torch.Tensor, i: int = i) -> None:
             out.setdefault((i, "K_prerope"), []).append(o[0].reshape(o.shape[1], -1, 128))
 
@@ -145,8 +160,15 @@ def rows_for(model: str, capture: Capture) -> Iterator[Row]:
         values = torch.cat(parts).to(torch.bfloat16)
         for geometry in candidate_geometries(values.shape[-1]):
             ok, total = measure(values, geometry)
-            yield Row(model, layer, stream, geometry.name, total, ok / total,
-                      bytes_per_value(ok, total, values.shape[-1]))
+            yield Row(
+                model,
+                layer,
+                stream,
+                geometry.name,
+                total,
+                ok / total,
+                bytes_per_value(ok, total, values.shape[-1]),
+            )
 
 
 def summarise(rows: list[Row]) -> list[dict[str, object]]:
@@ -158,8 +180,16 @@ def summarise(rows: list[Row]) -> list[dict[str, object]]:
         blocks = sum(r.blocks for r in sel)
         frac = sum(r.compressible_fraction * r.blocks for r in sel) / blocks
         bpv = sum(r.bytes_per_value * r.blocks for r in sel) / blocks
-        out.append({"model": model, "stream": stream, "geometry": geometry, "blocks": blocks,
-                    "compressible_fraction": round(frac, 4), "bytes_per_value": round(bpv, 4)})
+        out.append(
+            {
+                "model": model,
+                "stream": stream,
+                "geometry": geometry,
+                "blocks": blocks,
+                "compressible_fraction": round(frac, 4),
+                "bytes_per_value": round(bpv, 4),
+            }
+        )
     return out
 
 
@@ -185,16 +215,25 @@ def main(argv: list[str] | None = None) -> int:
         rows.extend(rows_for(model, capture))
     print(f"{'model':8} {'layer':>5} {'stream':10} {'geometry':8} {'compressible':>12} {'B/value':>8}")
     for r in rows:
-        print(f"{r.model:8} {r.layer:5d} {r.stream:10} {r.geometry:8} {r.compressible_fraction:12.4f} "
-              f"{r.bytes_per_value:8.4f}")
+        print(
+            f"{r.model:8} {r.layer:5d} {r.stream:10} {r.geometry:8} {r.compressible_fraction:12.4f} "
+            f"{r.bytes_per_value:8.4f}"
+        )
     summary = summarise(rows)
     print("\nall layers:")
     for s in summary:
-        print(f"{s['model']:8} {s['stream']:10} {s['geometry']:8} {s['compressible_fraction']:12.4f} "
-              f"{s['bytes_per_value']:8.4f}")
-    result = {"command": "python -m zipkv.kernels.study " + " ".join(argv or []), "torch": torch.__version__,
-              "date": time.strftime("%Y-%m-%d"), "seconds": round(time.time() - started, 1),
-              "summary": summary, "rows": [asdict(r) for r in rows]}
+        print(
+            f"{s['model']:8} {s['stream']:10} {s['geometry']:8} {s['compressible_fraction']:12.4f} "
+            f"{s['bytes_per_value']:8.4f}"
+        )
+    result = {
+        "command": "python -m zipkv.kernels.study " + " ".join(argv or []),
+        "torch": torch.__version__,
+        "date": time.strftime("%Y-%m-%d"),
+        "seconds": round(time.time() - started, 1),
+        "summary": summary,
+        "rows": [asdict(r) for r in rows],
+    }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
     print(f"[study] wrote {args.out}")
