@@ -1,0 +1,75 @@
+{{/* Ray worker pods: one per gpusPerPod GPUs, enough for every Serve replica. */}}
+{{- define "zipkv.workers.podCount" -}}
+{{- $gpus := mul (int .Values.workers.numReplicas) (int .Values.workers.gpusPerReplica) -}}
+{{- div (add $gpus (int .Values.workers.gpusPerPod) -1) (int .Values.workers.gpusPerPod) -}}
+{{- end -}}
+
+{{/* The Serve application's builder args (zipkv.worker.serve:app_builder). The report token is not
+here (the CR is readable by anyone who can list RayServices): it reaches the replicas as
+ZIPKV_REPORT_TOKEN from the Secret through the pod environment, which Ray's workers inherit. */}}
+{{- define "zipkv.workers.appArgs" -}}
+{{- $args := dict
+  "engine" .Values.workers.engine
+  "model_name" .Values.model.name
+  "model_path" .Values.model.path
+  "report_address" (include "zipkv.router.reportAddress" .)
+  "report_interval_ms" (int .Values.workers.reportIntervalMs)
+  "num_replicas" (int .Values.workers.numReplicas)
+  "num_gpus" (int .Values.workers.gpusPerReplica)
+  "max_context_tokens" (int .Values.model.maxContextTokens)
+  "compression" .Values.workers.compression
+  "mem_fraction_static" .Values.workers.memFractionStatic
+-}}
+{{- toYaml (mustMergeOverwrite $args (deepCopy .Values.workers.extraArgs)) -}}
+{{- end -}}
+
+{{- define "zipkv.workers.serveConfig" -}}
+applications:
+  - name: zipkv
+    import_path: {{ .Values.workers.importPath }}
+    args:
+      {{- include "zipkv.workers.appArgs" . | nindent 6 }}
+{{- end -}}
+
+{{/* Environment of every Ray container (head and workers). */}}
+{{- define "zipkv.workers.env" -}}
+- name: ZIPKV_REPORT_TOKEN
+  valueFrom:
+    secretKeyRef:
+      name: {{ include "zipkv.auth.secretName" . }}
+      key: report-token
+- name: ZIPKV_ENGINE
+  value: {{ .Values.workers.engine | quote }}
+{{- with .Values.model.hfTokenSecret }}
+- name: HF_TOKEN
+  valueFrom:
+    secretKeyRef:
+      name: {{ .name }}
+      key: {{ .key }}
+{{- end }}
+{{- include "zipkv.otelEnv" (dict "ctx" . "service" .Values.otel.serviceNames.worker) }}
+{{- with .Values.workers.extraEnv }}
+{{ toYaml . }}
+{{- end }}
+{{- end -}}
+
+{{- define "zipkv.workers.volumeMounts" -}}
+- name: dshm
+  mountPath: /dev/shm
+{{- if .Values.model.volume }}
+- name: model
+  mountPath: {{ .Values.model.mountPath }}
+  readOnly: true
+{{- end }}
+{{- end -}}
+
+{{- define "zipkv.workers.volumes" -}}
+- name: dshm
+  emptyDir:
+    medium: Memory
+    sizeLimit: {{ .Values.workers.gpuWorker.shmSize }}
+{{- if .Values.model.volume }}
+- name: model
+  {{- toYaml .Values.model.volume | nindent 2 }}
+{{- end }}
+{{- end -}}
