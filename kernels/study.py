@@ -63,24 +63,51 @@ def bytes_per_value(compressible: int, blocks: int, head_dim: int) -> float:
     return (stored + page_heads * fmt.meta_bytes) / (blocks * 512)
 
 
-def text_corpus(max_chars: int) -> str:
-    """Real English prose available offline: the docstrings of Python's standard library."""
-    import pydoc
-    import sys
+# Well-documented standard-library modules: real English prose that every Python install has offline.
+CORPUS_MODULES = (
+    "argparse",
+    "asyncio",
+    "collections",
+    "csv",
+    "datetime",
+    "decimal",
+    "difflib",
+    "email",
+    "fractions",
+    "functools",
+    "heapq",
+    "inspect",
+    "json",
+    "logging",
+    "pathlib",
+    "pydoc",
+    "random",
+    "shutil",
+    "statistics",
+    "string",
+    "subprocess",
+    "tarfile",
+    "textwrap",
+    "threading",
+    "typing",
+    "unittest",
+    "zipfile",
+)
 
-    names = sorted(n for n in sys.stdlib_module_names if not n.startswith("_"))
+
+def text_corpus(max_chars: int) -> str:
+    """Docstrings of CORPUS_MODULES and of their public classes and functions, in a fixed order."""
+    import importlib
+    import inspect
+
     parts: list[str] = []
-    for name in names:
-        try:
-            module = __import__(name)
-        except Exception:  # some stdlib modules do not import on every platform
-            continue
-        doc = pydoc.getdoc(module)
-        if len(doc) > 200:
-            parts.append(doc)
+    for name in CORPUS_MODULES:
+        module = importlib.import_module(name)
+        members = [module] + [getattr(module, m) for m in sorted(vars(module)) if not m.startswith("_")]
+        parts.extend(doc for obj in members if len(doc := inspect.getdoc(obj) or "") > 200)
         if sum(map(len, parts)) > max_chars:
             break
-    return "\n\n".join(parts)[:max_chars]
+    return "\n\n".join(dict.fromkeys(parts))[:max_chars]
 
 
 def capture_minilm(text: str, chunks: int) -> Capture:
@@ -140,9 +167,9 @@ def capture_llama(text: str, tokens: int, seed: int) -> Capture:
         num_key_value_heads=4,
         head_dim=128,
         max_position_embeddings=4096,
-        attn_implementation="zipkv_capture",
     )
-    model = LlamaForCausalLM(config).to(torch.bfloat16).eval()
+    config._attn_implementation = "zipkv_capture"
+    model = LlamaForCausalLM(config).to(dtype=torch.bfloat16).eval()  # type: ignore[call-arg]
     for i, layer in enumerate(model.model.layers):
 
         def pre(_m: torch.nn.Module, _i: object, o: torch.Tensor, i: int = i) -> None:
