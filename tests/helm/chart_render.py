@@ -46,9 +46,7 @@ def example_values(path: Path) -> dict[str, Any]:
 
 def render_files(values: Mapping[str, Any] | None = None) -> dict[str, str]:
     """Template path -> rendered text; raises helm_python.HelmError on schema or template errors."""
-    return chart().render(
-        values=dict(values or {}), name=RELEASE, namespace=NAMESPACE, is_install=True
-    )
+    return chart().render(values=dict(values or {}), name=RELEASE, namespace=NAMESPACE, is_install=True)
 
 
 def render(values: Mapping[str, Any] | None = None) -> list[Obj]:
@@ -66,9 +64,7 @@ def notes(values: Mapping[str, Any] | None = None) -> str:
 
 
 def lint(values: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    return helm_python.lint(
-        CHART_DIR, dict(values or {}), strict=True, kube_version=f"v{KUBE_VERSIONS[0]}"
-    )
+    return helm_python.lint(CHART_DIR, dict(values or {}), strict=True, kube_version=f"v{KUBE_VERSIONS[0]}")
 
 
 def find(objs: list[Obj], kind: str, component: str | None = None) -> list[Obj]:

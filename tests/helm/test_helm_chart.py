@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import kubernetes_validate
 import pytest
 import yaml
 from chart_render import (
@@ -39,7 +40,7 @@ EXISTING_SECRETS = {
     "zipkv-auth": {"report-token": "prod-report-token-0123456789", "api-keys": '["key-aaaaaaaaaaaaaaaa"]'},
     "zipkv-redis": {"redis-password": "s3cretRedisPassw0rd"},
 }
-VALUE_SETS = {"default": {}} | {p.stem: example_values(p) for p in EXAMPLES}
+VALUE_SETS: dict[str, dict[str, Any]] = {"default": {}} | {p.stem: example_values(p) for p in EXAMPLES}
 # Kinds without an offline schema here; each gets its own consistency checks below.
 NO_OFFLINE_SCHEMA = {"ServiceMonitor"}
 
@@ -103,20 +104,20 @@ def test_service_monitor_selects_the_router_metrics_port() -> None:
     assert monitor["metadata"]["labels"]["release"] == "kube-prometheus-stack"
 
 
-def router_config(objs: list[dict[str, Any]], tmp_path: Path) -> tuple[RouterConfig, dict[str, str]]:
+def router_config(objs: list[dict[str, Any]], tmp_path: Path) -> RouterConfig:
     """Load the ConfigMap's router.yaml with the router container's environment, as the pod would."""
     path = tmp_path / "router.yaml"
     path.write_text(router_config_text(objs))
     container = next(containers(one(objs, "Deployment", "router")))
     env = container_env(container, objs, EXISTING_SECRETS)
-    return load_config(str(path), env), env
+    return load_config(str(path), env)
 
 
 @pytest.mark.parametrize("name", list(VALUE_SETS))
 def test_router_config_passes_router_validation(name: str, tmp_path: Path) -> None:
     values = VALUE_SETS[name]
     objs = render(values)
-    cfg, env = router_config(objs, tmp_path)
+    cfg = router_config(objs, tmp_path)
     # The file alone (no Secrets) must be valid too, apart from the token that only the Secret holds.
     with pytest.raises(ConfigError, match="report_token"):
         load_config(str(tmp_path / "router.yaml"), {})
@@ -137,7 +138,9 @@ def test_router_config_passes_router_validation(name: str, tmp_path: Path) -> No
         assert container_env(ray_container, objs, EXISTING_SECRETS)["ZIPKV_REPORT_TOKEN"] == (
             cfg.security.report_token
         )
-    replicas = deployment["spec"].get("replicas") or one(objs, "HorizontalPodAutoscaler")["spec"]["minReplicas"]
+    replicas = (
+        deployment["spec"].get("replicas") or one(objs, "HorizontalPodAutoscaler")["spec"]["minReplicas"]
+    )
     if replicas > 1:
         assert cfg.state.backend == "redis"
 
@@ -152,7 +155,10 @@ def test_router_check_cli_accepts_the_rendered_config(tmp_path: Path) -> None:
     env |= container_env(container, objs, EXISTING_SECRETS)
     done = subprocess.run(
         [sys.executable, "-m", "zipkv.controlplane.config", "--check", str(path)],
-        env=env, capture_output=True, text=True, timeout=60,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert done.returncode == 0, done.stderr
     assert "state redis" in done.stdout
@@ -217,5 +223,5 @@ def test_kubernetes_validation_catches_mistakes() -> None:
     wrong_type = yaml.safe_load(yaml.safe_dump(good))
     wrong_type["spec"]["replicas"] = "two"
     for bad in (typo, wrong_type):
-        with pytest.raises(Exception, match="readinesProbe|two"):
+        with pytest.raises(kubernetes_validate.ValidationError, match=r"readinesProbe|two"):
             validate_builtin(bad, KUBE_VERSIONS[-1])
