@@ -1,0 +1,33 @@
+"""`python -m zipkv.controlplane --config FILE`: run the router (HTTP API + ControlPlane report server)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+
+from zipkv.controlplane.config import ConfigError, load_config
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m zipkv.controlplane", description=__doc__)
+    parser.add_argument("--config", metavar="FILE", help="router YAML (ZIPKV_* env vars override it)")
+    args = parser.parse_args(argv)
+    try:
+        cfg = load_config(args.config, os.environ)
+    except ConfigError as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    from zipkv.controlplane.server import serve, setup_logging
+
+    setup_logging(cfg.telemetry.log_level)
+    try:
+        asyncio.run(serve(cfg))
+    except KeyboardInterrupt:
+        pass
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,306 @@
+"""The router's HTTP API (FastAPI): OpenAI-compatible completions, models, health, metrics.
+
+`build_app(config)` returns the ASGI app; its lifespan starts the ControlPlane gRPC report server and
+the shared-state refresher. `zipkv.controlplane.server.serve(config)` runs it under uvicorn.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from opentelemetry import trace
+from opentelemetry.sdk.trace import TracerProvider
+from prometheus_client import CONTENT_TYPE_LATEST
+
+from zipkv.controlplane import admission as adm
+from zipkv.controlplane.config import ModelConfig, RouterConfig
+from zipkv.controlplane.dispatch import Dispatcher, DispatchError
+from zipkv.controlplane.metrics import RouterMetrics
+from zipkv.controlplane.openai_api import ChatRequest, CompletionRequest, ResponseShape, error_body
+from zipkv.controlplane.placement import RequestShape
+from zipkv.controlplane.relay import Relay, collect, stream_sse
+from zipkv.controlplane.reports import ReportServicer, start_report_server
+from zipkv.controlplane.state import MemoryStore, Store
+from zipkv.controlplane.telemetry import make_tracer_provider, tracer
+from zipkv.controlplane.tokenizer import Tokenizer, load_tokenizer
+from zipkv.protos import zipkv_pb2 as pb
+
+log = logging.getLogger("zipkv.controlplane")
+
+
+def make_store(cfg: RouterConfig) -> Store:
+    if cfg.state.backend == "redis":
+        from zipkv.controlplane.redis_store import RedisStore
+
+        return RedisStore(cfg)
+    return MemoryStore(cfg.placement.expire_after_ms, cfg.placement.reservation_ttl_s)
+
+
+class Router:
+    """Everything one router process holds; created by build_app."""
+
+    def __init__(self, cfg: RouterConfig, store: Store, provider: trace.TracerProvider) -> None:
+        self.cfg, self.store = cfg, store
+        self.metrics = RouterMetrics()
+        self.tracer = tracer(provider)
+        self.dispatcher = Dispatcher(cfg, store, self.metrics, self.tracer)
+        self.tokenizers: dict[str, Tokenizer] = {m.name: load_tokenizer(m.tokenizer) for m in cfg.models}
+        self.limiter = adm.RateLimiter(cfg.limits.requests_per_s, cfg.limits.burst)
+        self.inflight = 0
+        self.report_port = 0
+
+    def _done(self) -> None:
+        self.inflight -= 1
+        self.metrics.inflight.set(self.inflight)
+
+    def _admit(self, request: Request) -> None:
+        key = adm.check_api_key(request, self.cfg)
+        lim = self.cfg.limits
+        if not self.limiter.allow(key or (request.client.host if request.client else "")):
+            self.metrics.rejections.labels("rate_limited").inc()
+            raise adm.HttpError(
+                429,
+                "rate limit exceeded; slow down",
+                "rate_limit_error",
+                "rate_limited",
+                retry_after_s=lim.retry_after_s,
+            )
+        if lim.max_inflight_requests and self.inflight >= lim.max_inflight_requests:
+            self.metrics.rejections.labels("over_capacity").inc()
+            raise adm.HttpError(
+                429,
+                f"router is at its limit of {lim.max_inflight_requests} requests in flight",
+                "rate_limit_error",
+                "over_capacity",
+                retry_after_s=lim.retry_after_s,
+            )
+
+    def _model(self, name: str) -> ModelConfig:
+        model = self.cfg.model(name)
+        if model is None:
+            served = [m.name for m in self.cfg.models]
+            raise adm.bad_request(
+                f"unknown model {name!r}; this router serves {served}", "model", "model_not_found"
+            )
+        return model
+
+    def _prompt_ids(self, req: ChatRequest | CompletionRequest, tok: Tokenizer) -> list[int]:
+        if isinstance(req, ChatRequest):
+            msgs = [{"role": m.role, "content": m.text()} for m in req.messages]
+            try:
+                return tok.chat_ids(msgs)
+            except Exception as exc:  # a template that refuses the conversation (jinja raise_exception)
+                raise adm.bad_request(
+                    f"messages: the chat template refused them: {exc}", "messages"
+                ) from None
+        if isinstance(req.prompt, str):
+            return tok.encode(req.prompt)
+        if isinstance(req.prompt[0], str):
+            return tok.encode(str(req.prompt[0]))
+        ids = [int(i) for i in req.prompt]
+        if any(i < 0 or i >= tok.vocab_size for i in ids):
+            raise adm.bad_request(f"prompt: token ids must be in [0, {tok.vocab_size})", "prompt")
+        return ids
+
+    def _shape(
+        self,
+        req: ChatRequest | CompletionRequest,
+        model: ModelConfig,
+        n_prompt: int,
+        slo: tuple[float, float],
+    ) -> RequestShape:
+        ctx = model.max_context_tokens
+        if n_prompt >= ctx:
+            raise adm.bad_request(
+                f"prompt has {n_prompt} tokens; model {model.name!r} accepts at most {ctx - 1} "
+                f"(its context is {ctx}); shorten the prompt",
+                "prompt",
+                "context_length_exceeded",
+            )
+        asked = req.requested_max_tokens() if isinstance(req, ChatRequest) else req.max_tokens
+        if asked is not None and n_prompt + asked > ctx:
+            raise adm.bad_request(
+                f"prompt ({n_prompt}) + max_tokens ({asked}) exceeds the context of {ctx} tokens; "
+                "lower max_tokens",
+                "max_tokens",
+                "context_length_exceeded",
+            )
+        max_new = asked if asked is not None else min(model.default_max_tokens, ctx - n_prompt)
+        return RequestShape(model.name, n_prompt, max_new, slo[0], slo[1], model.prefill_ms_per_token)
+
+    async def handle(self, request: Request, kind: str) -> Response:
+        t_in = time.perf_counter()
+        self._admit(request)
+        data = await adm.read_json(request, self.cfg.http.max_request_bytes)
+        req = adm.parse_model(ChatRequest if kind == "chat" else CompletionRequest, data)
+        model = self._model(req.model)
+        tok = self.tokenizers[model.name]
+        prompt_ids = self._prompt_ids(req, tok)
+        shape = self._shape(req, model, len(prompt_ids), adm.slo_from_headers(request, self.cfg))
+        stops = [tok.eos_token_id] if tok.eos_token_id is not None and not req.ignore_eos else []
+        sampling = pb.SamplingParams(
+            temperature=req.temperature,
+            top_p=req.top_p,
+            top_k=max(req.top_k, 0),
+            max_new_tokens=shape.max_new_tokens,
+            stop_token_ids=stops,
+            ignore_eos=req.ignore_eos,
+            seed=req.seed or 0,
+        )
+        op = "chat" if kind == "chat" else "text_completion"
+        span = self.tracer.start_span(
+            f"{op} {model.name}",
+            kind=trace.SpanKind.SERVER,
+            attributes={
+                "gen_ai.operation.name": op,
+                "gen_ai.request.model": model.name,
+                "gen_ai.request.max_tokens": shape.max_new_tokens,
+                "gen_ai.request.temperature": req.temperature,
+                "gen_ai.request.top_p": req.top_p,
+                "gen_ai.usage.input_tokens": len(prompt_ids),
+            },
+        )
+        try:
+            with trace.use_span(span, end_on_exit=False):
+                stream = await self.dispatcher.start(shape, prompt_ids, sampling)
+        except DispatchError as exc:
+            self.metrics.rejections.labels(exc.reason).inc()
+            span.set_status(trace.Status(trace.StatusCode.ERROR, exc.message))
+            span.end()
+            raise adm.HttpError(
+                exc.status,
+                exc.message,
+                "server_error" if exc.status >= 500 else "invalid_request_error",
+                exc.reason,
+                retry_after_s=exc.retry_after_s,
+            ) from None
+        except BaseException:
+            span.end()
+            raise
+        span.set_attribute("zipkv.worker.id", stream.worker_id)
+        self.inflight += 1
+        self.metrics.inflight.set(self.inflight)
+        relay = Relay(stream, tok, req.stop_strings(), len(prompt_ids), self.metrics, model.name, t_in, span)
+        shape_out = ResponseShape("chat" if kind == "chat" else "text", model.name, uuid.uuid4().hex[:24])
+        if req.stream:
+            body = stream_sse(relay, shape_out, req.include_usage, self._done)
+            return StreamingResponse(
+                body,
+                media_type="text/event-stream",
+                headers={"cache-control": "no-cache", "x-zipkv-worker": stream.worker_id},
+            )
+        out = await collect(relay, self._done)
+        if out.error:
+            self.metrics.rejections.labels("worker_failed").inc()
+            return JSONResponse(
+                error_body(out.error + "; retry the request", "server_error", 502), status_code=502
+            )
+        return JSONResponse(
+            shape_out.full(out.text, out.finish_reason, out.prompt_tokens, out.completion_tokens),
+            headers={"x-zipkv-worker": stream.worker_id},
+        )
+
+
+def _error_response(exc: adm.HttpError) -> JSONResponse:
+    headers = {"retry-after": str(exc.retry_after_s)} if exc.retry_after_s else None
+    return JSONResponse(
+        error_body(exc.message, exc.type, exc.code, exc.param), status_code=exc.status, headers=headers
+    )
+
+
+def build_app(
+    cfg: RouterConfig, *, store: Store | None = None, tracer_provider: trace.TracerProvider | None = None
+) -> FastAPI:
+    """The router as an ASGI app. Its lifespan serves ControlPlane reports on cfg.grpc."""
+    provider = tracer_provider or make_tracer_provider(cfg.telemetry)
+    router = Router(cfg, store or make_store(cfg), provider)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        servicer = ReportServicer(cfg, router.store, router.metrics)
+        server, router.report_port = await start_report_server(servicer, cfg.grpc.host, cfg.grpc.port)
+        runner = getattr(router.store, "run", None)
+        refresher = asyncio.create_task(runner()) if runner is not None else None
+        log.info("router up", extra={"report_port": router.report_port, "state": cfg.state.backend})
+        try:
+            yield
+        finally:
+            if refresher is not None:
+                refresher.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await refresher
+            await server.stop(1.0)
+            await router.dispatcher.close()
+            closer = getattr(router.store, "close", None)
+            if closer is not None:
+                await closer()
+            if isinstance(provider, TracerProvider) and tracer_provider is None:
+                provider.shutdown()
+
+    app = FastAPI(title="zipkv router", lifespan=lifespan, docs_url=None, redoc_url=None)
+    app.state.router = router
+
+    @app.exception_handler(adm.HttpError)
+    async def _http_error(request: Request, exc: adm.HttpError) -> JSONResponse:
+        return _error_response(exc)
+
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+        log.exception("unexpected error", extra={"path": request.url.path})
+        router.metrics.rejections.labels("internal").inc()
+        return JSONResponse(
+            error_body("internal error in the router; it is logged", "server_error", 500), status_code=500
+        )
+
+    @app.post("/v1/chat/completions")
+    async def chat(request: Request) -> Response:
+        return await router.handle(request, "chat")
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Response:
+        return await router.handle(request, "text")
+
+    @app.get("/v1/models")
+    async def models(request: Request) -> dict[str, Any]:
+        adm.check_api_key(request, cfg)
+        data = [
+            {
+                "id": m.name,
+                "object": "model",
+                "created": 0,
+                "owned_by": "zipkv",
+                "max_model_len": m.max_context_tokens,
+            }
+            for m in cfg.models
+        ]
+        return {"object": "list", "data": data}
+
+    @app.get("/healthz")
+    async def healthz() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.get("/readyz")
+    async def readyz() -> dict[str, Any]:
+        snap = router.store.snapshot()
+        # Degraded still serves (from the last snapshot), so readiness stays 200 and says so.
+        return {
+            "status": "degraded" if snap.degraded else "ok",
+            "degraded": snap.degraded,
+            "workers": len(snap.workers),
+            "inflight_requests": router.inflight,
+        }
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        router.metrics.observe_snapshot(router.store.snapshot())
+        return Response(router.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+    return app

@@ -1,0 +1,275 @@
+"""Dispatch: place, reserve, call Worker.Generate, relay the stream, retry once, always release.
+
+`Dispatcher.start` returns only once the chosen worker sent its first event, so a worker that refuses
+(RESOURCE_EXHAUSTED, UNAVAILABLE) or cannot be reached before any token was sent is retried on the
+next-best candidate, and the HTTP layer can still answer 503 when nobody takes the request.
+After the first token a failure cannot be retried (the client already has text): it ends the stream
+with a `Failed` event.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+from opentelemetry import trace
+
+from zipkv.controlplane.config import RouterConfig
+from zipkv.controlplane.metrics import RouterMetrics
+from zipkv.controlplane.placement import Decision, RequestShape, place
+from zipkv.controlplane.state import Store
+from zipkv.controlplane.telemetry import trace_metadata
+from zipkv.protos import zipkv_pb2 as pb
+from zipkv.protos import zipkv_pb2_grpc as pb_grpc
+
+log = logging.getLogger("zipkv.controlplane.dispatch")
+
+RETRYABLE = {grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.UNAVAILABLE}
+FINISH_NAMES = {
+    pb.FINISH_REASON_STOP: "stop",
+    pb.FINISH_REASON_LENGTH: "length",
+    pb.FINISH_REASON_ABORT: "abort",
+    pb.FINISH_REASON_ERROR: "error",
+    pb.FINISH_REASON_UNSPECIFIED: "stop",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Tokens:
+    token_ids: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Finished:
+    reason: str  # stop | length | abort | error
+    prompt_tokens: int
+    completion_tokens: int
+    message: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Failed:
+    message: str  # the worker went away mid-stream
+
+
+Event = Tokens | Finished | Failed
+
+
+class DispatchError(Exception):
+    """A request that cannot be served; `status` is the HTTP status to answer with."""
+
+    def __init__(self, status: int, reason: str, message: str, retry_after_s: int | None = None) -> None:
+        super().__init__(message)
+        self.status, self.reason, self.message, self.retry_after_s = status, reason, message, retry_after_s
+
+
+class Stream:
+    """One dispatched request: the first event is already in hand."""
+
+    def __init__(
+        self,
+        d: Dispatcher,
+        call: grpc.aio.UnaryStreamCall,
+        first: pb.GenerateResponse,
+        worker_id: str,
+        address: str,
+        request_id: str,
+    ) -> None:
+        self._d, self._call, self._first = d, call, first
+        self.worker_id, self.address, self.request_id = worker_id, address, request_id
+        self.finished = False
+        self._closed = False
+
+    async def events(self) -> AsyncIterator[Event]:
+        resp: Any = self._first
+        started = False
+        while True:
+            if resp is None:
+                try:
+                    got = await self._call.read()
+                except grpc.aio.AioRpcError as exc:
+                    self._d.metrics.stream_errors.inc()
+                    self.finished = True
+                    yield Failed(
+                        f"worker {self.worker_id} failed mid-stream: {exc.code().name}: {exc.details()}"
+                    )
+                    return
+                if got is grpc.aio.EOF:  # type: ignore[attr-defined]
+                    self.finished = True
+                    yield Failed(f"worker {self.worker_id} closed the stream without a finish event")
+                    return
+                resp = got  # type: ignore[assignment]
+            assert resp is not None
+            if resp.HasField("chunk"):
+                if not started:
+                    started = True
+                    await self._d.store.mark_started(self.worker_id, self.request_id, self._d.clock())
+                yield Tokens(tuple(resp.chunk.token_ids))
+            else:
+                f = resp.finish
+                self.finished = True
+                yield Finished(
+                    FINISH_NAMES.get(f.reason, "stop"),
+                    f.usage.prompt_tokens,
+                    f.usage.completion_tokens,
+                    f.message,
+                )
+                return
+            resp = None
+
+    async def close(self) -> None:
+        """Abort the worker's request if it is still running, then release the reservation (always)."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            if not self.finished:
+                self._call.cancel()
+                await self._d.abort(self.address, self.request_id)
+        finally:
+            await self._d.release(self.worker_id, self.request_id)
+
+
+class Dispatcher:
+    def __init__(
+        self,
+        cfg: RouterConfig,
+        store: Store,
+        metrics: RouterMetrics,
+        tracer: trace.Tracer,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.cfg, self.store, self.metrics, self.tracer, self.clock = cfg, store, metrics, tracer, clock
+        self._stubs: dict[str, tuple[grpc.aio.Channel, pb_grpc.WorkerStub]] = {}
+
+    def _stub(self, address: str) -> tuple[grpc.aio.Channel, pb_grpc.WorkerStub]:
+        if address not in self._stubs:
+            channel = grpc.aio.insecure_channel(address)
+            self._stubs[address] = (channel, pb_grpc.WorkerStub(channel))
+        return self._stubs[address]
+
+    async def close(self) -> None:
+        for channel, _ in self._stubs.values():
+            await channel.close(None)
+        self._stubs.clear()
+
+    def decide(self, shape: RequestShape) -> Decision:
+        with self.tracer.start_as_current_span("zipkv.placement") as span:
+            t0 = time.perf_counter()
+            decision = place(self.store.snapshot(), shape, self.cfg.placement, self.clock())
+            self.metrics.placement_ms.observe((time.perf_counter() - t0) * 1000.0)
+            span.set_attribute("zipkv.placement.candidates", len(decision.ranked))
+            span.set_attribute("zipkv.placement.coarse", decision.coarse)
+            if decision.best is not None:
+                span.set_attribute("zipkv.worker.id", decision.best.worker.worker_id)
+        if decision.coarse:
+            self.metrics.stale_reports.inc()
+        return decision
+
+    async def start(self, shape: RequestShape, prompt_ids: list[int], sampling: pb.SamplingParams) -> Stream:
+        decision = self.decide(shape)
+        if not decision.ranked:
+            why = ", ".join(f"{n} {r}" for r, n in sorted(decision.filtered.items())) or "no worker serves it"
+            raise DispatchError(
+                503,
+                "no_worker",
+                f"no worker can take this request now ({why}); retry later",
+                retry_after_s=self.cfg.limits.retry_after_s,
+            )
+        base_id = uuid.uuid4().hex
+        attempts = 0
+        for cand in decision.ranked:
+            if attempts > self.cfg.dispatch.retries:
+                break
+            w = cand.worker
+            rid = f"{base_id}-{attempts}"
+            if not await self.store.reserve(w.worker_id, rid, shape.need_tokens, self.clock()):
+                self.metrics.retries.labels("reservation_conflict").inc()
+                continue  # another router took the headroom first; not an attempt on the worker
+            mode = "coarse" if decision.coarse else "fine"
+            self.metrics.placements.labels(w.worker_id, mode).inc()
+            req = pb.GenerateRequest(
+                request_id=rid, model=shape.model, prompt_token_ids=prompt_ids, sampling=sampling
+            )
+            try:
+                stream = await self._open(w.worker_id, w.address, req, attempts)
+            except grpc.aio.AioRpcError as exc:
+                await self.release(w.worker_id, rid)
+                if exc.code() not in RETRYABLE:
+                    raise DispatchError(
+                        502,
+                        "worker_error",
+                        f"worker {w.worker_id} failed: {exc.code().name}: {exc.details()}",
+                    ) from None
+                attempts += 1
+                self.metrics.retries.labels(exc.code().name.lower()).inc()
+                log.info("retrying elsewhere", extra={"worker": w.worker_id, "code": exc.code().name})
+                continue
+            except BaseException:
+                await self.release(w.worker_id, rid)
+                raise
+            return stream
+        raise DispatchError(
+            503,
+            "all_refused",
+            "every candidate worker refused or was unreachable; retry later",
+            retry_after_s=self.cfg.limits.retry_after_s,
+        )
+
+    async def _open(self, worker_id: str, address: str, req: pb.GenerateRequest, attempt: int) -> Stream:
+        with self.tracer.start_as_current_span("zipkv.dispatch") as span:
+            span.set_attribute("zipkv.worker.id", worker_id)
+            span.set_attribute("zipkv.dispatch.attempt", attempt)
+            channel, stub = self._stub(address)
+            await _connect(channel, address, self.cfg.dispatch.connect_timeout_s)
+            call = stub.Generate(req, metadata=trace_metadata(), timeout=self.cfg.dispatch.deadline_s)
+            try:
+                first = await call.read()
+            except asyncio.CancelledError:
+                call.cancel()
+                raise
+            if first is grpc.aio.EOF:  # type: ignore[attr-defined]
+                raise _unreachable(address)
+            return Stream(self, call, first, worker_id, address, req.request_id)  # type: ignore[arg-type]
+
+    async def abort(self, address: str, request_id: str) -> None:
+        _, stub = self._stub(address)
+        with contextlib.suppress(grpc.aio.AioRpcError, asyncio.TimeoutError):
+            await stub.Abort(pb.AbortRequest(request_id=request_id), timeout=2.0)
+
+    async def release(self, worker_id: str, request_id: str) -> None:
+        try:
+            await self.store.release(worker_id, request_id)
+        except Exception:  # the store logs and falls back itself; a release must not mask the response
+            log.exception("release failed", extra={"worker": worker_id, "request": request_id})
+
+
+async def _connect(channel: grpc.aio.Channel, address: str, timeout_s: float) -> None:
+    """Wait until the channel is READY; fail at once on a refused connection, else after timeout_s."""
+    state = channel.get_state(try_to_connect=True)
+    deadline = time.monotonic() + timeout_s
+    while state != grpc.ChannelConnectivity.READY:
+        if state in (grpc.ChannelConnectivity.TRANSIENT_FAILURE, grpc.ChannelConnectivity.SHUTDOWN):
+            raise _unreachable(address)
+        try:
+            await asyncio.wait_for(channel.wait_for_state_change(state), deadline - time.monotonic())
+        except TimeoutError:
+            raise _unreachable(address) from None
+        state = channel.get_state(try_to_connect=True)
+
+
+def _unreachable(address: str) -> grpc.aio.AioRpcError:
+    return grpc.aio.AioRpcError(
+        grpc.StatusCode.UNAVAILABLE,
+        grpc.aio.Metadata(),
+        grpc.aio.Metadata(),
+        details=f"worker {address} unreachable",
+        debug_error_string="",
+    )

@@ -1,0 +1,154 @@
+"""OpenAI-compatible request models (the HTTP edge, pydantic) and response bodies."""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    include_usage: bool = False
+
+
+class _Sampling(BaseModel):
+    # Unknown fields are ignored (clients send many optional ones); known-unsupported ones are refused.
+    model_config = ConfigDict(extra="ignore")
+
+    model: str = Field(min_length=1)
+    max_tokens: int | None = Field(default=None, ge=1)
+    temperature: float = Field(default=1.0, ge=0.0, le=2.0)
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    top_k: int = Field(default=0, ge=-1)
+    n: int = Field(default=1, ge=1, le=1, description="only n=1 is supported")
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    stop: str | list[str] | None = None
+    seed: int | None = Field(default=None, ge=0)
+    ignore_eos: bool = False
+    user: str | None = None
+
+    @field_validator("stop")
+    @classmethod
+    def _stop(cls, v: str | list[str] | None) -> str | list[str] | None:
+        items = [v] if isinstance(v, str) else v or []
+        if len(items) > 4 or any(not s for s in items):
+            raise ValueError("stop: at most 4 non-empty strings")
+        return v
+
+    def stop_strings(self) -> list[str]:
+        return [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+
+    @property
+    def include_usage(self) -> bool:
+        return bool(self.stream_options and self.stream_options.include_usage)
+
+
+class CompletionRequest(_Sampling):
+    prompt: str | list[int] | list[str]
+    echo: bool = False
+
+    @field_validator("prompt")
+    @classmethod
+    def _prompt(cls, v: str | list[int] | list[str]) -> str | list[int] | list[str]:
+        if isinstance(v, list):
+            if not v:
+                raise ValueError("prompt is empty")
+            if isinstance(v[0], str) and len(v) != 1:
+                raise ValueError("batched prompts are not supported: send one prompt per request")
+        return v
+
+    @field_validator("echo")
+    @classmethod
+    def _echo(cls, v: bool) -> bool:
+        if v:
+            raise ValueError("echo is not supported")
+        return v
+
+
+class TextPart(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[TextPart] | None = None
+
+    def text(self) -> str:
+        if self.content is None:
+            return ""
+        if isinstance(self.content, str):
+            return self.content
+        return "".join(p.text for p in self.content)
+
+
+class ChatRequest(_Sampling):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1)
+
+    def requested_max_tokens(self) -> int | None:
+        return self.max_completion_tokens or self.max_tokens
+
+
+def error_body(message: str, type_: str, code: int | str, param: str | None = None) -> dict[str, Any]:
+    return {"error": {"message": message, "type": type_, "param": param, "code": code}}
+
+
+def usage_body(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }
+
+
+class ResponseShape:
+    """Builds the bodies of one response (chat or text completion), streaming or not."""
+
+    def __init__(self, kind: Literal["chat", "text"], model: str, request_id: str) -> None:
+        self.kind, self.model = kind, model
+        self.id = f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{request_id}"
+        self.created = int(time.time())
+        self._role_sent = False
+
+    def _base(self, obj: str) -> dict[str, Any]:
+        return {"id": self.id, "object": obj, "created": self.created, "model": self.model}
+
+    def chunk(self, text: str, finish_reason: str | None) -> dict[str, Any]:
+        if self.kind == "text":
+            body = self._base("text_completion")
+            body["choices"] = [{"index": 0, "text": text, "finish_reason": finish_reason, "logprobs": None}]
+            return body
+        delta: dict[str, Any] = {"content": text} if text or finish_reason is None else {}
+        if not self._role_sent:
+            delta["role"] = "assistant"
+            self._role_sent = True
+        body = self._base("chat.completion.chunk")
+        body["choices"] = [{"index": 0, "delta": delta, "finish_reason": finish_reason, "logprobs": None}]
+        return body
+
+    def usage_chunk(self, prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:
+        body = self._base("chat.completion.chunk" if self.kind == "chat" else "text_completion")
+        body["choices"] = []
+        body["usage"] = usage_body(prompt_tokens, completion_tokens)
+        return body
+
+    def full(
+        self, text: str, finish_reason: str, prompt_tokens: int, completion_tokens: int
+    ) -> dict[str, Any]:
+        if self.kind == "text":
+            body = self._base("text_completion")
+            body["choices"] = [{"index": 0, "text": text, "finish_reason": finish_reason, "logprobs": None}]
+        else:
+            body = self._base("chat.completion")
+            message = {"role": "assistant", "content": text}
+            body["choices"] = [
+                {"index": 0, "message": message, "finish_reason": finish_reason, "logprobs": None}
+            ]
+        body["usage"] = usage_body(prompt_tokens, completion_tokens)
+        return body

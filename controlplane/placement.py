@@ -1,0 +1,149 @@
+"""Placement: filters -> weighted scorers in [0, 1] -> a ranked pick. Pure functions of a snapshot.
+
+Filters (a worker is a candidate only if all hold):
+    alive     now - received_s <= expire_after_ms (or the view is pinned while the shared state is down)
+    model     view.model == request.model, and not draining
+    context   prompt_tokens + max_new_tokens <= view.max_context_tokens (when the worker reports one)
+    fits      need_tokens = prompt_tokens + max_new_tokens <= free_tokens - reserved_tokens
+
+Predictions (documented formulas of the reported state; units in the names):
+    stored_bytes_per_token = kv_bytes_per_token * compression_ratio        (compressed KV bytes)
+    used_bytes   = (total_tokens - free_tokens) * stored_bytes_per_token    (read every decode step)
+    step_ms      = itl_ms, or placement.idle_itl_ms when the worker has no measurement yet
+    ms_per_byte  = itl_ms / used_bytes when both are > 0, else decode_ms_per_gib / 2**30
+    added_bytes  = (prompt_tokens + max_new_tokens / 2) * stored_bytes_per_token   (mean context of the
+                   new request over its life)
+    tpot_ms      = step_ms + added_bytes * ms_per_byte     decode is memory-bound: the step grows with
+                                                           the compressed bytes it reads
+    ttft_ms      = step_ms + (queued_prefill_tokens + prompt_tokens) * prefill_ms_per_token
+    (ms_per_byte from the measurement folds the step's fixed cost in, which over-predicts: the safe side.)
+
+Scorers, each in [0, 1]:
+    headroom  (free_tokens - reserved_tokens - need_tokens) / total_tokens
+    slo       min(slack(ttft_ms, slo_ttft_ms), slack(tpot_ms, slo_tpot_ms)),  slack(p, s) = clamp((s - p) / s)
+    queue     1 / (1 + queued_requests)
+    score     sum(weight_i * scorer_i) / sum(weight_i)
+
+Staleness: when any candidate's report is older than stale_after_ms, its TTFT/ITL no longer describe
+the worker, so *every* candidate is compared on the coarse signal (headroom and queue only; the SLO
+weight is dropped) and the decision says `coarse=True` (counted in a metric).
+Ties break on worker_id so the result is deterministic.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from zipkv.controlplane.config import PlacementConfig
+from zipkv.controlplane.state import Snapshot, WorkerView
+
+GIB = float(1 << 30)
+
+
+@dataclass(frozen=True, slots=True)
+class RequestShape:
+    model: str
+    prompt_tokens: int
+    max_new_tokens: int
+    slo_ttft_ms: float
+    slo_tpot_ms: float
+    prefill_ms_per_token: float
+
+    @property
+    def need_tokens(self) -> int:
+        return self.prompt_tokens + self.max_new_tokens
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    worker: WorkerView
+    score: float
+    headroom: float
+    slo: float
+    queue: float
+    ttft_ms: float
+    tpot_ms: float
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    ranked: tuple[Candidate, ...]  # best first
+    coarse: bool  # some candidate's report was stale: compared on headroom and queue only
+    filtered: dict[str, int] = field(default_factory=dict)  # reason -> workers dropped
+
+    @property
+    def best(self) -> Candidate | None:
+        return self.ranked[0] if self.ranked else None
+
+
+def _clamp(x: float) -> float:
+    return 0.0 if x < 0.0 else 1.0 if x > 1.0 else x
+
+
+def predict_ms(view: WorkerView, req: RequestShape, cfg: PlacementConfig) -> tuple[float, float]:
+    """(ttft_ms, tpot_ms) predicted for `req` on `view` (formulas in the module doc)."""
+    ratio = view.compression_ratio if view.compression_ratio > 0 else 1.0
+    stored_bpt = view.kv_bytes_per_token * ratio
+    step_ms = view.itl_ms if view.itl_ms > 0 else cfg.idle_itl_ms
+    used_bytes = (view.total_tokens - view.free_tokens) * stored_bpt
+    if view.itl_ms > 0 and used_bytes > 0:
+        ms_per_byte = view.itl_ms / used_bytes
+    else:
+        ms_per_byte = cfg.decode_ms_per_gib / GIB
+    added_bytes = (req.prompt_tokens + req.max_new_tokens / 2) * stored_bpt
+    tpot_ms = step_ms + added_bytes * ms_per_byte
+    ttft_ms = step_ms + (view.queued_prefill_tokens + req.prompt_tokens) * req.prefill_ms_per_token
+    return ttft_ms, tpot_ms
+
+
+def _filter(
+    snap: Snapshot, req: RequestShape, cfg: PlacementConfig, now_s: float
+) -> tuple[list[WorkerView], dict[str, int]]:
+    expire_s = cfg.expire_after_ms / 1000.0
+    need = req.need_tokens
+    kept: list[WorkerView] = []
+    dropped: dict[str, int] = {}
+    for v in snap.workers:
+        if now_s - v.received_s > expire_s and not v.pinned:
+            reason = "expired"
+        elif v.model != req.model:
+            continue  # other models are not candidates at all; not a rejection
+        elif v.draining:
+            reason = "draining"
+        elif v.max_context_tokens > 0 and need > v.max_context_tokens:
+            reason = "context"
+        elif v.free_tokens - v.reserved_tokens < need:
+            reason = "headroom"
+        else:
+            kept.append(v)
+            continue
+        dropped[reason] = dropped.get(reason, 0) + 1
+    return kept, dropped
+
+
+def place(snap: Snapshot, req: RequestShape, cfg: PlacementConfig, now_s: float) -> Decision:
+    """Rank the workers that can take `req`; empty when none can (the caller answers 503)."""
+    kept, dropped = _filter(snap, req, cfg, now_s)
+    stale_s = cfg.stale_after_ms / 1000.0
+    coarse = any(now_s - v.received_s > stale_s for v in kept)
+    w_head, w_queue = cfg.weight_headroom, cfg.weight_queue
+    w_slo = 0.0 if coarse else cfg.weight_slo
+    w_sum = w_head + w_slo + w_queue
+    if w_sum <= 0:  # only the SLO scorer was weighted and it is off: fall back to headroom
+        w_head, w_sum = 1.0, 1.0
+    need = req.need_tokens
+    ranked = []
+    for v in kept:
+        headroom = (
+            _clamp((v.free_tokens - v.reserved_tokens - need) / v.total_tokens) if v.total_tokens > 0 else 0.0
+        )
+        ttft_ms, tpot_ms = predict_ms(v, req, cfg)
+        slo = min(
+            _clamp((req.slo_ttft_ms - ttft_ms) / req.slo_ttft_ms),
+            _clamp((req.slo_tpot_ms - tpot_ms) / req.slo_tpot_ms),
+        )
+        queue = 1.0 / (1.0 + v.queued_requests)
+        score = (w_head * headroom + w_slo * slo + w_queue * queue) / w_sum
+        ranked.append(Candidate(v, score, headroom, slo, queue, ttft_ms, tpot_ms))
+    ranked.sort(key=lambda c: (-c.score, c.worker.worker_id))
+    return Decision(ranked=tuple(ranked), coarse=coarse, filtered=dropped)

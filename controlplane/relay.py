@@ -1,0 +1,162 @@
+"""Turns a worker's token stream into an OpenAI response: SSE chunks or one JSON body.
+
+Text is detokenised incrementally; stop strings are matched on the text (holding back just enough
+characters to catch a stop string split across chunks) and end the worker's request early.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+from opentelemetry import trace
+
+from zipkv.controlplane.dispatch import Failed, Finished, Stream, Tokens
+from zipkv.controlplane.metrics import RouterMetrics
+from zipkv.controlplane.openai_api import ResponseShape, error_body
+from zipkv.controlplane.tokenizer import IncrementalDetokenizer, Tokenizer
+
+
+class StopMatcher:
+    def __init__(self, stops: list[str]) -> None:
+        self.stops = stops
+        self._keep = max((len(s) for s in stops), default=1) - 1
+        self._pending = ""
+
+    def push(self, delta: str) -> tuple[str, bool]:
+        """(text safe to emit, whether a stop string was hit)."""
+        buf = self._pending + delta
+        hits = [i for i in (buf.find(s) for s in self.stops) if i >= 0]
+        if hits:
+            self._pending = ""
+            return buf[: min(hits)], True
+        cut = max(len(buf) - self._keep, 0)
+        self._pending = buf[cut:]
+        return buf[:cut], False
+
+    def flush(self) -> str:
+        out, self._pending = self._pending, ""
+        return out
+
+
+@dataclass
+class Outcome:
+    text: str = ""
+    finish_reason: str = "stop"
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    error: str | None = None
+
+
+def sse(body: dict[str, Any]) -> bytes:
+    return b"data: " + json.dumps(body, separators=(",", ":")).encode() + b"\n\n"
+
+
+class Relay:
+    """One request's relay; `pieces()` yields (text, finish_reason) and fills `outcome`."""
+
+    def __init__(
+        self,
+        stream: Stream,
+        tokenizer: Tokenizer,
+        stops: list[str],
+        prompt_tokens: int,
+        metrics: RouterMetrics,
+        model: str,
+        t_in: float,
+        span: trace.Span,
+    ) -> None:
+        self.stream, self.metrics, self.model, self.t_in, self.span = stream, metrics, model, t_in, span
+        self.detok = IncrementalDetokenizer(tokenizer)
+        self.stops = StopMatcher(stops)
+        self.outcome = Outcome(prompt_tokens=prompt_tokens)
+        self._last_chunk_s = 0.0
+
+    def _timing(self) -> None:
+        now = time.perf_counter()
+        if self._last_chunk_s == 0.0:
+            self.metrics.ttft_ms.labels(self.model).observe((now - self.t_in) * 1000.0)
+        else:
+            self.metrics.itl_ms.labels(self.model).observe((now - self._last_chunk_s) * 1000.0)
+        self._last_chunk_s = now
+
+    async def pieces(self) -> AsyncIterator[str]:
+        out = self.outcome
+        async for ev in self.stream.events():
+            if isinstance(ev, Tokens):
+                self._timing()
+                out.completion_tokens += len(ev.token_ids)
+                text, stopped = self.stops.push(self.detok.push(ev.token_ids))
+                if text:
+                    out.text += text
+                    yield text
+                if stopped:
+                    out.finish_reason = "stop"
+                    return  # close() aborts the worker's request
+            elif isinstance(ev, Finished):
+                tail, stopped = self.stops.push(self.detok.flush())
+                tail += "" if stopped else self.stops.flush()
+                if tail:
+                    out.text += tail
+                    yield tail
+                out.finish_reason = ev.reason
+                out.prompt_tokens = ev.prompt_tokens or out.prompt_tokens
+                out.completion_tokens = ev.completion_tokens or out.completion_tokens
+                if ev.reason == "error":
+                    out.error = (
+                        f"worker {self.stream.worker_id} failed the request: {ev.message or 'no detail'}"
+                    )
+                return
+            elif isinstance(ev, Failed):
+                out.error = ev.message
+                return
+
+    async def finish(self, on_done: Callable[[], None]) -> None:
+        """Release everything (shielded: runs even when the client went away and we were cancelled)."""
+        with anyio.CancelScope(shield=True):
+            try:
+                await self.stream.close()
+            finally:
+                out = self.outcome
+                self.metrics.e2e_ms.labels(self.model).observe((time.perf_counter() - self.t_in) * 1000.0)
+                self.span.set_attribute("gen_ai.usage.input_tokens", out.prompt_tokens)
+                self.span.set_attribute("gen_ai.usage.output_tokens", out.completion_tokens)
+                self.span.set_attribute("gen_ai.response.finish_reasons", [out.finish_reason])
+                if out.error:
+                    self.span.set_status(trace.Status(trace.StatusCode.ERROR, out.error))
+                self.span.end()
+                on_done()
+
+
+async def stream_sse(
+    relay: Relay, shape: ResponseShape, include_usage: bool, on_done: Callable[[], None]
+) -> AsyncIterator[bytes]:
+    try:
+        async for text in relay.pieces():
+            yield sse(shape.chunk(text, None))
+        out = relay.outcome
+        if out.error:
+            relay.metrics.rejections.labels("worker_failed").inc()
+            yield sse(
+                error_body(out.error + "; the response is incomplete, retry the request", "server_error", 502)
+            )
+            return
+        yield sse(shape.chunk("", out.finish_reason))
+        if include_usage:
+            yield sse(shape.usage_chunk(out.prompt_tokens, out.completion_tokens))
+        yield b"data: [DONE]\n\n"
+    finally:
+        await relay.finish(on_done)
+
+
+async def collect(relay: Relay, on_done: Callable[[], None]) -> Outcome:
+    try:
+        async for _ in relay.pieces():
+            pass
+    finally:
+        await relay.finish(on_done)
+    return relay.outcome

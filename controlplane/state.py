@@ -1,0 +1,219 @@
+"""What the router knows about workers: accepted capacity reports and its own reservations.
+
+A `WorkerView` is one worker's last accepted report plus the router-side reservations that report
+cannot have seen yet. A `Snapshot` is an immutable set of views; placement reads only snapshots.
+
+Reservation accounting (shared by the in-memory and the Redis store):
+a reservation of `tokens` on worker w is made before Generate is called and released when the request
+ends. The worker's own `free_tokens` starts to include the request once the worker admitted it, so a
+reservation counts against a report only while the report may predate the admission:
+    counts  <=>  started_s == 0 (no token seen yet)  or  started_s >= report.received_s
+`started_s` is the router's clock when the first token arrived. A report received after that was built
+after the worker admitted the request (a report is not delayed past a token on the same host pair, up to
+clock noise), so it already accounts for it. Double counting is conservative; never counting would
+over-commit.
+
+Reports are accepted only in order: (epoch, sequence) must grow per worker_id, and a report built more
+than `stale_after_ms` before it arrived (worker clock vs router clock) is late and ignored.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from typing import Protocol
+
+from zipkv.protos import zipkv_pb2 as pb
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerView:
+    worker_id: str
+    address: str
+    model: str
+    epoch: int
+    sequence: int
+    timestamp_s: float  # worker clock when the report was built
+    received_s: float  # router clock (unix seconds) when it was accepted
+    free_tokens: int
+    committed_tokens: int
+    total_tokens: int
+    compression_ratio: float
+    running_requests: int
+    queued_requests: int
+    queued_prefill_tokens: int
+    ttft_ms: float
+    itl_ms: float
+    draining: bool
+    max_context_tokens: int
+    kv_bytes_per_token: int
+    reserved_tokens: int = 0  # router reservations this report cannot have seen (see module doc)
+    pinned: bool = False  # kept past expiry: the shared state is unreachable and this is the last known view
+
+    @property
+    def order(self) -> tuple[int, int]:
+        return (self.epoch, self.sequence)
+
+    @property
+    def headroom_tokens(self) -> int:
+        return self.free_tokens - self.reserved_tokens
+
+
+def view_from_report(report: pb.CapacityReport, received_s: float) -> WorkerView:
+    return WorkerView(
+        worker_id=report.worker_id,
+        address=report.address,
+        model=report.model,
+        epoch=report.epoch,
+        sequence=report.sequence,
+        timestamp_s=report.timestamp_s,
+        received_s=received_s,
+        free_tokens=report.free_tokens,
+        committed_tokens=report.committed_tokens,
+        total_tokens=report.total_tokens,
+        compression_ratio=report.compression_ratio,
+        running_requests=report.running_requests,
+        queued_requests=report.queued_requests,
+        queued_prefill_tokens=report.queued_prefill_tokens,
+        ttft_ms=report.ttft_ms,
+        itl_ms=report.itl_ms,
+        draining=report.draining,
+        max_context_tokens=report.max_context_tokens,
+        kv_bytes_per_token=report.kv_bytes_per_token,
+    )
+
+
+def check_report(report: pb.CapacityReport, received_s: float, stale_after_ms: int) -> str | None:
+    """Why a report is malformed or late (None when it may be applied)."""
+    if not report.worker_id or not report.address or not report.model:
+        return "worker_id, address and model are required"
+    if report.total_tokens < 0 or report.free_tokens < 0 or report.committed_tokens < 0:
+        return "token counts must be >= 0"
+    if not (0.0 <= report.compression_ratio <= 1.0) or math.isnan(report.compression_ratio):
+        return "compression_ratio must be in [0, 1]"
+    if (received_s - report.timestamp_s) * 1000.0 > stale_after_ms:
+        return f"late: built {received_s - report.timestamp_s:.3f} s before it arrived"
+    return None
+
+
+def out_of_order(prev: WorkerView | None, new: WorkerView) -> bool:
+    return prev is not None and new.order <= prev.order
+
+
+@dataclass(frozen=True, slots=True)
+class Reservation:
+    tokens: int
+    started_s: float  # 0 until the first token arrived
+    expires_s: float  # a router that died never releases; its reservations expire
+
+
+def unseen_reserved(reservations: list[Reservation], report_received_s: float, now_s: float) -> int:
+    return sum(
+        r.tokens
+        for r in reservations
+        if r.expires_s > now_s and (r.started_s == 0 or r.started_s >= report_received_s)
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    workers: tuple[WorkerView, ...]
+    taken_s: float
+    degraded: bool = False
+
+
+class Store(Protocol):
+    """The router's state: the in-memory store (one router) or Redis (several routers)."""
+
+    @property
+    def degraded(self) -> bool: ...
+
+    async def put_report(self, view: WorkerView) -> str | None:
+        """Apply a report atomically; return why it was refused (None = accepted)."""
+
+    def snapshot(self) -> Snapshot: ...
+
+    async def reserve(self, worker_id: str, request_id: str, tokens: int, now_s: float) -> bool:
+        """Atomically reserve if it still fits the worker's headroom; False when it does not."""
+
+    async def mark_started(self, worker_id: str, request_id: str, now_s: float) -> None: ...
+
+    async def release(self, worker_id: str, request_id: str) -> None: ...
+
+
+class MemoryStore:
+    """State for one router process. All methods run on the event loop, so each is atomic."""
+
+    def __init__(self, expire_after_ms: int, reservation_ttl_s: float, clock: object = None) -> None:
+        import time
+
+        self._expire_s = expire_after_ms / 1000.0
+        self._res_ttl_s = reservation_ttl_s
+        self._clock = clock if callable(clock) else time.time
+        self._views: dict[str, WorkerView] = {}
+        self._res: dict[str, dict[str, Reservation]] = {}
+        self._cache: Snapshot | None = None
+
+    @property
+    def degraded(self) -> bool:
+        return False
+
+    def now(self) -> float:
+        return float(self._clock())
+
+    async def put_report(self, view: WorkerView) -> str | None:
+        return self.put_report_sync(view)
+
+    def put_report_sync(self, view: WorkerView) -> str | None:
+        prev = self._views.get(view.worker_id)
+        if prev is not None and view.received_s - prev.received_s > self._expire_s:
+            prev = None  # expired: a restarted worker may begin again
+        if out_of_order(prev, view):
+            assert prev is not None
+            return f"out of order: ({view.epoch}, {view.sequence}) <= ({prev.epoch}, {prev.sequence})"
+        self._views[view.worker_id] = view
+        self._cache = None
+        return None
+
+    def views(self) -> dict[str, WorkerView]:
+        return dict(self._views)
+
+    def snapshot(self) -> Snapshot:
+        now = self.now()
+        if self._cache is not None and now - self._cache.taken_s < 0.001:
+            return self._cache
+        workers = []
+        for wid, view in list(self._views.items()):
+            if now - view.received_s > self._expire_s:
+                del self._views[wid]  # its reports stopped: forget it
+                continue
+            res = list(self._res.get(wid, {}).values())
+            workers.append(replace(view, reserved_tokens=unseen_reserved(res, view.received_s, now)))
+        self._cache = Snapshot(workers=tuple(workers), taken_s=now)
+        return self._cache
+
+    async def reserve(self, worker_id: str, request_id: str, tokens: int, now_s: float) -> bool:
+        view = self._views.get(worker_id)
+        if view is None:
+            return False
+        table = self._res.setdefault(worker_id, {})
+        for rid in [k for k, r in table.items() if r.expires_s <= now_s]:
+            del table[rid]
+        if view.free_tokens - unseen_reserved(list(table.values()), view.received_s, now_s) < tokens:
+            return False
+        table[request_id] = Reservation(tokens=tokens, started_s=0.0, expires_s=now_s + self._res_ttl_s)
+        self._cache = None
+        return True
+
+    async def mark_started(self, worker_id: str, request_id: str, now_s: float) -> None:
+        table = self._res.get(worker_id, {})
+        if request_id in table:
+            table[request_id] = replace(table[request_id], started_s=now_s)
+            self._cache = None
+
+    async def release(self, worker_id: str, request_id: str) -> None:
+        if self._res.get(worker_id, {}).pop(request_id, None) is not None:
+            self._cache = None
+
+    def reserved_total(self, worker_id: str) -> int:
+        return sum(r.tokens for r in self._res.get(worker_id, {}).values())
