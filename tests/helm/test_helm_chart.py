@@ -178,14 +178,14 @@ def test_workers_are_wired_to_the_router() -> None:
     args = app[0]["args"]
     service = one(objs, "Service", "router")
     report_port = next(p["port"] for p in service["spec"]["ports"] if p["name"] == "grpc-report")
-    assert args["report_address"] == f"{service['metadata']['name']}.{NAMESPACE}.svc:{report_port}"
+    assert args["router"] == f"{service['metadata']['name']}.{NAMESPACE}.svc:{report_port}"
     assert args["engine"] == "sglang"
     # The token travels through the Secret only, never in the RayService (readable by more people).
     token = container_env(next(containers(one(objs, "Deployment", "router"))), objs)
     assert token["ZIPKV_SECURITY__REPORT_TOKEN"] not in yaml.safe_dump(one(objs, "RayService"))
     worker_group = one(objs, "RayService")["spec"]["rayClusterConfig"]["workerGroupSpecs"][0]
     limits = worker_group["template"]["spec"]["containers"][0]["resources"]["limits"]
-    assert int(limits["nvidia.com/gpu"]) >= args["num_gpus"] >= 1
+    assert int(limits["nvidia.com/gpu"]) >= args["gpus_per_replica"] >= 1
 
 
 @pytest.mark.parametrize("name", list(VALUE_SETS))
@@ -225,3 +225,26 @@ def test_kubernetes_validation_catches_mistakes() -> None:
     for bad in (typo, wrong_type):
         with pytest.raises(kubernetes_validate.ValidationError, match=r"readinesProbe|two"):
             validate_builtin(bad, KUBE_VERSIONS[-1])
+
+
+@pytest.mark.parametrize("name", list(VALUE_SETS))
+def test_serve_args_are_accepted_by_the_worker(name: str, tmp_path: Path) -> None:
+    """The worker's own argument parser (zipkv.worker.serve) takes the rendered Serve args as they are.
+
+    Only the checkpoint folder is swapped for one that exists here: the worker checks it is a directory.
+    """
+    from zipkv.worker.serve import settings_from_args
+
+    objs = render(VALUE_SETS[name])
+    app = serve_config(objs)["applications"][0]
+    module, _, attr = app["import_path"].partition(":")
+    assert (module, attr) == ("zipkv.worker.serve", "app_builder")
+    args = dict(app["args"]) | {"model": str(tmp_path)}
+    settings, replicas, gpus, cpus = settings_from_args(args)
+    values = VALUE_SETS[name].get("workers", {})
+    assert replicas == values.get("numReplicas", 1) and gpus == values.get("gpusPerReplica", 1) and cpus >= 1
+    assert settings.engine == "sglang" and settings.compression is True
+    assert (
+        settings.router_address == app["args"]["router"] and settings.model_name == app["args"]["model_name"]
+    )
+    assert settings.report_token == ""  # it comes from ZIPKV_REPORT_TOKEN in the pod, never an argument

@@ -91,7 +91,7 @@ def test_router_resources_follow_the_values() -> None:
 
 @pytest.mark.parametrize(
     ("replicas", "gpus_per_replica", "gpus_per_pod", "pods"),
-    [(1, 1, 1, 1), (8, 1, 4, 2), (6, 2, 4, 3), (3, 1, 2, 2)],
+    [(1, 1, 1, 1), (8, 1, 4, 2), (6, 2, 4, 3), (3, 1, 2, 2), (2, 2, 3, 2)],
 )
 def test_worker_gpus_and_pods_follow_the_values(
     replicas: int, gpus_per_replica: int, gpus_per_pod: int, pods: int
@@ -104,8 +104,10 @@ def test_worker_gpus_and_pods_follow_the_values(
     resources = group["template"]["spec"]["containers"][0]["resources"]
     assert resources["limits"]["nvidia.com/gpu"] == resources["requests"]["nvidia.com/gpu"] == gpus_per_pod
     args = serve_config(objs)["applications"][0]["args"]
-    assert (args["num_replicas"], args["num_gpus"]) == (replicas, gpus_per_replica)
-    assert pods * gpus_per_pod >= replicas * gpus_per_replica  # every replica finds its GPUs
+    assert (args["num_replicas"], args["gpus_per_replica"]) == (replicas, gpus_per_replica)
+    # Every replica finds its GPUs inside one pod.
+    assert pods * (gpus_per_pod // gpus_per_replica) >= replicas
+    assert group["rayStartParams"]["num-gpus"] == str(gpus_per_pod)
 
 
 def test_a_replica_larger_than_a_pod_is_refused() -> None:
@@ -121,12 +123,17 @@ def test_worker_engine_and_model_reach_the_serve_config() -> None:
         }
     )
     args = serve_config(objs)["applications"][0]["args"]
-    assert (args["engine"], args["model_name"], args["model_path"], args["compression"]) == (
+    assert (args["engine"], args["model_name"], args["model"], args["compression"]) == (
         "reference",
         "tiny",
         "/models/tiny",
         False,
     )
+
+
+def test_pods_need_cpus_for_their_replicas() -> None:
+    with pytest.raises(helm_python.HelmRenderError, match="cpusPerReplica"):
+        render({"workers": {"gpusPerPod": 4, "cpusPerReplica": 4, "gpuWorker": {"cpu": "8"}}})
 
 
 def test_workers_can_be_left_out() -> None:

@@ -1,7 +1,12 @@
-{{/* Ray worker pods: one per gpusPerPod GPUs, enough for every Serve replica. */}}
+{{/* Serve replicas that fit in one Ray worker pod (a replica's GPUs are always in one pod). */}}
+{{- define "zipkv.workers.replicasPerPod" -}}
+{{- div (int .Values.workers.gpusPerPod) (int .Values.workers.gpusPerReplica) -}}
+{{- end -}}
+
+{{/* Ray worker pods: enough for every Serve replica. */}}
 {{- define "zipkv.workers.podCount" -}}
-{{- $gpus := mul (int .Values.workers.numReplicas) (int .Values.workers.gpusPerReplica) -}}
-{{- div (add $gpus (int .Values.workers.gpusPerPod) -1) (int .Values.workers.gpusPerPod) -}}
+{{- $perPod := include "zipkv.workers.replicasPerPod" . | int -}}
+{{- div (add (int .Values.workers.numReplicas) $perPod -1) $perPod -}}
 {{- end -}}
 
 {{/* The Serve application's builder args (zipkv.worker.serve:app_builder). The report token is not
@@ -10,15 +15,15 @@ ZIPKV_REPORT_TOKEN from the Secret through the pod environment, which Ray's work
 {{- define "zipkv.workers.appArgs" -}}
 {{- $args := dict
   "engine" .Values.workers.engine
+  "model" .Values.model.path
   "model_name" .Values.model.name
-  "model_path" .Values.model.path
-  "report_address" (include "zipkv.router.reportAddress" .)
+  "router" (include "zipkv.router.reportAddress" .)
   "report_interval_ms" (int .Values.workers.reportIntervalMs)
   "num_replicas" (int .Values.workers.numReplicas)
-  "num_gpus" (int .Values.workers.gpusPerReplica)
-  "max_context_tokens" (int .Values.model.maxContextTokens)
+  "gpus_per_replica" (int .Values.workers.gpusPerReplica)
+  "cpus_per_replica" (int .Values.workers.cpusPerReplica)
+  "max_running_requests" (int .Values.workers.maxRunningRequests)
   "compression" .Values.workers.compression
-  "mem_fraction_static" .Values.workers.memFractionStatic
 -}}
 {{- toYaml (mustMergeOverwrite $args (deepCopy .Values.workers.extraArgs)) -}}
 {{- end -}}
