@@ -1,0 +1,259 @@
+"""A local zipkv stack in one command: router process(es), a local Ray with N worker replicas, a status tap.
+
+Used by `zipkv up` and by the end-to-end tests. Start order: the status tap and the router(s) first
+(seconds), then Ray and the Serve replicas (the slow part), so each replica's first report lands at once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import json
+import os
+import secrets
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .status_tap import StatusTap
+
+APP_NAME = "zipkv"
+STATE_DIR = Path(os.environ.get("ZIPKV_STATE_DIR", Path(tempfile.gettempdir()) / "zipkv"))
+
+
+@dataclass(frozen=True)
+class StackOptions:
+    port: int = 8000  # HTTP of the (first) router; router k listens on port + k
+    workers: int = 2
+    routers: int = 1
+    redis_url: str | None = None  # shared state across routers; None = in memory (one router only)
+    model_path: str | None = None
+    model_name: str | None = None
+    kv_budget_mib: float = 64.0
+    compression: bool = True
+    device: str = "auto"
+    cpus_per_replica: float = 0.5
+    ray_num_cpus: int = 4
+    max_context_tokens: int = 2048
+    router_env: dict[str, str] = field(default_factory=dict)  # extra ZIPKV_* overrides for the router
+
+    def __post_init__(self) -> None:
+        if self.workers < 1:
+            raise ValueError(f"--workers must be >= 1, got {self.workers}")
+        if self.routers < 1:
+            raise ValueError(f"--routers must be >= 1, got {self.routers}")
+        if self.routers > 1 and not self.redis_url:
+            raise ValueError("--routers > 1 needs shared state: add --redis redis://HOST:6379/0")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def http_get(url: str, timeout_s: float = 2.0) -> tuple[int, bytes]:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout_s) as resp:
+            return int(resp.status), resp.read()
+    except urllib.error.HTTPError as exc:
+        return int(exc.code), exc.read()
+
+
+class LocalStack:
+    def __init__(self, options: StackOptions, progress: Callable[[str], None] = print) -> None:
+        self.options = options
+        self.progress = progress
+        self.report_token = secrets.token_hex(16)
+        self.model_name = options.model_name or (
+            Path(options.model_path).name if options.model_path else "zipkv-tiny"
+        )
+        self.grpc_ports = [free_port() for _ in range(options.routers)]
+        self.routers: list[subprocess.Popen[bytes]] = []
+        self.tap: StatusTap | None = None
+        self.workdir = Path(tempfile.mkdtemp(prefix="zipkv-up-"))
+        self._ray_started = False
+        self._t0 = time.monotonic()
+
+    @property
+    def base_urls(self) -> list[str]:
+        return [f"http://127.0.0.1:{self.options.port + k}" for k in range(self.options.routers)]
+
+    def _say(self, text: str) -> None:
+        self.progress(f"[zipkv {time.monotonic() - self._t0:5.1f}s] {text}")
+
+    # ---- start --------------------------------------------------------------------------------------
+    def start(self, ready_timeout_s: float = 300.0) -> None:
+        STATE_DIR.mkdir(parents=True, exist_ok=True)
+        self.tap = StatusTap(self.report_token, STATE_DIR / f"status-{self.options.port}.json")
+        tap_address = self.tap.start()
+        for k in range(self.options.routers):
+            self._start_router(k)
+        self._wait_routers(timeout_s=60.0)
+        self._start_workers([f"127.0.0.1:{self.grpc_ports[0]}", tap_address])
+        self._wait_ready(timeout_s=ready_timeout_s)
+
+    def _router_config(self, k: int) -> Path:
+        o = self.options
+        model: dict[str, Any] = {"name": self.model_name, "max_context_tokens": o.max_context_tokens}
+        model["tokenizer"] = o.model_path if o.model_path else "byte"
+        config: dict[str, Any] = {
+            "http": {"host": "127.0.0.1", "port": o.port + k},
+            "grpc": {"host": "127.0.0.1", "port": self.grpc_ports[k]},
+            "models": [model],
+            "security": {"report_token": self.report_token},
+        }
+        if o.redis_url:
+            config["state"] = {"backend": "redis", "redis_url": o.redis_url}
+        path = self.workdir / f"router-{k}.yaml"
+        path.write_text(json.dumps(config, indent=2))  # JSON is YAML
+        return path
+
+    def _start_router(self, k: int) -> None:
+        path = self._router_config(k)
+        self._say(f"starting router {k + 1}/{self.options.routers} on {self.base_urls[k]} (config {path})")
+        env = {**os.environ, **self.options.router_env}
+        log = open(self.workdir / f"router-{k}.log", "wb")  # noqa: SIM115 (lives as long as the process)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "zipkv.controlplane", "--config", str(path)],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,  # Ctrl-C reaches us once; we stop the router ourselves
+        )
+        self.routers.append(proc)
+
+    def router_log(self, k: int = 0) -> str:
+        path = self.workdir / f"router-{k}.log"
+        return path.read_text(errors="replace") if path.exists() else ""
+
+    def _wait_routers(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        for k, url in enumerate(self.base_urls):
+            while True:
+                if self.routers[k].poll() is not None:
+                    raise RuntimeError(
+                        f"router {k} exited with code {self.routers[k].returncode}:\n"
+                        + self.router_log(k)[-3000:]
+                    )
+                try:
+                    if http_get(f"{url}/healthz", 1.0)[0] == 200:
+                        break
+                except OSError:
+                    pass
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"router {k} did not answer {url}/healthz within {timeout_s:.0f} s")
+                time.sleep(0.2)
+        self._say(f"router{'s' if self.options.routers > 1 else ''} up")
+
+    def _start_workers(self, report_addresses: list[str]) -> None:
+        import ray
+        from ray import serve
+
+        from .serve import app_builder
+
+        o = self.options
+        os.environ["ZIPKV_REPORT_TOKEN"] = self.report_token  # inherited by the replicas
+        self._say(f"starting Ray (local, {o.ray_num_cpus} CPUs); this takes 10-30 s")
+        ray.init(
+            num_cpus=o.ray_num_cpus,
+            include_dashboard=False,
+            logging_level=logging.ERROR,
+            log_to_driver=False,
+            configure_logging=True,
+            runtime_env={"env_vars": {"ZIPKV_REPORT_TOKEN": self.report_token, "OMP_NUM_THREADS": "1"}},
+        )
+        self._ray_started = True
+        serve.start(http_options={"location": "NoServer"})
+        args = {
+            "engine": "reference",
+            "model": o.model_path or "",
+            "model_name": self.model_name,
+            "router": ",".join(report_addresses),
+            "num_replicas": o.workers,
+            "cpus_per_replica": o.cpus_per_replica,
+            "kv_budget_mib": o.kv_budget_mib,
+            "compression": o.compression,
+            "device": o.device,
+            "bind_host": "127.0.0.1",
+            "report_interval_ms": 150,
+        }
+        self._say(
+            f"starting {o.workers} worker replica(s) (model {self.model_name}, compression "
+            f"{'on' if o.compression else 'off'}, KV budget {o.kv_budget_mib:g} MiB each)"
+        )
+        serve.run(app_builder(args), name=APP_NAME, route_prefix=None, blocking=False)
+
+    def workers(self) -> list[dict[str, Any]]:
+        """Live workers as the status tap sees them (latest reports, fresher than 2 s)."""
+        assert self.tap is not None
+        now = time.time()
+        return [w for w in self.tap.snapshot() if now - w["received_s"] < 2.0]
+
+    def _wait_ready(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        reported = -1
+        while True:
+            live = self.workers()
+            if len(live) != reported:
+                reported = len(live)
+                self._say(f"{reported}/{self.options.workers} workers reporting")
+            if reported >= self.options.workers and self._models_listed():
+                break
+            for k, proc in enumerate(self.routers):
+                if proc.poll() is not None:
+                    raise RuntimeError(
+                        f"router {k} exited with code {proc.returncode}:\n{self.router_log(k)[-3000:]}"
+                    )
+            if time.monotonic() > deadline:
+                raise TimeoutError(
+                    f"only {reported}/{self.options.workers} workers reported within {timeout_s:.0f} s: see "
+                    "`ray` logs under /tmp/ray/session_latest/logs (serve/replica_*.log)"
+                )
+            time.sleep(0.3)
+        self._say("ready")
+
+    def _models_listed(self) -> bool:
+        try:
+            code, body = http_get(f"{self.base_urls[0]}/v1/models")
+        except OSError:
+            return False
+        return code == 200 and self.model_name.encode() in body
+
+    # ---- stop ---------------------------------------------------------------------------------------
+    def stop(self) -> None:
+        if self._ray_started:
+            import ray
+            from ray import serve
+
+            self._say("draining workers")
+            try:
+                serve.shutdown()
+            finally:
+                ray.shutdown()
+            self._ray_started = False
+        for proc in self.routers:
+            if proc.poll() is None:
+                proc.terminate()
+        for proc in self.routers:
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        if self.tap is not None:
+            self.tap.stop()
+            self.tap.path.unlink(missing_ok=True)
+            self.tap = None
+        self._say("stopped")
+
+
+def options_dict(options: StackOptions) -> dict[str, Any]:
+    return dataclasses.asdict(options)

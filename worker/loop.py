@@ -1,0 +1,152 @@
+"""The engine loop: one thread owns the engine and steps it; asyncio callers submit and stream.
+
+The engine is not thread-safe and its steps are CPU/GPU bound, so it lives on a dedicated thread. Callers
+on an asyncio loop (the gRPC server) submit requests through an inbox and receive each request's events
+on an `asyncio.Queue`, delivered with `call_soon_threadsafe`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import queue
+import threading
+import time
+from dataclasses import dataclass
+
+from .engine import Engine, EngineCapacity, EngineEvent, EngineRequest, FinishReason
+
+log = logging.getLogger("zipkv.worker")
+
+
+@dataclass(frozen=True)
+class _Submit:
+    request: EngineRequest
+    events: asyncio.Queue[EngineEvent]
+    accepted: concurrent.futures.Future[None]
+
+
+@dataclass(frozen=True)
+class _Abort:
+    request_id: str
+    message: str
+
+
+class EngineLoop:
+    def __init__(self, engine: Engine, loop: asyncio.AbstractEventLoop, idle_wait_s: float = 0.02) -> None:
+        self.engine = engine
+        self._loop = loop
+        self._inbox: queue.Queue[_Submit | _Abort] = queue.Queue()
+        self._streams: dict[str, asyncio.Queue[EngineEvent]] = {}
+        self._abort_messages: dict[str, str] = {}
+        self._idle_wait_s = idle_wait_s
+        self._stop = threading.Event()
+        self._capacity = engine.capacity()
+        self.error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="zipkv-engine", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        self._stop.set()
+        self._thread.join(timeout_s)
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive() and self.error is None
+
+    # ---- asyncio side -------------------------------------------------------------------------------
+    async def submit(self, request: EngineRequest) -> asyncio.Queue[EngineEvent]:
+        """Queue a request; raises the engine's RequestRejected if it refuses it."""
+        events: asyncio.Queue[EngineEvent] = asyncio.Queue()
+        accepted: concurrent.futures.Future[None] = concurrent.futures.Future()
+        self._inbox.put(_Submit(request, events, accepted))
+        await asyncio.wrap_future(accepted)
+        return events
+
+    def abort(self, request_id: str, message: str = "aborted") -> None:
+        self._inbox.put(_Abort(request_id, message))
+
+    def capacity(self) -> EngineCapacity:
+        return self._capacity
+
+    def has_stream(self, request_id: str) -> bool:
+        return request_id in self._streams
+
+    def stream_ids(self) -> list[str]:
+        return list(self._streams)
+
+    def inflight(self) -> int:
+        return len(self._streams)
+
+    # ---- engine thread ------------------------------------------------------------------------------
+    def _run(self) -> None:
+        try:
+            while not self._stop.is_set():
+                self._drain_inbox(block=not self.engine.has_work())
+                if self.engine.has_work():
+                    self._deliver(self.engine.step())
+                self._capacity = self.engine.capacity()
+        except BaseException as exc:  # the replica is unhealthy from here on: fail every stream clearly
+            self.error = exc
+            log.exception("engine loop failed: %s", exc)
+            for rid in list(self._streams):
+                self._deliver([EngineEvent(rid, finish=FinishReason.ERROR, message=f"engine failed: {exc}")])
+
+    def _drain_inbox(self, block: bool) -> None:
+        try:
+            item = self._inbox.get(timeout=self._idle_wait_s) if block else self._inbox.get_nowait()
+        except queue.Empty:
+            return
+        while True:
+            if isinstance(item, _Submit):
+                self._add(item)
+            elif self.engine.abort(item.request_id):
+                self._abort_messages[item.request_id] = item.message
+            try:
+                item = self._inbox.get_nowait()
+            except queue.Empty:
+                return
+
+    def _add(self, item: _Submit) -> None:
+        try:
+            self.engine.add_request(item.request)
+        except BaseException as exc:
+            self._loop.call_soon_threadsafe(_set_exception, item.accepted, exc)
+            return
+        self._streams[item.request.request_id] = item.events
+        self._loop.call_soon_threadsafe(_set_result, item.accepted)
+
+    def _deliver(self, events: list[EngineEvent]) -> None:
+        for event in events:
+            stream = self._streams.get(event.request_id)
+            if stream is None:
+                continue
+            if event.finish is not None:
+                del self._streams[event.request_id]
+                message = self._abort_messages.pop(event.request_id, None)
+                if message and event.finish is FinishReason.ABORT:
+                    event = EngineEvent(**{**event.__dict__, "message": message})
+            self._loop.call_soon_threadsafe(stream.put_nowait, event)
+
+
+def _set_result(fut: concurrent.futures.Future[None]) -> None:
+    if not fut.done():
+        fut.set_result(None)
+
+
+def _set_exception(fut: concurrent.futures.Future[None], exc: BaseException) -> None:
+    if not fut.done():
+        fut.set_exception(exc)
+
+
+def wait_until(predicate: object, timeout_s: float, poll_s: float = 0.05) -> bool:
+    """Poll ``predicate()`` until true or the timeout; returns its last value."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():  # type: ignore[operator]
+            return True
+        time.sleep(poll_s)
+    return bool(predicate())  # type: ignore[operator]

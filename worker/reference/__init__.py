@@ -1,0 +1,1 @@
+"""The reference engine: a small paged engine over Hugging Face model definitions (CPU or GPU)."""

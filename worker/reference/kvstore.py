@@ -1,0 +1,136 @@
+"""The reference engine's KV store: zipkv's page pool plus the codec's page reader and writer.
+
+This is the one place where the engine meets the allocator (`zipkv.allocator.PagePool`: the heap, page
+tables, compression of full pages, admission arithmetic) and the kernels (`store_tokens`,
+`gather_pages`, fused decode attention). On the CPU it uses the torch reference paths; on CUDA the
+Triton kernels.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from zipkv.kernels.layout import PAGE_TOKENS, PageFormat
+
+
+class KVStore:
+    def __init__(
+        self,
+        fmt: PageFormat,
+        num_layers: int,
+        budget_bytes: int,
+        device: str,
+        compression: bool,
+        chunk_bytes: int = 256 << 10,
+    ) -> None:
+        import os
+
+        if os.environ.get("ZIPKV_INTERIM_POOL"):
+            from zipkv_interim import PagePool  # TEMPORARY
+        else:
+            from zipkv.allocator import PagePool
+
+        self.fmt = fmt
+        self.num_layers = num_layers
+        self.device = torch.device(device)
+        self.compression = compression
+        self.pool = PagePool(
+            fmt,
+            num_layers,
+            budget_bytes,
+            chunk_bytes=chunk_bytes,
+            device=device,
+            shared_pool=True,
+            compression=compression,
+        )
+        self._on_cuda = self.device.type == "cuda"
+        if self._on_cuda:
+            from zipkv.kernels import codec, decode_attention
+
+            self._store_tokens: Any = codec.store_tokens
+            self._decode_mod: Any = decode_attention
+        else:
+            from zipkv.kernels import reference
+
+            self._store_tokens = reference.store_tokens
+            self._decode_mod = None
+        from zipkv.kernels import reference as ref
+
+        self._gather_pages: Any = ref.gather_pages
+
+    # ---- sizes --------------------------------------------------------------------------------------
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """Uncompressed KV bytes per token over all layers."""
+        return self.fmt.raw_page_bytes * self.num_layers // PAGE_TOKENS
+
+    @property
+    def decode_on_device(self) -> bool:
+        return self._decode_mod is not None
+
+    # ---- the allocator ------------------------------------------------------------------------------
+    def allocate(self, n_pages: int, request_id: str) -> list[int]:
+        """New pages for ``request_id``, drawn from its reservation."""
+        return [int(p) for p in self.pool.allocate(n_pages, request_ids=request_id)] if n_pages else []
+
+    def free(self, page_ids: list[int]) -> None:
+        if page_ids:
+            self.pool.free(page_ids)
+
+    def mark_full(self, page_ids: list[int]) -> None:
+        if page_ids:
+            self.pool.mark_full(page_ids)
+
+    def end_step(self) -> None:
+        self.pool.end_step()
+
+    def reserve(self, request_id: str, max_new_pages: int) -> None:
+        self.pool.reserve(request_id, max_new_pages)
+
+    def release(self, request_id: str) -> None:
+        self.pool.release(request_id)
+
+    def new_pages_fit(self) -> int:
+        return int(self.pool.new_pages_fit())
+
+    def stats(self) -> Any:
+        return self.pool.stats()
+
+    # ---- the codec ----------------------------------------------------------------------------------
+    def write(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Write new tokens (``k``, ``v``: bf16 ``[n, Hkv, D]``) into their raw pages."""
+        self._store_tokens(self.pool.heap, self.pool.page_loc[layer], slots, k, v, self.fmt)
+
+    def read_pages(self, layer: int, page_ids: torch.Tensor) -> torch.Tensor:
+        """bf16 ``[n, 2, Hkv, 16, D]``: the pages restored, raw or compressed."""
+        return self._gather_pages(
+            self.pool.heap, self.pool.page_loc[layer], self.pool.page_meta[layer], page_ids, self.fmt
+        )
+
+    def plan_decode(self, page_ids: list[list[int]], kv_lens: list[int], num_q_heads: int) -> Any:
+        """A decode plan for one step of single-token decodes (CUDA only), reused by every layer."""
+        flat = [p for pages in page_ids for p in pages]
+        indptr = [0]
+        for pages in page_ids:
+            indptr.append(indptr[-1] + len(pages))
+        dev = self.device
+        return self._decode_mod.plan_decode(
+            torch.tensor(flat, dtype=torch.int32, device=dev),
+            torch.tensor(indptr, dtype=torch.int32, device=dev),
+            torch.tensor(kv_lens, dtype=torch.int32, device=dev),
+            self.fmt,
+            num_q_heads,
+        )
+
+    def decode_attention(self, layer: int, plan: Any, q: torch.Tensor, sm_scale: float) -> torch.Tensor:
+        return self._decode_mod.decode_attention(
+            plan,
+            q,
+            self.pool.heap,
+            self.pool.page_loc[layer],
+            self.pool.page_meta[layer],
+            sm_scale,
+            compressed=self.compression,
+        )

@@ -1,0 +1,131 @@
+"""One worker: an engine, its loop thread, the Worker gRPC server and the capacity reporter.
+
+The runtime runs its own asyncio loop on its own thread, so it works the same inside a Ray Serve replica,
+in a plain process, and in tests. `start()` returns once the server listens; `drain()` is the graceful
+shutdown: stop admitting (new Generate calls get UNAVAILABLE), report `draining`, let running requests
+finish up to a timeout, abort the rest with a clear message, then stop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import threading
+import time
+import uuid
+from typing import Any
+
+import grpc
+
+from zipkv.protos import zipkv_pb2_grpc as pb_grpc
+
+from .engine import Engine
+from .loop import EngineLoop
+from .reporter import CapacityReporter
+from .service import WorkerService
+from .settings import WorkerSettings
+
+log = logging.getLogger("zipkv.worker")
+
+
+class WorkerRuntime:
+    def __init__(self, engine: Engine, settings: WorkerSettings, worker_id: str | None = None) -> None:
+        self.engine = engine
+        self.settings = settings
+        self.worker_id = worker_id or f"worker-{uuid.uuid4().hex[:8]}"
+        self.address = ""
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="zipkv-worker-io", daemon=True)
+        self.engine_loop = EngineLoop(engine, self._loop)
+        self.service = WorkerService(self.engine_loop, self.worker_id, engine.model_name)
+        self.reporters: list[CapacityReporter] = []
+        self._server: grpc.aio.Server | None = None
+        self.stopped = False
+
+    # ---- life cycle ---------------------------------------------------------------------------------
+    def start(self) -> str:
+        """Start serving; returns the address the router dials (host:port)."""
+        self._thread.start()
+        self.engine_loop.start()
+        self._call(self._start_server())
+        log.info(
+            "worker ready worker_id=%s address=%s model=%s router=%s",
+            self.worker_id,
+            self.address,
+            self.engine.model_name,
+            self.settings.router_address or "-",
+        )
+        return self.address
+
+    async def _start_server(self) -> None:
+        server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
+        pb_grpc.add_WorkerServicer_to_server(self.service, server)
+        port = server.add_insecure_port(f"{self.settings.bind_host}:{self.settings.port}")
+        if port == 0:
+            raise RuntimeError(
+                f"could not listen on {self.settings.bind_host}:{self.settings.port}: is it in use?"
+            )
+        await server.start()
+        self._server = server
+        self.address = f"{self.settings.advertise_host or self.settings.bind_host}:{port}"
+        for router in self.settings.report_addresses():
+            reporter = CapacityReporter(
+                router,
+                self.settings.report_token,
+                self.worker_id,
+                self.address,
+                self.engine.model_name,
+                capacity=self.engine_loop.capacity,
+                draining=lambda: self.service.draining,
+                interval_ms=self.settings.report_interval_ms,
+            )
+            await reporter.report_once()
+            reporter.start()
+            self.reporters.append(reporter)
+
+    def healthy(self) -> bool:
+        return not self.stopped and self.engine_loop.alive and self._thread.is_alive()
+
+    def drain(self, timeout_s: float | None = None) -> int:
+        """Graceful shutdown; returns how many requests had to be aborted."""
+        if self.stopped:
+            return 0
+        timeout_s = self.settings.drain_timeout_s if timeout_s is None else timeout_s
+        self.service.draining = True
+        log.info("worker draining worker_id=%s inflight=%d", self.worker_id, self.engine_loop.inflight())
+        for reporter in self.reporters:
+            self._call(reporter.report_once())
+        deadline = time.monotonic() + timeout_s
+        while self.engine_loop.inflight() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        aborted = self.engine_loop.inflight()
+        for rid in self.engine_loop.stream_ids():
+            self.engine_loop.abort(rid, f"worker {self.worker_id} is shutting down: retry the request")
+        deadline = time.monotonic() + 5.0
+        while self.engine_loop.inflight() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        self.stop()
+        log.info("worker stopped worker_id=%s aborted=%d", self.worker_id, aborted)
+        return aborted
+
+    def stop(self) -> None:
+        if self.stopped:
+            return
+        self.stopped = True
+        try:
+            self._call(self._stop_server(), timeout_s=10.0)
+        finally:
+            self.engine_loop.stop()
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(5.0)
+
+    async def _stop_server(self) -> None:
+        for reporter in self.reporters:
+            await reporter.stop()
+        if self._server is not None:
+            await self._server.stop(grace=1.0)
+
+    def _call(self, coro: Any, timeout_s: float = 30.0) -> Any:
+        fut: concurrent.futures.Future[Any] = asyncio.run_coroutine_threadsafe(coro, self._loop)
+        return fut.result(timeout_s)

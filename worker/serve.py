@@ -1,0 +1,129 @@
+"""The worker as a Ray Serve deployment: one engine per replica, each serving the Worker gRPC service.
+
+Ray Serve places the replicas (CPU or GPU), restarts one whose health check fails, and scales them.
+Requests do not pass through Serve's proxy: each replica serves gRPC on its own address and reports it,
+with its capacity, to the router. On shutdown (`__del__`, Serve's graceful shutdown) the replica drains.
+
+Import path for `serve run` / KubeRay: ``zipkv.worker.serve:app_builder`` with string arguments::
+
+    serve run zipkv.worker.serve:app_builder engine=reference model=/models/llama router=router:50051 \
+        num_replicas=2 gpus_per_replica=1
+
+The report token comes from the environment variable ZIPKV_REPORT_TOKEN (never an argument).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from typing import Any
+
+from ray import serve
+
+from .runtime import WorkerRuntime
+from .settings import WorkerSettings, build_engine
+
+log = logging.getLogger("zipkv.worker")
+DEPLOYMENT_NAME = "zipkv-worker"
+
+
+@serve.deployment(
+    name=DEPLOYMENT_NAME,
+    health_check_period_s=1.0,
+    health_check_timeout_s=10.0,
+    graceful_shutdown_timeout_s=40.0,
+    graceful_shutdown_wait_loop_s=0.5,
+    max_ongoing_requests=100,
+)
+class WorkerDeployment:
+    def __init__(self, settings: dict[str, Any]) -> None:
+        import ray
+
+        ctx = serve.get_replica_context()
+        worker_id = f"{ctx.deployment}-{ctx.replica_tag}"
+        if not settings.get("advertise_host") and settings.get("bind_host") in (None, "0.0.0.0"):
+            settings = {**settings, "advertise_host": ray.util.get_node_ip_address()}
+        if not settings.get("report_token"):
+            settings = {**settings, "report_token": WorkerSettings.report_token_from_env()}
+        self.settings = WorkerSettings(**settings)
+        engine = build_engine(self.settings)
+        self.runtime = WorkerRuntime(engine, self.settings, worker_id=worker_id)
+        self.runtime.start()
+
+    def check_health(self) -> None:
+        if not self.runtime.healthy():
+            error = self.runtime.engine_loop.error
+            raise RuntimeError(f"worker {self.runtime.worker_id} is unhealthy: {error or 'stopped'}")
+
+    def info(self) -> dict[str, Any]:
+        cap = self.runtime.engine_loop.capacity()
+        return {
+            "worker_id": self.runtime.worker_id,
+            "address": self.runtime.address,
+            "model": self.runtime.engine.model_name,
+            "draining": self.runtime.service.draining,
+            "compression": self.settings.compression,
+            "capacity": dataclasses.asdict(cap),
+            "reports_sent": sum(r.sent for r in self.runtime.reporters),
+            "reports_accepted": sum(r.accepted for r in self.runtime.reporters),
+        }
+
+    async def __call__(self, *args: Any) -> dict[str, Any]:
+        return self.info()
+
+    def __del__(self) -> None:
+        runtime = getattr(self, "runtime", None)
+        if runtime is not None:
+            runtime.drain()
+
+
+def _flag(value: str | bool) -> bool:
+    if isinstance(value, bool):
+        return value
+    if value.lower() in ("1", "true", "yes", "on"):
+        return True
+    if value.lower() in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(f"expected true/false, got {value!r}")
+
+
+def settings_from_args(args: dict[str, Any]) -> tuple[WorkerSettings, int, float, float]:
+    """Parse `serve run` arguments; returns (settings, num_replicas, gpus_per_replica, cpus_per_replica)."""
+    known = {
+        "engine", "model", "model_name", "router", "num_replicas", "gpus_per_replica", "cpus_per_replica",
+        "kv_budget_mib", "compression", "device", "bind_host", "advertise_host", "max_running_requests",
+        "report_interval_ms", "drain_timeout_s",
+    }  # fmt: skip
+    unknown = sorted(set(args) - known)
+    if unknown:
+        raise ValueError(f"unknown worker arguments {unknown}; accepted: {sorted(known)}")
+    gpus = float(args.get("gpus_per_replica", 0))
+    settings = WorkerSettings(
+        engine=args.get("engine", "reference"),
+        model_path=args.get("model") or None,
+        model_name=args.get("model_name") or None,
+        device=args.get("device", "cuda" if gpus > 0 else "auto"),
+        kv_budget_bytes=int(float(args.get("kv_budget_mib", 64)) * (1 << 20)),
+        compression=_flag(args.get("compression", True)),
+        max_running_requests=int(args.get("max_running_requests", 64)),
+        router_address=args.get("router") or None,
+        report_interval_ms=int(args.get("report_interval_ms", 200)),
+        bind_host=args.get("bind_host", "0.0.0.0"),
+        advertise_host=args.get("advertise_host") or None,
+        drain_timeout_s=float(args.get("drain_timeout_s", 30)),
+    )
+    replicas = int(args.get("num_replicas", 1))
+    if replicas < 1:
+        raise ValueError(f"num_replicas must be >= 1, got {replicas}")
+    return settings, replicas, gpus, float(args.get("cpus_per_replica", 1))
+
+
+def app_builder(args: dict[str, Any]) -> serve.Application:
+    """The Ray Serve application (`serve run zipkv.worker.serve:app_builder key=value ...`)."""
+    settings, replicas, gpus, cpus = settings_from_args(args)
+    fields = dataclasses.asdict(settings)
+    fields["report_token"] = ""  # read from ZIPKV_REPORT_TOKEN inside the replica, never shipped as an arg
+    return WorkerDeployment.options(  # type: ignore[attr-defined]
+        num_replicas=replicas,
+        ray_actor_options={"num_cpus": cpus, "num_gpus": gpus},
+    ).bind(fields)

@@ -1,0 +1,109 @@
+"""The Worker gRPC service (grpc.aio): Generate (server streaming), Abort, Health."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+
+import grpc
+
+from zipkv.protos import zipkv_pb2 as pb
+from zipkv.protos import zipkv_pb2_grpc as pb_grpc
+
+from .engine import EngineRequest, FinishReason, RequestRejected, SamplingOptions
+from .loop import EngineLoop
+
+log = logging.getLogger("zipkv.worker")
+
+_FINISH = {
+    FinishReason.STOP: pb.FINISH_REASON_STOP,
+    FinishReason.LENGTH: pb.FINISH_REASON_LENGTH,
+    FinishReason.ABORT: pb.FINISH_REASON_ABORT,
+    FinishReason.ERROR: pb.FINISH_REASON_ERROR,
+}
+
+
+def to_engine_request(msg: pb.GenerateRequest, default_max_new_tokens: int = 16) -> EngineRequest:
+    """Convert and validate; raises ValueError with a message meant for the caller."""
+    if not msg.request_id:
+        raise ValueError("request_id is empty")
+    s = msg.sampling
+    options = SamplingOptions(
+        temperature=s.temperature,
+        top_p=s.top_p if s.top_p > 0 else 1.0,  # proto3: 0 means unset
+        top_k=s.top_k,
+        max_new_tokens=s.max_new_tokens or default_max_new_tokens,
+        stop_token_ids=tuple(s.stop_token_ids),
+        ignore_eos=s.ignore_eos,
+        seed=s.seed,
+    )
+    return EngineRequest(msg.request_id, tuple(msg.prompt_token_ids), options)
+
+
+class WorkerService(pb_grpc.WorkerServicer):
+    def __init__(self, engine_loop: EngineLoop, worker_id: str, model: str) -> None:
+        self.loop = engine_loop
+        self.worker_id = worker_id
+        self.model = model
+        self.draining = False
+
+    async def Generate(
+        self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[pb.GenerateResponse]:
+        if self.draining:
+            await context.abort(
+                grpc.StatusCode.UNAVAILABLE, f"worker {self.worker_id} is draining: retry elsewhere"
+            )
+        if not self.loop.alive:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, f"worker {self.worker_id} engine is not running")
+        if request.model and request.model != self.model:
+            await context.abort(
+                grpc.StatusCode.NOT_FOUND,
+                f"model {request.model!r} is not served here (this worker serves {self.model!r})",
+            )
+        try:
+            engine_request = to_engine_request(request)
+        except ValueError as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        try:
+            events = await self.loop.submit(engine_request)
+        except RequestRejected as exc:
+            code = grpc.StatusCode.RESOURCE_EXHAUSTED if exc.retryable else grpc.StatusCode.INVALID_ARGUMENT
+            await context.abort(code, str(exc))
+        finished = False
+        try:
+            while True:
+                event = await events.get()
+                if event.token_ids:
+                    yield pb.GenerateResponse(chunk=pb.TokenChunk(token_ids=list(event.token_ids)))
+                if event.finish is not None:
+                    finished = True
+                    yield pb.GenerateResponse(
+                        finish=pb.Finish(
+                            reason=_FINISH[event.finish],
+                            usage=pb.Usage(
+                                prompt_tokens=event.prompt_tokens, completion_tokens=event.completion_tokens
+                            ),
+                            message=event.message,
+                            ttft_ms=event.ttft_ms,
+                        )
+                    )
+                    return
+        finally:
+            if not finished:  # the caller went away (cancel, deadline): free the request's pages
+                self.loop.abort(request.request_id, "cancelled by the caller")
+                log.info("generate cancelled request_id=%s", request.request_id)
+
+    async def Abort(self, request: pb.AbortRequest, context: grpc.aio.ServicerContext) -> pb.AbortResponse:
+        found = self.loop.has_stream(request.request_id)
+        if found:
+            self.loop.abort(request.request_id, "aborted by the router")
+        return pb.AbortResponse(found=found)
+
+    async def Health(self, request: pb.HealthRequest, context: grpc.aio.ServicerContext) -> pb.HealthResponse:
+        return pb.HealthResponse(
+            serving=self.loop.alive and not self.draining,
+            draining=self.draining,
+            worker_id=self.worker_id,
+            model=self.model,
+        )

@@ -1,0 +1,84 @@
+"""Worker settings (validated at start-up) and the engine factory."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Literal
+
+from .engine import Engine
+
+EngineKind = Literal["reference", "sglang"]
+REPORT_TOKEN_ENV = "ZIPKV_REPORT_TOKEN"
+
+
+@dataclass(frozen=True)
+class WorkerSettings:
+    engine: EngineKind = "reference"
+    model_path: str | None = None  # a local checkpoint directory; None = the built-in tiny model
+    model_name: str | None = None  # the name the router knows it by (default: the folder name / zipkv-tiny)
+    device: str = "auto"  # auto | cpu | cuda | cuda:N
+    kv_budget_bytes: int = 64 << 20
+    compression: bool = True
+    max_running_requests: int = 64
+    # host:port of ControlPlane.ReportCapacity; a comma-separated list sends the same reports to each
+    # (e.g. the router and `zipkv up`'s status tap); None = no reports.
+    router_address: str | None = None
+    report_token: str = ""
+    report_interval_ms: int = 200
+    bind_host: str = "127.0.0.1"
+    advertise_host: str | None = None  # what the router dials; default bind_host
+    port: int = 0  # 0 = any free port
+    drain_timeout_s: float = 30.0
+    torch_threads: int = 1
+
+    def __post_init__(self) -> None:
+        if self.engine not in ("reference", "sglang"):
+            raise ValueError(f"engine must be 'reference' or 'sglang', got {self.engine!r}")
+        if self.kv_budget_bytes <= 0:
+            raise ValueError(f"kv_budget_bytes must be > 0, got {self.kv_budget_bytes}")
+        if not 0 <= self.port <= 65535:
+            raise ValueError(f"port must be within 0..65535, got {self.port}")
+        if self.model_path is not None and not os.path.isdir(self.model_path):
+            raise ValueError(f"model path {self.model_path} is not a directory on this machine")
+
+    def report_addresses(self) -> list[str]:
+        return [a.strip() for a in (self.router_address or "").split(",") if a.strip()]
+
+    @staticmethod
+    def report_token_from_env() -> str:
+        return os.environ.get(REPORT_TOKEN_ENV, "")
+
+
+def resolve_device(device: str) -> str:
+    import torch
+
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError(
+            f"device {device!r} asked for but no CUDA GPU is visible: use device 'cpu' or 'auto'"
+        )
+    return device
+
+
+def build_engine(settings: WorkerSettings) -> Engine:
+    """The configured engine, loaded and ready to step."""
+    if settings.engine == "sglang":
+        from .sglang_engine import build_sglang_engine
+
+        return build_sglang_engine(settings)
+    import torch
+
+    from .reference.engine import ReferenceEngine, ReferenceEngineConfig
+    from .reference.model import load_model
+
+    torch.set_num_threads(settings.torch_threads)
+    device = resolve_device(settings.device)
+    loaded = load_model(settings.model_path, device, settings.model_name)
+    config = ReferenceEngineConfig(
+        kv_budget_bytes=settings.kv_budget_bytes,
+        compression=settings.compression,
+        max_running_requests=settings.max_running_requests,
+    )
+    return ReferenceEngine(loaded, config, device)
