@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import sys
 
@@ -22,10 +23,8 @@ def main(argv: list[str] | None = None) -> int:
     from zipkv.controlplane.server import serve, setup_logging
 
     setup_logging(cfg.telemetry.log_level)
-    try:
+    with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(serve(cfg))
-    except KeyboardInterrupt:
-        pass
     return 0
 
 

@@ -184,7 +184,7 @@ class MemoryStore:
             return self._cache
         workers = []
         for wid, view in list(self._views.items()):
-            if now - view.received_s > self._expire_s:
+            if now - view.received_s > self._expire_s and not view.pinned:
                 del self._views[wid]  # its reports stopped: forget it
                 continue
             res = list(self._res.get(wid, {}).values())

@@ -1,0 +1,242 @@
+"""Shared router state in Redis, for several routers: reports with a TTL, atomic reservations.
+
+Keys (one Redis, not a cluster: the report script also touches the worker set):
+    {prefix}:workers         SET of worker ids
+    {prefix}:w:{id}          HASH epoch, seq, recv, free, data (the view as JSON); PEXPIRE = expire_after_ms
+    {prefix}:r:{id}          HASH request_id -> "tokens:started_s:expires_s"  (reservations)
+Each write is one Lua script, so ordering checks and the fit check + reservation are atomic: two routers
+cannot both take the last headroom of a worker. The accounting rule is the one in state.py.
+
+Redis is not on the per-token path: a request costs one reserve, one mark-started and one release.
+When Redis is unreachable the router keeps serving from its last snapshot (views pinned, compared on
+the coarse signal) plus the reports it receives itself, reserves locally, reports `degraded` in /readyz
+and in metrics, and recovers by itself when a refresh succeeds (releases that failed are replayed).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import logging
+import time
+from collections.abc import Callable
+
+import redis.asyncio as aioredis
+from redis.exceptions import RedisError
+
+from zipkv.controlplane.config import RouterConfig
+from zipkv.controlplane.state import MemoryStore, Reservation, Snapshot, WorkerView, unseen_reserved
+
+log = logging.getLogger("zipkv.controlplane.redis")
+ERRORS = (RedisError, OSError, asyncio.TimeoutError)
+
+PUT_REPORT = """
+local cur = redis.call('HMGET', KEYS[1], 'epoch', 'seq')
+if cur[1] then
+  local e, s = tonumber(ARGV[1]), tonumber(ARGV[2])
+  local ce, cs = tonumber(cur[1]), tonumber(cur[2])
+  if e < ce or (e == ce and s <= cs) then return cur[1] .. ':' .. cur[2] end
+end
+redis.call('HSET', KEYS[1], 'epoch', ARGV[1], 'seq', ARGV[2], 'recv', ARGV[3], 'free', ARGV[4],
+           'data', ARGV[5])
+redis.call('PEXPIRE', KEYS[1], ARGV[6])
+redis.call('SADD', KEYS[2], ARGV[7])
+return ''
+"""
+
+RESERVE = """
+local w = redis.call('HMGET', KEYS[1], 'free', 'recv')
+if not w[1] then return -1 end
+local free, recv, now = tonumber(w[1]), tonumber(w[2]), tonumber(ARGV[3])
+local all = redis.call('HGETALL', KEYS[2])
+local used = 0
+for i = 1, #all, 2 do
+  local t, st, ex = string.match(all[i + 1], '([^:]+):([^:]+):([^:]+)')
+  t, st, ex = tonumber(t), tonumber(st), tonumber(ex)
+  if ex <= now then
+    redis.call('HDEL', KEYS[2], all[i])
+  elseif st == 0 or st >= recv then
+    used = used + t
+  end
+end
+if free - used < tonumber(ARGV[2]) then return 0 end
+redis.call('HSET', KEYS[2], ARGV[1], ARGV[2] .. ':0:' .. ARGV[4])
+redis.call('PEXPIRE', KEYS[2], ARGV[5])
+return 1
+"""
+
+MARK_STARTED = """
+local v = redis.call('HGET', KEYS[1], ARGV[1])
+if not v then return 0 end
+local t, st, ex = string.match(v, '([^:]+):([^:]+):([^:]+)')
+redis.call('HSET', KEYS[1], ARGV[1], t .. ':' .. ARGV[2] .. ':' .. ex)
+return 1
+"""
+
+
+def _parse_res(raw: dict[str, str]) -> list[Reservation]:
+    out = []
+    for value in raw.values():
+        tokens, started, expires = value.split(":")
+        out.append(Reservation(int(tokens), float(started), float(expires)))
+    return out
+
+
+class RedisStore:
+    def __init__(self, cfg: RouterConfig, clock: Callable[[], float] = time.time) -> None:
+        st, pl = cfg.state, cfg.placement
+        assert st.redis_url, "validated by StateConfig"
+        timeout_s = st.redis_timeout_ms / 1000.0
+        self._redis = aioredis.Redis.from_url(
+            st.redis_url,
+            decode_responses=True,
+            socket_timeout=timeout_s,
+            socket_connect_timeout=timeout_s,
+            retry_on_timeout=False,
+        )
+        self._p = st.key_prefix
+        self._expire_ms = pl.expire_after_ms
+        self._res_ttl_s = pl.reservation_ttl_s
+        self._refresh_s = st.refresh_ms / 1000.0
+        self._clock = clock
+        self._local = MemoryStore(pl.expire_after_ms, pl.reservation_ttl_s, clock)
+        self._local_res: set[tuple[str, str]] = set()  # reservations made while degraded
+        self._pending_release: list[tuple[str, str]] = []
+        self._snap = Snapshot((), 0.0)
+        self._degraded = False
+        self._put = self._redis.register_script(PUT_REPORT)
+        self._reserve = self._redis.register_script(RESERVE)
+        self._started = self._redis.register_script(MARK_STARTED)
+
+    def _w(self, wid: str) -> str:
+        return f"{self._p}:w:{wid}"
+
+    def _r(self, wid: str) -> str:
+        return f"{self._p}:r:{wid}"
+
+    @property
+    def degraded(self) -> bool:
+        return self._degraded
+
+    def _degrade(self, exc: BaseException) -> None:
+        if not self._degraded:
+            log.warning("redis unreachable; serving from the last snapshot", extra={"error": repr(exc)})
+            # Keep the last shared view of every worker (pinned) so placement can still use it.
+            for v in self._snap.workers:
+                if v.worker_id not in self._local.views():
+                    self._local.put_report_sync(dataclasses.replace(v, reserved_tokens=0, pinned=True))
+        self._degraded = True
+
+    async def put_report(self, view: WorkerView) -> str | None:
+        local = self._local.put_report_sync(view)
+        if self._degraded:
+            return local
+        try:
+            cur = await self._put_shared(view)
+        except ERRORS as exc:
+            self._degrade(exc)
+            return local
+        if cur == "":
+            return None
+        return f"out of order: ({view.epoch}, {view.sequence}) <= ({cur.replace(':', ', ')})"
+
+    async def _put_shared(self, view: WorkerView) -> str:
+        data = json.dumps(dataclasses.asdict(view))
+        keys = [self._w(view.worker_id), f"{self._p}:workers"]
+        args: list[str | int] = [view.epoch, view.sequence, repr(view.received_s), view.free_tokens]
+        args += [data, self._expire_ms, view.worker_id]
+        return str(await self._put(keys=keys, args=args))
+
+    def snapshot(self) -> Snapshot:
+        if not self._degraded:
+            return self._snap
+        snap = self._local.snapshot()
+        return dataclasses.replace(snap, degraded=True)
+
+    async def refresh(self) -> None:
+        now = self._clock()
+        ids = sorted(str(i) for i in await self._redis.smembers(f"{self._p}:workers"))
+        async with self._redis.pipeline(transaction=False) as pipe:
+            for wid in ids:
+                pipe.hget(self._w(wid), "data")
+                pipe.hgetall(self._r(wid))
+            rows = await pipe.execute() if ids else []
+        views, gone = [], []
+        for i, wid in enumerate(ids):
+            data, res = rows[2 * i], rows[2 * i + 1]
+            if data is None:
+                gone.append(wid)  # its report hash expired: the worker stopped reporting
+                continue
+            view = WorkerView(**json.loads(data))
+            reserved = unseen_reserved(_parse_res(res), view.received_s, now)
+            views.append(dataclasses.replace(view, reserved_tokens=reserved, pinned=False))
+        if gone:
+            await self._redis.srem(f"{self._p}:workers", *gone)
+        self._snap = Snapshot(tuple(views), now)
+
+    async def run(self) -> None:
+        """Refresh the snapshot every refresh_ms; detect outages and recover from them."""
+        while True:
+            try:
+                await self.refresh()
+                if self._degraded:
+                    await self._recover()
+            except ERRORS as exc:
+                self._degrade(exc)
+            await asyncio.sleep(self._refresh_s)
+
+    async def _recover(self) -> None:
+        # Reports received while Redis was away go back into the shared state (the script keeps order).
+        for view in self._local.views().values():
+            if not view.pinned:
+                await self._put_shared(view)
+        for wid, rid in list(self._pending_release):
+            await self._redis.hdel(self._r(wid), rid)
+            self._pending_release.remove((wid, rid))
+        self._degraded = False
+        self._local = MemoryStore(self._expire_ms, self._res_ttl_s, self._clock)
+        log.info("redis reachable again; shared state restored")
+
+    async def reserve(self, worker_id: str, request_id: str, tokens: int, now_s: float) -> bool:
+        if not self._degraded:
+            args = [
+                request_id,
+                tokens,
+                repr(now_s),
+                repr(now_s + self._res_ttl_s),
+                int(self._res_ttl_s * 1000),
+            ]
+            try:
+                return bool(
+                    await self._reserve(keys=[self._w(worker_id), self._r(worker_id)], args=args) == 1
+                )
+            except ERRORS as exc:
+                self._degrade(exc)
+        ok = await self._local.reserve(worker_id, request_id, tokens, now_s)
+        if ok:
+            self._local_res.add((worker_id, request_id))
+        return ok
+
+    async def mark_started(self, worker_id: str, request_id: str, now_s: float) -> None:
+        if (worker_id, request_id) in self._local_res:
+            await self._local.mark_started(worker_id, request_id, now_s)
+            return
+        try:
+            await self._started(keys=[self._r(worker_id)], args=[request_id, repr(now_s)])
+        except ERRORS as exc:
+            self._degrade(exc)
+
+    async def release(self, worker_id: str, request_id: str) -> None:
+        if (worker_id, request_id) in self._local_res:
+            self._local_res.discard((worker_id, request_id))
+            await self._local.release(worker_id, request_id)
+            return
+        try:
+            await self._redis.hdel(self._r(worker_id), request_id)
+        except ERRORS as exc:
+            self._pending_release.append((worker_id, request_id))  # replayed on recovery
+            self._degrade(exc)
+
+    async def close(self) -> None:
+        await self._redis.aclose()
