@@ -25,12 +25,7 @@ class KVStore:
         compression: bool,
         chunk_bytes: int = 256 << 10,
     ) -> None:
-        import os
-
-        if os.environ.get("ZIPKV_INTERIM_POOL"):
-            from zipkv_interim import PagePool  # TEMPORARY
-        else:
-            from zipkv.allocator import PagePool
+        from zipkv.allocator import PagePool
 
         self.fmt = fmt
         self.num_layers = num_layers
