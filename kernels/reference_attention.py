@@ -1,0 +1,47 @@
+"""Plain-torch oracle for paged decode attention (CPU and GPU), the reference of kernels/decode_attention.py.
+
+It reads the same page table as the kernel but takes the pages as values (bf16 ``[num_pages, 2, H, 16, D]``,
+e.g. from :func:`zipkv.kernels.reference.gather_pages`), so it is independent of how they are stored.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .layout import PAGE_TOKENS
+
+
+def decode_attention_reference(
+    q: torch.Tensor,
+    pages: torch.Tensor,
+    page_ids: torch.Tensor,
+    page_indptr: torch.Tensor,
+    kv_lens: torch.Tensor,
+    sm_scale: float,
+    dtype: torch.dtype = torch.float64,
+) -> torch.Tensor:
+    """Attention of ``q`` (``[B, Hq, D]``) over each request's first ``kv_lens[b]`` tokens, in ``dtype``.
+
+    ``pages``: ``[num_pages, 2, H, 16, D]`` indexed by page id; request ``b`` owns
+    ``page_ids[page_indptr[b]:page_indptr[b + 1]]`` in token order. Query head ``i`` reads KV head
+    ``i // (Hq / H)``. Returns ``[B, Hq, D]`` in ``dtype``.
+    """
+    batch, num_q_heads, head_dim = q.shape
+    num_kv_heads = pages.shape[2]
+    if num_q_heads % num_kv_heads != 0:
+        raise ValueError(f"{num_q_heads} query heads do not group over {num_kv_heads} KV heads")
+    group = num_q_heads // num_kv_heads
+    indptr = page_indptr.tolist()
+    lens = kv_lens.tolist()
+    out = torch.empty(batch, num_q_heads, head_dim, dtype=dtype, device=q.device)
+    for b in range(batch):
+        ids = page_ids[indptr[b] : indptr[b + 1]].to(torch.int64)
+        if lens[b] < 1 or ids.numel() * PAGE_TOKENS < lens[b]:
+            raise ValueError(f"request {b}: {lens[b]} tokens do not fit its {ids.numel()} pages")
+        kv = pages[ids].to(dtype)  # [P, 2, H, 16, D]
+        kv = kv.permute(1, 2, 0, 3, 4).reshape(2, num_kv_heads, -1, head_dim)[:, :, : lens[b]]
+        k = kv[0].repeat_interleave(group, dim=0)  # [Hq, L, D]
+        v = kv[1].repeat_interleave(group, dim=0)
+        scores = torch.einsum("hd,hld->hl", q[b].to(dtype), k) * sm_scale
+        out[b] = torch.einsum("hl,hld->hd", torch.softmax(scores, dim=-1), v)
+    return out
