@@ -1,0 +1,121 @@
+"""Compaction: move the live pages out of mostly-dead LOG chunks so the chunks can be reused.
+
+Requests finish in any order, so compressed chunks collect dead bytes. A chunk whose live bytes are below
+``compaction_live_fraction`` of it is a candidate; per layer, the candidates with the fewest live bytes are
+packed into the layer's open LOG chunk (and new chunks when needed) as long as that frees more chunks than
+it takes and every reservation stays honoured. The page table is updated to the new places; the emptied
+chunks drain (device fence) before anyone can reuse them.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from zipkv.allocator.encode import chunks_affordable
+from zipkv.allocator.plans import ChunkKind, MovePlan, PageState
+
+if TYPE_CHECKING:
+    from zipkv.allocator.ledger import Ledger
+
+I64 = np.int64
+
+
+def candidates(led: Ledger) -> np.ndarray:
+    """Closed LOG chunks with no encode in flight and live bytes below the threshold."""
+    cut = led.cfg.compaction_live_fraction * led.cu
+    mask = (led.chunk_kind == ChunkKind.LOG) & (led.chunk_pending == 0) & (led.chunk_live < cut)
+    mask[led.open_log[led.open_log >= 0]] = False
+    return np.flatnonzero(mask)
+
+
+def _select(led: Ledger, layer: int, chunks: np.ndarray) -> tuple[np.ndarray, int]:
+    """The prefix of ``chunks`` (fewest live first) that frees the most chunks; and new chunks it needs."""
+    live = led.chunk_live[chunks]
+    order = np.argsort(live, kind="stable")
+    chunks, total = chunks[order], np.cumsum(live[order])
+    o = int(led.open_log[layer])
+    # a page never straddles chunks, so a chunk holds at least cu - raw + 1 units of moved pages
+    room = max(0, int(led.cu - led.chunk_bump[o]) - led.raw + 1) if o >= 0 else 0
+    need = -(-np.maximum(total - room, 0) // (led.cu - led.raw + 1))
+    gain = np.arange(1, chunks.size + 1) - need
+    best = int(np.argmax(gain))
+    if gain[best] <= 0:
+        return chunks[:0], 0
+    return chunks[: best + 1], int(need[best])
+
+
+def plan_compaction(led: Ledger, max_pages: int) -> MovePlan | None:
+    """Plan moves for at most ``max_pages`` (layer, page) pairs; updates the host tables at once.
+
+    The caller copies the bytes on the device and then calls ``Ledger.moved`` so that the emptied chunks
+    start draining behind the copy.
+    """
+    cands = candidates(led)
+    if cands.size == 0:
+        return None
+    n_l = led.cfg.num_layers
+    parts: list[tuple[int, np.ndarray, np.ndarray, np.ndarray]] = []
+    emptied: list[np.ndarray] = []
+    budget = max_pages
+    for layer in np.unique(led.chunk_owner[cands]).tolist():
+        chunks, new_chunks = _select(led, layer, cands[led.chunk_owner[cands] == layer])
+        if chunks.size == 0:
+            continue
+        need = np.zeros(n_l, dtype=I64)
+        need[layer] = new_chunks
+        if not chunks_affordable(led, need):
+            continue
+        pages = np.flatnonzero(np.isin(led.page_chunk[layer], chunks))
+        if pages.size > budget:
+            break
+        budget -= pages.size
+        parts.append((layer, pages, led.page_unit[layer, pages].copy(), led.page_units[layer, pages].copy()))
+        _place(led, layer, pages)
+        emptied.append(chunks)
+    if not parts:
+        return None
+    layers = np.concatenate([np.full(p.size, layer, dtype=I64) for layer, p, _, _ in parts])
+    pages = np.concatenate([p for _, p, _, _ in parts])
+    return MovePlan(
+        layers=layers,
+        pages=pages,
+        src_units=np.concatenate([s for _, _, s, _ in parts]),
+        dst_units=led.page_unit[layers, pages],
+        size_units=np.concatenate([z for _, _, _, z in parts]),
+        emptied_chunks=np.concatenate(emptied),
+    )
+
+
+def _place(led: Ledger, layer: int, pages: np.ndarray) -> None:
+    """Pack ``pages`` of ``layer`` behind the layer's bump pointer, opening chunks as needed."""
+    if np.any(led.page_state[pages] != PageState.COMPRESSED):
+        raise AssertionError("compaction picked a page whose size is not known (internal)")
+    sizes = led.page_units[layer, pages]
+    old_chunks = led.page_chunk[layer, pages]
+    ends = np.cumsum(sizes)
+    dst = np.empty_like(sizes)
+    dst_chunk = np.empty_like(sizes)
+    start, c = 0, int(led.open_log[layer])
+    while start < pages.size:
+        before = int(ends[start - 1]) if start else 0
+        room = int(led.cu - led.chunk_bump[c]) if c >= 0 else 0
+        stop = int(np.searchsorted(ends, before + room, side="right"))
+        if stop == start:
+            c = led._take_chunk(layer, ChunkKind.LOG)
+            led.open_log[layer] = c
+            continue
+        dst[start:stop] = c * led.cu + led.chunk_bump[c] + ends[start:stop] - sizes[start:stop] - before
+        dst_chunk[start:stop] = c
+        led.chunk_bump[c] += int(ends[stop - 1]) - before
+        start = stop
+    np.add.at(led.chunk_live, old_chunks, -sizes)
+    np.add.at(led.chunk_live, dst_chunk, sizes)
+    led.page_unit[layer, pages], led.page_chunk[layer, pages] = dst, dst_chunk
+    led._fit = None
+
+
+def moved(led: Ledger, plan: MovePlan) -> None:
+    """The device copy of ``plan`` is issued: its source chunks drain behind it."""
+    led._retire_empty(plan.emptied_chunks)

@@ -1,0 +1,103 @@
+"""The device side's small parts: fences, the encoder seam, uploads, the raw-page metadata row.
+
+The allocator imports ``kernels.layout`` and torch only; the encoder comes from ``zipkv.kernels`` at run
+time (``codec.encode_pages`` on CUDA, the torch reference on the CPU), behind the ``PageEncoder`` protocol.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Protocol
+
+import numpy as np
+import torch
+
+from zipkv.allocator.plans import CompletedFence, Fence
+from zipkv.kernels.layout import OFFSET_BYTES, RAW_MARKER, PageFormat
+
+
+class PageEncoder(Protocol):
+    """``kernels.codec.encode_pages``: compress ``n`` full raw pages of ``heap`` in one launch.
+
+    Reads raw pages at byte offsets ``src_offsets`` (int64 [n]), writes each encoded page at
+    ``dst_offsets`` (room for ``fmt.raw_page_bytes``), its metadata into ``meta_out``
+    (uint8 [n, 2H, meta_bytes]) and its stored bytes into ``sizes_out`` (int32 [n]). No host sync.
+    """
+
+    def __call__(
+        self,
+        heap: torch.Tensor,
+        src_offsets: torch.Tensor,
+        dst_offsets: torch.Tensor,
+        meta_out: torch.Tensor,
+        sizes_out: torch.Tensor,
+        fmt: PageFormat,
+    ) -> None: ...
+
+
+class CudaFence:
+    """A CUDA event recorded on the current stream: done once every launch before it has finished."""
+
+    def __init__(self) -> None:
+        self.event = torch.cuda.Event()
+        self.event.record()
+
+    def done(self) -> bool:
+        return bool(self.event.query())
+
+
+def fence_factory(device: torch.device) -> type[Fence]:
+    # CPU ops run to completion inside the call that issues them, so a CPU fence is done when made.
+    return CudaFence if device.type == "cuda" else CompletedFence
+
+
+def default_encoder(device: torch.device) -> PageEncoder:
+    """The Triton codec on CUDA; the torch reference (``encode_pages`` or per-page twin) elsewhere."""
+    if device.type == "cuda":
+        codec = importlib.import_module("zipkv.kernels.codec")
+        return codec.encode_pages  # type: ignore[no-any-return]
+    reference = importlib.import_module("zipkv.kernels.reference")
+    if hasattr(reference, "encode_pages"):
+        return reference.encode_pages  # type: ignore[no-any-return]
+    return reference_page_encoder
+
+
+def reference_page_encoder(
+    heap: torch.Tensor,
+    src_offsets: torch.Tensor,
+    dst_offsets: torch.Tensor,
+    meta_out: torch.Tensor,
+    sizes_out: torch.Tensor,
+    fmt: PageFormat,
+) -> None:
+    """``encode_pages`` built from the reference's ``gather_pages`` and ``encode_page`` (page by page)."""
+    reference = importlib.import_module("zipkv.kernels.reference")
+    n = int(src_offsets.numel())
+    if n == 0:
+        return
+    raw_meta = raw_meta_row(fmt, heap.device).expand(n, -1, -1)
+    ids = torch.arange(n, device=heap.device)
+    pages = reference.gather_pages(heap, src_offsets, raw_meta, ids, fmt)
+    for i, dst in enumerate(dst_offsets.tolist()):
+        data, meta = reference.encode_page(pages[i], fmt)
+        heap[dst : dst + data.numel()] = data
+        meta_out[i] = meta
+        sizes_out[i] = data.numel()
+
+
+def raw_meta_row(fmt: PageFormat, device: torch.device | str = "cpu") -> torch.Tensor:
+    """uint8 [2H, meta_bytes]: metadata of an uncompressed page (raw offsets, every marker raw)."""
+    rows = np.zeros((fmt.page_heads_per_page, fmt.meta_bytes), dtype=np.uint8)
+    for i in range(fmt.page_heads_per_page):
+        offset = i * fmt.raw_page_head_bytes
+        rows[i, :OFFSET_BYTES] = np.frombuffer(offset.to_bytes(OFFSET_BYTES, "little"), dtype=np.uint8)
+        rows[i, OFFSET_BYTES : OFFSET_BYTES + fmt.blocks_per_page_head] = RAW_MARKER
+    return torch.from_numpy(rows).to(device)
+
+
+def upload(array: np.ndarray, device: torch.device) -> torch.Tensor:
+    """Host int64 array -> device tensor without waiting for the device (pinned copy on CUDA)."""
+    host = torch.from_numpy(np.ascontiguousarray(array))
+    if device.type == "cuda":
+        return host.pin_memory().to(device, non_blocking=True)
+    return host

@@ -1,0 +1,169 @@
+"""Online compression, host side: plan one encode launch for every full page, apply sizes a step later.
+
+The compressed size of a page is known on the device only after the encode kernel runs, and the decode
+path must not wait for it. So each page gets a worst-case (raw-size) place in its layer's log chunk; the
+device packs the encoded pages of a region one after another at once, and the host learns the sizes when
+the launch's fence is done (the next step). Then it refunds the unused tail of each region (the chunk's
+bump pointer rolls back when nothing was placed after it; otherwise the tail is dead space for
+compaction) and frees the pages' raw slots. Until then capacity counts the worst case: it lags by one
+step and is never optimistic.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from zipkv.allocator.plans import (
+    UNIT_BYTES,
+    ChunkKind,
+    EncodeBatch,
+    EncodePlan,
+    Fence,
+    PageState,
+    packed_units,
+)
+
+if TYPE_CHECKING:
+    from zipkv.allocator.ledger import Ledger
+
+I64 = np.int64
+
+
+def log_chunks_needed(led: Ledger, pages: int) -> np.ndarray:
+    """New LOG chunks each layer needs to place ``pages`` worst-case pages (int64 [L])."""
+    o = led.open_log
+    room = np.where(o >= 0, (led.cu - led.chunk_bump[np.maximum(o, 0)]) // led.raw, 0)
+    return -(-np.maximum(pages - room, 0) // led.slots_per_chunk)
+
+
+def chunks_affordable(led: Ledger, need: np.ndarray) -> bool:
+    """Whether layers can take ``need`` more chunks and still honour every reservation."""
+    if led.cfg.shared_pool:
+        pool = len(led.pool) - int(need.sum())
+        return pool >= 0 and led._fits(led.reserved_pages, pool=pool)
+    have = np.array([len(e) for e in led.private_empty], dtype=I64)
+    if (need > have).any():
+        return False
+    return led._fits(led.reserved_pages, free_units=led.free_units() - need * led.cu)
+
+
+def _encodable(led: Ledger, pages: int) -> int:
+    """Most of ``pages`` whose worst-case places fit without eating into reservations."""
+    if chunks_affordable(led, log_chunks_needed(led, pages)):
+        return pages
+    lo, hi = 0, pages - 1
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if chunks_affordable(led, log_chunks_needed(led, mid)):
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+def plan_encode(led: Ledger) -> EncodePlan | None:
+    """Take the queued full pages (as many as fit now) and give each a worst-case place per layer."""
+    if not led.full_queue:
+        return None
+    queue = np.unique(np.asarray(led.full_queue, dtype=I64))
+    queue = queue[led.page_state[queue] == PageState.FULL]
+    k = _encodable(led, int(queue.size))
+    led.full_queue = queue[k:].tolist()  # the rest waits for room (they stay valid raw pages)
+    if k == 0:
+        return None
+    return _place(led, queue[:k])
+
+
+def _regions(led: Ledger, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(base units, page count, chunk) of each region, layer-major; advances bump pointers."""
+    n_l = led.cfg.num_layers
+    if not log_chunks_needed(led, k).any():  # the common case: every open chunk has room
+        c = led.open_log.copy()
+        base = c * led.cu + led.chunk_bump[c]
+        led.chunk_bump[c] += k * led.raw
+        led.chunk_live[c] += k * led.raw
+        led.chunk_pending[c] += 1
+        return base, np.full(n_l, k, dtype=I64), c
+    bases, counts, chunks = [], [], []
+    for layer in range(n_l):
+        remaining, c = k, int(led.open_log[layer])
+        while remaining:
+            if c < 0 or led.cu - led.chunk_bump[c] < led.raw:
+                c = led._take_chunk(layer, ChunkKind.LOG)
+                led.open_log[layer] = c
+            cnt = min(remaining, int(led.cu - led.chunk_bump[c]) // led.raw)
+            bases.append(c * led.cu + int(led.chunk_bump[c]))
+            counts.append(cnt)
+            chunks.append(c)
+            led.chunk_bump[c] += cnt * led.raw
+            led.chunk_live[c] += cnt * led.raw
+            led.chunk_pending[c] += 1
+            remaining -= cnt
+    return np.array(bases, dtype=I64), np.array(counts, dtype=I64), np.array(chunks, dtype=I64)
+
+
+def _place(led: Ledger, pages: np.ndarray) -> EncodePlan:
+    k, n_l = int(pages.size), led.cfg.num_layers
+    base, count, chunk = _regions(led, k)
+    first = np.cumsum(count) - count
+    segments = np.repeat(np.arange(count.size, dtype=I64), count)
+    stage = base[segments] + (np.arange(k * n_l, dtype=I64) - first[segments]) * led.raw
+    layers = np.repeat(np.arange(n_l, dtype=I64), k)
+    tiled = np.tile(pages, n_l)
+    src = led.page_unit[layers, tiled]
+    led.page_unit[layers, tiled] = stage
+    led.page_chunk[layers, tiled] = chunk[segments]
+    led.page_state[pages] = PageState.ENCODING
+    led._fit = None
+    return EncodePlan(
+        layers=layers,
+        pages=tiled,
+        src_units=src,
+        stage_units=stage,
+        segments=segments,
+        generations=led.page_gen[tiled],
+        region_first=first,
+        region_base_units=base,
+        region_count=count,
+        region_chunk=chunk,
+    )
+
+
+def launched(led: Ledger, plan: EncodePlan, fence: Fence, read_sizes: Callable[[], np.ndarray]) -> None:
+    led.batches.append(EncodeBatch(plan, fence, read_sizes))
+
+
+def poll(led: Ledger) -> None:
+    while led.batches and led.batches[0].fence.done():
+        batch = led.batches.popleft()
+        apply_batch(led, batch.plan, batch.read_sizes())
+    led._drain()
+
+
+def apply_batch(led: Ledger, plan: EncodePlan, sizes_bytes: np.ndarray) -> None:
+    """The sizes of a finished launch arrived: place pages exactly, refund tails, free raw slots."""
+    sizes = np.asarray(sizes_bytes, dtype=I64).ravel()
+    raw_bytes = led.raw * UNIT_BYTES
+    if sizes.size != plan.size or (sizes % UNIT_BYTES).any() or sizes.min() <= 0 or sizes.max() > raw_bytes:
+        raise RuntimeError(
+            f"encoder returned {sizes.size} sizes for {plan.size} pages, range {sizes.min()}..{sizes.max()}; "
+            f"expected multiples of {UNIT_BYTES} in (0, {raw_bytes}]: the encoder and PageFormat disagree"
+        )
+    su = sizes // UNIT_BYTES
+    packed = packed_units(su, plan.segments, plan.region_first, plan.region_base_units)
+    c = plan.region_chunk
+    true_end = plan.region_base_units + np.add.reduceat(su, plan.region_first)
+    at_end = c * led.cu + led.chunk_bump[c] == plan.region_base_units + plan.region_count * led.raw
+    led.chunk_bump[c[at_end]] = true_end[at_end] - c[at_end] * led.cu
+    np.subtract.at(led.chunk_pending, c, 1)
+    alive = led.page_gen[plan.pages] == plan.generations
+    lay, pg = plan.layers[alive], plan.pages[alive]
+    np.add.at(led.chunk_live, led.page_chunk[lay, pg], su[alive] - led.raw)
+    led.page_unit[lay, pg], led.page_units[lay, pg] = packed[alive], su[alive]
+    led.page_state[pg] = PageState.COMPRESSED
+    led._free_slots(plan.src_units.reshape(led.cfg.num_layers, -1))
+    led._retire_empty(np.concatenate([c, plan.src_units // led.cu]))
+    led._fit = None

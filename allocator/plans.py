@@ -1,0 +1,120 @@
+"""Plain records shared by the host bookkeeping and the device side: fences, plans, errors."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import IntEnum
+from typing import Protocol
+
+import numpy as np
+
+UNIT_BYTES = 256  # every page location and size is a multiple of this (768 and 1024 are)
+
+
+class OutOfPages(RuntimeError):
+    """New pages do not fit (or a reservation cannot be honoured). Nothing was allocated."""
+
+
+class ChunkKind(IntEnum):
+    FREE = 0  # empty: in the shared pool, or held privately by a layer when there is no pool
+    RAW = 1  # fixed-size slots for uncompressed pages
+    LOG = 2  # compressed pages, placed one after another (bump pointer)
+    DRAINING = 3  # empty, waiting for reads in flight (its fence) before it can be reused
+
+
+class PageState(IntEnum):
+    FREE = 0
+    RAW = 1  # being written (uncompressed)
+    FULL = 2  # filled, waiting for the next encode launch (still uncompressed)
+    ENCODING = 3  # encode launched; its stored size arrives with the batch's fence
+    COMPRESSED = 4
+
+
+class Fence(Protocol):
+    """A point in the device's work queue. ``done()`` never blocks."""
+
+    def done(self) -> bool: ...
+
+
+class CompletedFence:
+    """Fence for a device whose work has finished when the call that issued it returns (the CPU)."""
+
+    def done(self) -> bool:
+        return True
+
+
+@dataclass(frozen=True)
+class EncodePlan:
+    """One encode launch: ``n`` (layer, page) pairs, layer-major, grouped in regions of the log.
+
+    Region ``r`` is a run of ``count[r]`` worst-case (raw-size) places from ``base_units[r]`` in one
+    chunk. The encoder writes page ``i`` at ``stage_units[i]``; the pack step then moves it to
+    ``packed_units(...)``, i.e. packed one after another from the region's base.
+    """
+
+    layers: np.ndarray  # int64 [n]
+    pages: np.ndarray  # int64 [n]
+    src_units: np.ndarray  # int64 [n]: the raw slot the page is read from
+    stage_units: np.ndarray  # int64 [n]: worst-case place the encoder writes to
+    segments: np.ndarray  # int64 [n]: region of each page
+    generations: np.ndarray  # int64 [n]: page generation, to ignore pages freed meanwhile
+    region_first: np.ndarray  # int64 [r]: index of the region's first page
+    region_base_units: np.ndarray  # int64 [r]
+    region_count: np.ndarray  # int64 [r]
+    region_chunk: np.ndarray  # int64 [r]
+
+    @property
+    def size(self) -> int:
+        return int(self.pages.size)
+
+
+@dataclass(frozen=True)
+class EncodeBatch:
+    """An encode launch in flight: its sizes (bytes per page) may be read once ``fence.done()``."""
+
+    plan: EncodePlan
+    fence: Fence
+    read_sizes: Callable[[], np.ndarray]
+
+
+@dataclass(frozen=True)
+class MovePlan:
+    """Compaction: compressed pages whose sizes are known move from ``src`` to ``dst``."""
+
+    layers: np.ndarray  # int64 [m]
+    pages: np.ndarray  # int64 [m]
+    src_units: np.ndarray  # int64 [m]
+    dst_units: np.ndarray  # int64 [m]
+    size_units: np.ndarray  # int64 [m]
+    emptied_chunks: np.ndarray  # int64 [k]: chunks that hold nothing once the move is done
+
+
+def packed_units(
+    size_units: np.ndarray, segments: np.ndarray, region_first: np.ndarray, region_base_units: np.ndarray
+) -> np.ndarray:
+    """Where each encoded page lands: its region's base plus the sizes before it in the region.
+
+    The device computes the same thing from the encoder's sizes (torch twin in ``pool.py``); the host
+    repeats it when the sizes arrive, a step later.
+    """
+    excl = np.cumsum(size_units) - size_units
+    return region_base_units[segments] + excl - excl[region_first][segments]
+
+
+@dataclass(frozen=True)
+class PoolStats:
+    """A snapshot of the pool. Pages count page ids (each has a page in every layer)."""
+
+    free_pages: int  # new pages that fit now, after reservations
+    used_pages: int  # live page ids
+    committed_pages: int  # pages reserved for running requests, not yet allocated
+    raw_pages: int  # live page ids stored uncompressed
+    compressed_pages: int  # live page ids stored compressed (sizes known)
+    encoding_pages: int  # encode launched, sizes not yet back
+    used_bytes: int  # bytes held by live pages, all layers (worst case while encoding)
+    free_bytes: int  # bytes not held by live pages (includes dead bytes awaiting compaction)
+    dead_bytes: int  # inside compressed chunks, freed but not yet reclaimed
+    budget_bytes: int  # bytes managed (whole chunks)
+    compression_ratio: float  # stored / raw bytes over compressed pages (1.0 when none)
+    pool_chunks: int  # empty chunks in the shared pool

@@ -1,0 +1,210 @@
+"""PagePool: one device heap for every page of every layer, with a page table the kernels read.
+
+DESIGN.md section 5: (1) new pages are allocated at raw size; (2) compressed pages move and ``page_loc``
+maps the stable page id to the current place; (3) per-layer space plus a shared pool of empty chunks,
+returned only when no read is in flight (fences); (4) ``new_pages_fit()`` after reservations.
+
+Device tensors (fixed addresses for the pool's life, updated in place, so CUDA graphs can replay):
+  heap      uint8 [budget_bytes]                              every page, raw or compressed
+  page_loc  int64 [num_layers, max_pages]                     byte offset of page p of layer l
+  page_meta uint8 [num_layers, max_pages, 2H, fmt.meta_bytes] the format's per-page-head metadata
+The last 256 bytes of the heap are a scratch unit the pack step writes discarded bytes to.
+
+Per step: ``allocate`` / ``free`` / ``mark_full`` while scheduling, then one ``end_step()`` that issues a
+single encode launch for every page that filled (all layers), packs the results, and applies what has
+arrived from earlier launches. Nothing here waits for the device.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+
+from zipkv.allocator.device import PageEncoder, default_encoder, fence_factory, raw_meta_row, upload
+from zipkv.allocator.ledger import Ledger, LedgerConfig
+from zipkv.allocator.plans import UNIT_BYTES, ChunkKind, EncodePlan, MovePlan, PageState, PoolStats
+from zipkv.kernels.layout import PageFormat
+
+MiB = 1 << 20
+PACK_TEMP_BYTES = 64 * MiB  # bound on the temporary copy the pack and move steps make per slice
+
+
+class PagePool:
+    def __init__(
+        self,
+        fmt: PageFormat,
+        num_layers: int,
+        budget_bytes: int,
+        chunk_bytes: int = 2 * MiB,
+        device: str | torch.device = "cpu",
+        shared_pool: bool = True,
+        compression: bool = True,
+        max_pages: int | None = None,
+        encoder: PageEncoder | None = None,
+        compaction_live_fraction: float = 0.5,
+        compaction_interval_steps: int = 8,
+    ) -> None:
+        if chunk_bytes <= 0 or chunk_bytes % fmt.raw_page_bytes != 0:
+            raise ValueError(
+                f"chunk_bytes {chunk_bytes} must be a positive multiple of the raw page size "
+                f"{fmt.raw_page_bytes} B ({fmt.ascii_map().splitlines()[0]})"
+            )
+        num_chunks = (budget_bytes - UNIT_BYTES) // chunk_bytes
+        if num_chunks < num_layers:
+            raise ValueError(
+                f"budget_bytes {budget_bytes} holds {max(num_chunks, 0)} chunks of {chunk_bytes} B (after a "
+                f"{UNIT_BYTES} B scratch unit) but {num_layers} layers need one each; raise the budget"
+            )
+        chunk_units, raw_units = chunk_bytes // UNIT_BYTES, fmt.raw_page_bytes // UNIT_BYTES
+        if max_pages is None:  # every page id needs a page in every layer, at least min_page_bytes each
+            max_pages = max(1, num_chunks * chunk_bytes // (num_layers * fmt.min_page_bytes))
+        self.fmt, self.num_layers, self.compression = fmt, num_layers, compression
+        self.device = torch.device(device)
+        self.ledger = Ledger(
+            LedgerConfig(
+                num_layers=num_layers,
+                num_chunks=num_chunks,
+                chunk_units=chunk_units,
+                raw_page_units=raw_units,
+                max_pages=max_pages,
+                shared_pool=shared_pool,
+                compression=compression,
+                compaction_live_fraction=compaction_live_fraction,
+            ),
+            fence_factory(self.device),
+        )
+        self.encoder = encoder if encoder is not None else default_encoder(self.device)
+        self.compaction_interval_steps = compaction_interval_steps
+        self._steps = 0
+        self._raw_meta = raw_meta_row(fmt, self.device)
+        self.heap = torch.zeros(budget_bytes, dtype=torch.uint8, device=self.device)
+        self.page_loc = torch.zeros((num_layers, max_pages), dtype=torch.int64, device=self.device)
+        self.page_meta = self._raw_meta.expand(num_layers, max_pages, -1, -1).contiguous()
+        self._units = self.heap[: (num_chunks * chunk_units + 1) * UNIT_BYTES].view(-1, UNIT_BYTES)
+        self._scratch_unit = num_chunks * chunk_units
+        self._slice_pages = max(1, PACK_TEMP_BYTES // fmt.raw_page_bytes)
+
+    @property
+    def max_pages(self) -> int:
+        return self.ledger.cfg.max_pages
+
+    # ---- scheduling --------------------------------------------------------------------------------
+    def allocate(self, n_pages: int, request_id: str | Sequence[str] | None = None) -> list[int]:
+        """``n_pages`` new page ids, each at raw size in every layer; raises OutOfPages if they don't fit.
+
+        ``request_id`` (one, or one per page) draws on that request's reservation first.
+        """
+        ids, units = self.ledger.allocate(n_pages, request_id)
+        if ids.size:
+            idx = upload(ids, self.device)
+            self.page_loc[:, idx] = upload(units * UNIT_BYTES, self.device)
+            self.page_meta[:, idx] = self._raw_meta
+        return ids.tolist()
+
+    def free(self, page_ids: Sequence[int]) -> None:
+        self.ledger.free(page_ids)
+
+    def mark_full(self, page_ids: Sequence[int]) -> None:
+        """Pages that filled; they are compressed (all layers) in the next ``end_step()``."""
+        self.ledger.mark_full(page_ids)
+
+    def reserve(self, request_id: str, max_new_pages: int) -> None:
+        """Set how many more pages ``request_id`` may allocate; raises OutOfPages if that does not fit."""
+        self.ledger.reserve(request_id, max_new_pages)
+
+    def release(self, request_id: str) -> None:
+        self.ledger.release(request_id)
+
+    def new_pages_fit(self) -> int:
+        """New pages that fit in every layer after reservations (conservative, never optimistic)."""
+        return self.ledger.new_pages_fit()
+
+    def end_step(self) -> None:
+        """Apply finished launches, issue one encode launch for all full pages, maybe compact. No sync."""
+        self.ledger.poll()
+        plan = self.ledger.plan_encode() if self.compression else None
+        if plan is not None:
+            self._launch_encode(plan)
+        self._steps += 1
+        if self.compression and self._steps % self.compaction_interval_steps == 0:
+            self.compact()
+        self.ledger.poll()
+
+    def compact(self) -> int:
+        """Move live pages out of mostly-dead compressed chunks; returns (layer, page) pairs moved."""
+        move = self.ledger.plan_compaction()
+        if move is None:
+            return 0
+        self._launch_move(move)
+        self.ledger.moved(move)
+        return int(move.pages.size)
+
+    # ---- device work -------------------------------------------------------------------------------
+    def _launch_encode(self, plan: EncodePlan) -> None:
+        dev, fmt, n = self.device, self.fmt, plan.size
+        meta_out = torch.empty((n, fmt.page_heads_per_page, fmt.meta_bytes), dtype=torch.uint8, device=dev)
+        sizes_out = torch.zeros(n, dtype=torch.int32, device=dev)
+        stage = upload(plan.stage_units, dev)
+        self.encoder(
+            self.heap, upload(plan.src_units * UNIT_BYTES, dev), stage * UNIT_BYTES, meta_out, sizes_out, fmt
+        )
+        # Pack each region's pages one after another (the host repeats this with packed_units()).
+        size_units = sizes_out.to(torch.int64) // UNIT_BYTES
+        excl = torch.cumsum(size_units, 0) - size_units
+        segments, first = upload(plan.segments, dev), upload(plan.region_first, dev)
+        dst = upload(plan.region_base_units, dev)[segments] + excl - excl[first][segments]
+        j = torch.arange(fmt.raw_page_bytes // UNIT_BYTES, device=dev)
+        # Ascending slices are safe: a page's packed place never reaches past a later page's stage place.
+        for lo in range(0, n, self._slice_pages):
+            hi = min(n, lo + self._slice_pages)
+            temp = self._units[stage[lo:hi, None] + j]
+            keep = j < size_units[lo:hi, None]
+            self._units[torch.where(keep, dst[lo:hi, None] + j, self._scratch_unit)] = temp
+        layers, pages = upload(plan.layers, dev), upload(plan.pages, dev)
+        self.page_loc[layers, pages] = dst * UNIT_BYTES
+        self.page_meta[layers, pages] = meta_out
+        if dev.type == "cuda":
+            host = torch.empty(n, dtype=torch.int32, pin_memory=True)
+            host.copy_(sizes_out, non_blocking=True)
+        else:
+            host = sizes_out
+        self.ledger.launched(plan, self.ledger.new_fence(), host.numpy)
+
+    def _launch_move(self, move: MovePlan) -> None:
+        dev = self.device
+        for lo in range(0, move.pages.size, self._slice_pages):
+            sl = slice(lo, lo + self._slice_pages)
+            sizes = move.size_units[sl]
+            within = np.arange(int(sizes.sum())) - np.repeat(np.cumsum(sizes) - sizes, sizes)
+            src = upload(np.repeat(move.src_units[sl], sizes) + within, dev)
+            dst = upload(np.repeat(move.dst_units[sl], sizes) + within, dev)
+            self._units[dst] = self._units[src]
+        layers, pages = upload(move.layers, dev), upload(move.pages, dev)
+        self.page_loc[layers, pages] = upload(move.dst_units * UNIT_BYTES, dev)
+
+    # ---- reporting ---------------------------------------------------------------------------------
+    def stats(self) -> PoolStats:
+        led = self.ledger
+        state = led.page_state
+        compressed = state == PageState.COMPRESSED
+        raw_units = int(compressed.sum()) * self.num_layers * led.raw
+        stored_units = int(led.page_units[:, compressed].sum())
+        log = led.chunk_kind == ChunkKind.LOG
+        budget = led.cfg.num_chunks * led.cu * UNIT_BYTES
+        used = int(led.chunk_live.sum()) * UNIT_BYTES
+        return PoolStats(
+            free_pages=led.new_pages_fit(),
+            used_pages=int((state != PageState.FREE).sum()),
+            committed_pages=led.reserved_pages,
+            raw_pages=int(((state == PageState.RAW) | (state == PageState.FULL)).sum()),
+            compressed_pages=int(compressed.sum()),
+            encoding_pages=int((state == PageState.ENCODING).sum()),
+            used_bytes=used,
+            free_bytes=budget - used,
+            dead_bytes=int((led.chunk_bump[log] - led.chunk_live[log]).sum()) * UNIT_BYTES,
+            budget_bytes=budget,
+            compression_ratio=stored_units / raw_units if raw_units else 1.0,
+            pool_chunks=len(led.pool),
+        )
