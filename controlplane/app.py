@@ -49,7 +49,7 @@ class Router:
 
     def __init__(self, cfg: RouterConfig, store: Store, provider: trace.TracerProvider) -> None:
         self.cfg, self.store = cfg, store
-        self.metrics = RouterMetrics()
+        self.metrics = RouterMetrics(tuple(m.name for m in cfg.models))
         self.tracer = tracer(provider)
         self.dispatcher = Dispatcher(cfg, store, self.metrics, self.tracer)
         self.tokenizers: dict[str, Tokenizer] = {m.name: load_tokenizer(m.tokenizer) for m in cfg.models}

@@ -10,7 +10,8 @@ _LATENCY_MS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 3000
 
 
 class RouterMetrics:
-    def __init__(self) -> None:
+    def __init__(self, models: tuple[str, ...] = ()) -> None:
+        self._models = models
         r = self.registry = CollectorRegistry()
         self.ttft_ms = Histogram(
             "zipkv_router_ttft_ms",
@@ -88,7 +89,7 @@ class RouterMetrics:
         for key in self._known - seen:  # expired workers leave the gauges
             self.headroom_tokens.remove(*key)
             self.compression_ratio.remove(*key)
-        for model in {m for _, m in self._known} - set(per_model):
+        for model in ({m for _, m in self._known} | set(self._models)) - set(per_model):
             self.workers.labels(model).set(0)
         for model, n in per_model.items():
             self.workers.labels(model).set(n)

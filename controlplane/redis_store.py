@@ -200,7 +200,7 @@ class RedisStore:
 
     async def reserve(self, worker_id: str, request_id: str, tokens: int, now_s: float) -> bool:
         if not self._degraded:
-            args = [
+            args: list[str | int] = [
                 request_id,
                 tokens,
                 repr(now_s),

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from zipkv.controlplane.config import ConfigError, load_config
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "controlplane" / "router.example.yaml"

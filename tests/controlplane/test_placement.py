@@ -1,0 +1,167 @@
+"""Placement table tests: the arithmetic of every expected number is in the comments.
+
+Config defaults used throughout: weight_headroom 1, weight_slo 1, weight_queue 0.5 (sum 2.5),
+stale_after 1000 ms, expire_after 5000 ms, idle_itl 10 ms, decode_ms_per_gib 0.25.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from zipkv.controlplane.config import PlacementConfig
+from zipkv.controlplane.placement import RequestShape, place, predict_ms
+from zipkv.controlplane.state import Snapshot, WorkerView
+
+NOW = 10_000.0
+CFG = PlacementConfig()
+
+
+def view(wid: str, free: int, total: int = 20_000, *, age_s: float = 0.1, **kw: object) -> WorkerView:
+    base = WorkerView(
+        worker_id=wid,
+        address=f"{wid}:1",
+        model="m",
+        epoch=1,
+        sequence=1,
+        timestamp_s=NOW - age_s,
+        received_s=NOW - age_s,
+        free_tokens=free,
+        committed_tokens=0,
+        total_tokens=total,
+        compression_ratio=1.0,
+        running_requests=0,
+        queued_requests=0,
+        queued_prefill_tokens=0,
+        ttft_ms=0.0,
+        itl_ms=0.0,
+        draining=False,
+        max_context_tokens=0,
+        kv_bytes_per_token=0,
+    )
+    return replace(base, **kw)  # type: ignore[arg-type]
+
+
+def req(prompt: int = 100, new: int = 100, ttft: float = 1000, tpot: float = 100) -> RequestShape:
+    return RequestShape("m", prompt, new, ttft, tpot, prefill_ms_per_token=0.5)
+
+
+def snap(*views: WorkerView) -> Snapshot:
+    return Snapshot(tuple(views), NOW)
+
+
+# need = prompt 500 + max_new 200 = 700 tokens in every row.
+@pytest.mark.parametrize(
+    ("worker", "dropped_for"),
+    [
+        (view("old", 10_000, age_s=5.001), "expired"),  # 5001 ms > expire_after 5000 ms
+        (view("drain", 10_000, draining=True), "draining"),
+        (view("ctx", 10_000, max_context_tokens=512), "context"),  # 700 > 512
+        (view("full", 1_000, reserved_tokens=400), "headroom"),  # 1000 - 400 = 600 < 700
+        (view("other", 10_000, model="x"), None),  # another model: not a candidate, not a rejection
+        (view("exact", 1_100, reserved_tokens=400), "kept"),  # 1100 - 400 = 700 >= 700
+        (view("pinned", 10_000, age_s=60, pinned=True), "kept"),  # last known view while Redis is away
+    ],
+)
+def test_filters(worker: WorkerView, dropped_for: str | None) -> None:
+    d = place(snap(worker), req(500, 200), CFG, NOW)
+    if dropped_for == "kept":
+        assert [c.worker.worker_id for c in d.ranked] == [worker.worker_id]
+    else:
+        assert d.ranked == ()
+        assert d.filtered == ({dropped_for: 1} if dropped_for else {})
+
+
+def test_predictions_follow_the_documented_formulas() -> None:
+    # kv_bytes_per_token 1000 at ratio 0.5 -> 500 stored bytes per token.
+    # used = (20000 - 10000) tokens * 500 = 5e6 bytes; ms_per_byte = itl 20 / 5e6 = 4e-6.
+    # added = (prompt 100 + 100 / 2) * 500 = 75_000 bytes -> tpot = 20 + 75_000 * 4e-6 = 20.3 ms.
+    # ttft = 20 + (queued_prefill 400 + 100) * 0.5 = 270 ms.
+    w = view(
+        "a", 10_000, itl_ms=20.0, kv_bytes_per_token=1000, compression_ratio=0.5, queued_prefill_tokens=400
+    )
+    ttft, tpot = predict_ms(w, req(), CFG)
+    assert ttft == pytest.approx(270.0)
+    assert tpot == pytest.approx(20.3)
+
+
+def test_compressed_bytes_drive_the_prior() -> None:
+    # Idle worker (no ITL yet): step = idle 10 ms, ms_per_byte = 0.25 / 2**30.
+    # kv 2**20 bytes/token; added tokens = 100 + 50 = 150.
+    # ratio 1.0: 150 * 2**20 * 0.25 / 2**30 = 0.0366 ms; ratio 0.25: a quarter of that.
+    raw = view("raw", 10_000, kv_bytes_per_token=1 << 20, compression_ratio=1.0)
+    small = replace(raw, compression_ratio=0.25)
+    extra_raw = predict_ms(raw, req(), CFG)[1] - 10.0
+    extra_small = predict_ms(small, req(), CFG)[1] - 10.0
+    assert extra_raw == pytest.approx(150 * 0.25 / 1024)
+    assert extra_small == pytest.approx(extra_raw / 4)
+
+
+def test_slo_slack_beats_raw_headroom() -> None:
+    # need 200. A: itl 20, used 10_000 tokens, ratio .5, kv 1000 -> tpot 20.3, ttft 20 + 100*.5 = 70.
+    #   headroom (10000-200)/20000 = .49; slo min(.93, .797) = .797; queue 1 -> (.49+.797+.5)/2.5 = .7148
+    # B: itl 90, used 2000 tokens -> ms_per_byte 90/1e6 = 9e-5, tpot 90 + 75_000*9e-5 = 96.75;
+    #   ttft 90 + (400+100)*.5 = 340; headroom (18000-200)/20000 = .89; slo min(.66, .0325) = .0325;
+    #   queue 1/(1+3) = .25 -> (.89 + .0325 + .125)/2.5 = .419
+    a = view("a", 10_000, itl_ms=20.0, kv_bytes_per_token=1000, compression_ratio=0.5)
+    b = view(
+        "b",
+        18_000,
+        itl_ms=90.0,
+        kv_bytes_per_token=1000,
+        compression_ratio=0.5,
+        queued_requests=3,
+        queued_prefill_tokens=400,
+    )
+    d = place(snap(b, a), req(), CFG, NOW)
+    assert [c.worker.worker_id for c in d.ranked] == ["a", "b"]
+    assert d.ranked[0].score == pytest.approx(0.7148, abs=1e-4)
+    assert d.ranked[1].score == pytest.approx(0.419, abs=1e-4)
+    assert not d.coarse
+
+
+def test_headroom_decides_between_idle_workers() -> None:
+    # Both idle, same SLO slack and queue; headroom (free - 200) / 20000: .49 vs .24 -> "big" first.
+    d = place(snap(view("small", 5_000), view("big", 10_000)), req(), CFG, NOW)
+    assert [c.worker.worker_id for c in d.ranked] == ["big", "small"]
+    assert d.ranked[0].headroom == pytest.approx(0.49)
+    assert d.ranked[1].headroom == pytest.approx(0.24)
+
+
+def test_reservations_count_against_headroom() -> None:
+    # "a" reports more free tokens but 6000 of them are already reserved: (12000-6000-200)/20000 = .29
+    # against "b": (8000-200)/20000 = .39.
+    d = place(snap(view("a", 12_000, reserved_tokens=6_000), view("b", 8_000)), req(), CFG, NOW)
+    assert [c.worker.worker_id for c in d.ranked] == ["b", "a"]
+
+
+def test_stale_report_switches_everyone_to_the_coarse_signal() -> None:
+    # "slow" would lose on SLO (itl 95 ms against a 100 ms TPOT SLO) if its report were fresh, but
+    # "stale" is 2 s old, so every candidate is compared on headroom and queue only (weights 1 and .5):
+    #   slow:  ((15000-200)/20000 = .74 + .5*1) / 1.5 = .8267
+    #   stale: ((10000-200)/20000 = .49 + .5*1) / 1.5 = .66
+    slow = view("slow", 15_000, itl_ms=95.0, kv_bytes_per_token=1000)
+    stale = view("stale", 10_000, age_s=2.0)
+    d = place(snap(slow, stale), req(), CFG, NOW)
+    assert d.coarse
+    assert [c.worker.worker_id for c in d.ranked] == ["slow", "stale"]
+    assert d.ranked[0].score == pytest.approx(0.8267, abs=1e-4)
+    assert d.ranked[1].score == pytest.approx(0.66, abs=1e-4)
+    fresh = place(snap(slow, replace(stale, received_s=NOW - 0.1)), req(), CFG, NOW)
+    assert not fresh.coarse
+    assert [c.worker.worker_id for c in fresh.ranked] == ["stale", "slow"]
+
+
+def test_ties_break_on_worker_id_and_scores_stay_in_unit_range() -> None:
+    views = [view(f"w{i}", 10_000) for i in (3, 1, 2)]
+    d = place(snap(*views), req(), CFG, NOW)
+    assert [c.worker.worker_id for c in d.ranked] == ["w1", "w2", "w3"]
+    for c in d.ranked:
+        assert 0.0 <= c.score <= 1.0 and 0.0 <= c.slo <= 1.0 and 0.0 <= c.headroom <= 1.0
+
+
+def test_placement_is_pure() -> None:
+    s = snap(view("a", 10_000), view("b", 9_000))
+    assert place(s, req(), CFG, NOW) == place(s, req(), CFG, NOW)
+    assert s.workers[0].free_tokens == 10_000
