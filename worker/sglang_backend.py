@@ -1,0 +1,250 @@
+"""zipkv's attention inside SGLang: fused decode over compressed pages, extend for the new tokens.
+
+No sglang import here: `sglang_seams` subclasses SGLang's ``AttentionBackend`` and ``KVCache``, turns each
+``ForwardBatch`` into a `BatchView` and calls into this module.
+
+- **Store**: new tokens go into their raw pages (``store_tokens``, the page table of the layer).
+- **Decode**: one `plan_decode` per step (every layer reuses it); the page list is read from SGLang's
+  ``req_to_token`` in a padded layout (``max_pages`` per request, ``page_indptr = b * max_pages``) so that its
+  shape is static and the whole plan is recorded into SGLang's decode CUDA graph. ``compressed=False`` is the
+  uncompressed twin: the same kernel source reading every page as raw.
+- **Extend** (prefill, chunked prefill, prefix hits): attention for the new tokens with SGLang's Triton extend
+  kernel; a prefix (chunked prefill, radix hit) is restored from its pages into a scratch buffer first.
+- **Compression**: at the start of every forward step, `ZipkvAllocator.compress_step` marks the pages the
+  previous step filled and runs the pool's step (one encode launch for all of them, all layers).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from zipkv.allocator import PagePool
+from zipkv.kernels.layout import PAGE_TOKENS, PageFormat
+
+from .sglang_pool import ZipkvAllocator
+
+
+@dataclass(frozen=True)
+class BatchView:
+    """What zipkv reads from SGLang's ForwardBatch (tensors on the device unless named _cpu)."""
+
+    is_decode: bool
+    batch_size: int
+    req_pool_indices: torch.Tensor  # int64 [B]
+    seq_lens: torch.Tensor  # int32/int64 [B]: tokens per request including this step's
+    seq_lens_cpu: list[int] | None
+    extend_prefix_lens_cpu: list[int] | None = None  # extend only
+    extend_seq_lens_cpu: list[int] | None = None  # extend only
+
+
+class ZipkvKV:
+    """The pool's page tables and the token store, per SGLang layer id."""
+
+    def __init__(self, pool: PagePool, fmt: PageFormat, start_layer: int) -> None:
+        self.pool, self.fmt, self.start_layer = pool, fmt, start_layer
+        try:  # the Triton codec on the GPU; the torch reference elsewhere
+            from zipkv.kernels import codec
+
+            self._store = codec.store_tokens
+            self._decode_pages: Callable[..., None] | None = codec.decode_pages
+        except ImportError:
+            from zipkv.kernels import reference
+
+            self._store = reference.store_tokens
+            self._decode_pages = None
+
+    def layer(self, layer_id: int) -> int:
+        return layer_id - self.start_layer
+
+    def store(self, layer_id: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        """k, v: [n, H, D] in the model dtype (bf16); slots: int64 [n]."""
+        if k.dtype != torch.bfloat16:
+            raise TypeError(
+                f"zipkv stores bf16 KV; this model runs {k.dtype}: start SGLang with dtype=bfloat16"
+            )
+        l_ = self.layer(layer_id)
+        self._store(self.pool.heap, self.pool.page_loc[l_], slots, k.contiguous(), v.contiguous(), self.fmt)
+
+    def read_pages(self, layer_id: int, page_ids: torch.Tensor) -> torch.Tensor:
+        """Pages of one layer, raw or compressed, restored: bf16 [n, 2, H, 16, D]."""
+        l_ = self.layer(layer_id)
+        if self._decode_pages is None or page_ids.device.type != "cuda":
+            from zipkv.kernels.reference import gather_pages
+
+            return gather_pages(
+                self.pool.heap, self.pool.page_loc[l_], self.pool.page_meta[l_], page_ids, self.fmt
+            )
+        fmt = self.fmt
+        out = torch.empty(
+            page_ids.numel(),
+            2,
+            fmt.num_kv_heads,
+            PAGE_TOKENS,
+            fmt.head_dim,
+            dtype=torch.bfloat16,
+            device=page_ids.device,
+        )
+        self._decode_pages(
+            self.pool.heap, self.pool.page_loc[l_][page_ids], self.pool.page_meta[l_][page_ids], out, fmt
+        )
+        return out
+
+
+def page_table(req_to_token: torch.Tensor, req_pool_indices: torch.Tensor, max_pages: int) -> torch.Tensor:
+    """int32 [B, max_pages]: page id of each request's pages (entries past a request's length: stale)."""
+    return (req_to_token[req_pool_indices][:, ::PAGE_TOKENS][:, :max_pages] // PAGE_TOKENS).to(torch.int32)
+
+
+@dataclass(frozen=True)
+class _Prefix:
+    page_ids: torch.Tensor  # int64 [n]: all prefix pages of the batch, request by request
+    kv_indptr: torch.Tensor  # int32 [B + 1]: prefix tokens per request
+    kv_indices: torch.Tensor  # int64 [sum prefix]: each prefix token's row in the restored scratch
+
+
+@dataclass(frozen=True)
+class _Extend:
+    qo_indptr: torch.Tensor  # int32 [B + 1]
+    max_extend_tokens: int
+    prefix: _Prefix | None
+
+
+class ZipkvAttention:
+    """Per-step metadata and the two forward paths; SGLang's backend object delegates here."""
+
+    def __init__(
+        self,
+        kv: ZipkvKV,
+        allocator: ZipkvAllocator,
+        req_to_token: torch.Tensor,  # int32 [R + 1, max_context] (SGLang's ReqToTokenPool.req_to_token)
+        num_q_heads: int,
+        compressed: bool,
+        extend_kernel: Callable[..., Any],  # SGLang's extend_attention_fwd
+    ) -> None:
+        self.kv, self.allocator, self.req_to_token = kv, allocator, req_to_token
+        self.num_q_heads, self.compressed, self.extend_kernel = num_q_heads, compressed, extend_kernel
+        self.max_pages_per_req = -(-req_to_token.shape[1] // PAGE_TOKENS)
+        self.plan: Any = None
+        self.extend_meta: _Extend | None = None
+        self._graph: dict[str, torch.Tensor] = {}
+
+    # ---- per-step metadata --------------------------------------------------------------------------
+    def begin_step(self, view: BatchView, capturing: bool = False) -> None:
+        if not capturing:
+            self.allocator.compress_step()
+        if view.is_decode:
+            if view.seq_lens_cpu is None:
+                raise RuntimeError("zipkv decode needs seq_lens_cpu (keep needs_cpu_seq_lens=True)")
+            max_pages = max(-(-max(view.seq_lens_cpu) // PAGE_TOKENS), 1)
+            self.plan = self._plan(
+                view, page_table(self.req_to_token, view.req_pool_indices, max_pages), max_pages
+            )
+        else:
+            self.extend_meta = self._extend_meta(view)
+
+    def _plan(self, view: BatchView, table: torch.Tensor, max_pages: int) -> Any:
+        from zipkv.kernels.decode_plan import plan_decode
+
+        bs = view.batch_size
+        indptr = torch.arange(bs + 1, dtype=torch.int32, device=table.device) * max_pages
+        kv_lens = view.seq_lens[:bs].to(torch.int32)
+        return plan_decode(table.reshape(-1), indptr, kv_lens, self.kv.fmt, self.num_q_heads)
+
+    def _extend_meta(self, view: BatchView) -> _Extend:
+        if view.extend_seq_lens_cpu is None or view.extend_prefix_lens_cpu is None:
+            raise RuntimeError("zipkv extend needs extend_seq_lens_cpu and extend_prefix_lens_cpu")
+        device = view.req_pool_indices.device
+        ext, pre = view.extend_seq_lens_cpu, view.extend_prefix_lens_cpu
+        qo = torch.tensor([0, *torch.tensor(ext).cumsum(0).tolist()], dtype=torch.int32).to(device)
+        prefix = self._prefix(view, pre) if any(pre) else None
+        return _Extend(qo, max(ext) if ext else 0, prefix)
+
+    def _prefix(self, view: BatchView, prefix_lens: list[int]) -> _Prefix:
+        device = view.req_pool_indices.device
+        pages = [-(-p // PAGE_TOKENS) for p in prefix_lens]
+        table = page_table(self.req_to_token, view.req_pool_indices, max(max(pages), 1))
+        width = table.shape[1]
+        keep = torch.tensor([b * width + j for b, n in enumerate(pages) for j in range(n)], dtype=torch.int64)
+        page_ids = table.reshape(-1)[keep.to(device)].to(torch.int64)
+        starts = torch.tensor([0, *torch.tensor(pages).cumsum(0).tolist()[:-1]]) * PAGE_TOKENS
+        rows = torch.cat([s + torch.arange(p) for s, p in zip(starts.tolist(), prefix_lens, strict=True)])
+        indptr = torch.tensor([0, *torch.tensor(prefix_lens).cumsum(0).tolist()], dtype=torch.int32)
+        return _Prefix(page_ids, indptr.to(device), rows.to(torch.int64).to(device))
+
+    # ---- CUDA graphs (decode) -----------------------------------------------------------------------
+    def init_graph_state(self, max_bs: int, device: torch.device) -> None:
+        self._graph["table"] = torch.zeros(max_bs, self.max_pages_per_req, dtype=torch.int32, device=device)
+
+    def graph_begin_step(self, view: BatchView) -> None:
+        """Recorded into the decode graph: page table and plan from SGLang's static batch buffers."""
+        bs, table = view.batch_size, self._graph["table"]
+        table[:bs].copy_(page_table(self.req_to_token, view.req_pool_indices[:bs], self.max_pages_per_req))
+        self.plan = self._plan(view, table[:bs], self.max_pages_per_req)
+
+    # ---- forward ------------------------------------------------------------------------------------
+    def decode(
+        self, q: torch.Tensor, layer_id: int, sm_scale: float, out: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """q: bf16 [B, Hq * D] (or [B, Hq, D]); returns [B, Hq * D]."""
+        from zipkv.kernels.decode_attention import decode_attention
+
+        fmt, l_ = self.kv.fmt, self.kv.layer(layer_id)
+        q3 = q.reshape(-1, self.num_q_heads, fmt.head_dim)
+        o3 = None if out is None else out.view(-1, self.num_q_heads, fmt.head_dim)
+        pool = self.kv.pool
+        res = decode_attention(
+            self.plan,
+            q3,
+            pool.heap,
+            pool.page_loc[l_],
+            pool.page_meta[l_],
+            sm_scale,
+            compressed=self.compressed,
+            out=o3,
+        )
+        return res.reshape(q3.shape[0], -1)
+
+    def extend(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int, sm_scale: float
+    ) -> torch.Tensor:
+        """Causal attention of the new tokens over their prefix and themselves; q: [N, Hq * D]."""
+        meta = self.extend_meta
+        if meta is None:
+            raise RuntimeError("zipkv extend called before begin_step")
+        fmt = self.kv.fmt
+        q3 = q.reshape(-1, self.num_q_heads, fmt.head_dim)
+        o3 = torch.empty_like(q3)
+        k3, v3 = k.reshape(-1, fmt.num_kv_heads, fmt.head_dim), v.reshape(-1, fmt.num_kv_heads, fmt.head_dim)
+        if meta.prefix is None:
+            k_buf, v_buf = k3.contiguous(), v3.contiguous()  # never read: no request has a prefix
+            bs = meta.qo_indptr.numel() - 1
+            kv_indptr = torch.zeros(bs + 1, dtype=torch.int32, device=q.device)
+            kv_indices = torch.zeros(1, dtype=torch.int64, device=q.device)
+        else:
+            pages = self.kv.read_pages(layer_id, meta.prefix.page_ids)  # [n, 2, H, 16, D]
+            k_buf = pages[:, 0].permute(0, 2, 1, 3).reshape(-1, fmt.num_kv_heads, fmt.head_dim)
+            v_buf = pages[:, 1].permute(0, 2, 1, 3).reshape(-1, fmt.num_kv_heads, fmt.head_dim)
+            kv_indptr, kv_indices = meta.prefix.kv_indptr, meta.prefix.kv_indices
+        self.extend_kernel(
+            q3,
+            k3.contiguous(),
+            v3.contiguous(),
+            o3,
+            k_buf,
+            v_buf,
+            meta.qo_indptr,
+            kv_indptr,
+            kv_indices,
+            None,
+            True,
+            None,
+            meta.max_extend_tokens,
+            1.0,
+            1.0,
+            sm_scale,
+        )
+        return o3.reshape(q3.shape[0], -1)

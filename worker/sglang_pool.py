@@ -1,0 +1,361 @@
+"""The KV pool and allocator that zipkv puts under SGLang, over `zipkv.allocator.PagePool` (no sglang here).
+
+SGLang addresses KV by **slot** (``page_id * 16 + offset``) in ``req_to_token`` and ``out_cache_loc``. Here a
+page id is a `PagePool` page id: *virtual*, since a page's bytes live wherever ``page_loc`` says. There are
+more page ids than raw pages fit in the byte budget (compressed pages take less), so ``req_to_token`` can name
+more tokens than an uncompressed pool of the same bytes could hold.
+
+`ZipkvAllocator` is the allocator logic (SGLang's paged-allocator surface: ``alloc``, ``alloc_extend``,
+``alloc_decode``, ``free``, ``free_segment``, ``available_size``); `sglang_seams` mixes it into SGLang's
+allocator base class. Rules that keep it sync-free on the scheduling path:
+
+- New page ids come from the host (``PagePool.allocate``); the per-token slots are computed on the device.
+- Which pages a step fills and which pages SGLang frees are only known on the device (SGLang passes slot
+  tensors). They are copied to pinned host memory without a sync and applied, in order, once their copy
+  has landed (a `torch.cuda.Event` query; on the CPU, at once). Until then capacity is under-counted, never
+  over-counted.
+- A page that filled during forward step N is marked full only when step N+1 starts (`compress_step`, on the
+  forward stream, after step N's writes), so the encoder never reads a page before its last token is written.
+- ``available_size()`` = new raw pages that fit (`PagePool.new_pages_fit`) x 16, bounded by the free page ids:
+  live, so SGLang's admission, retraction and load metrics see compressed capacity.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from zipkv.allocator import OutOfPages, PagePool
+from zipkv.kernels.layout import PAGE_TOKENS, PageFormat
+
+log = logging.getLogger("zipkv.worker.sglang")
+
+PAD_PAGE = 0  # SGLang writes padded (CUDA-graph) rows to slot 0: page 0 must stay allocated and raw
+
+
+def raw_bytes_per_token(fmt: PageFormat, num_layers: int) -> int:
+    """Uncompressed KV bytes of one token over all layers (SGLang's ``cell_size`` for bf16 MHA)."""
+    return fmt.raw_page_bytes // PAGE_TOKENS * num_layers
+
+
+def budget_bytes_for_tokens(max_total_num_tokens: int, fmt: PageFormat, num_layers: int) -> int:
+    """The heap budget of the bytes SGLang would spend on ``max_total_num_tokens`` uncompressed tokens."""
+    if max_total_num_tokens < 2 * PAGE_TOKENS:
+        raise ValueError(f"max_total_num_tokens {max_total_num_tokens} is below two pages of {PAGE_TOKENS}")
+    return max_total_num_tokens // PAGE_TOKENS * fmt.raw_page_bytes * num_layers
+
+
+def virtual_pages_for_budget(budget_bytes: int, fmt: PageFormat, num_layers: int, compression: bool) -> int:
+    """Page ids to offer: as many pages as the budget holds when every page compresses fully (+ the pad)."""
+    page_bytes = fmt.min_page_bytes if compression else fmt.raw_page_bytes
+    return budget_bytes // (page_bytes * num_layers) + 1
+
+
+@dataclass(frozen=True)
+class ExtendPlan:
+    """Host-side arithmetic of one extend allocation (SGLang's batch order)."""
+
+    new_pages_per_req: list[int]  # new pages each request needs
+    full_new_pages_per_req: list[int]  # of those, how many the step fills completely
+    tail_fill_reqs: list[int]  # requests whose partially filled last prefix page this step completes
+
+    @property
+    def num_new_pages(self) -> int:
+        return sum(self.new_pages_per_req)
+
+
+def plan_extend(prefix_lens: list[int], seq_lens: list[int]) -> ExtendPlan:
+    """Which pages an extend of ``prefix_lens[i] -> seq_lens[i]`` tokens allocates and fills."""
+    new, full, tail = [], [], []
+    for i, (p, s) in enumerate(zip(prefix_lens, seq_lens, strict=True)):
+        if not 0 <= p <= s:
+            raise ValueError(
+                f"request {i}: prefix length {p} and sequence length {s} must satisfy 0 <= p <= s"
+            )
+        first_new = -(-p // PAGE_TOKENS)  # pages already held (the last one maybe partial)
+        new.append(-(-s // PAGE_TOKENS) - first_new)
+        full.append(max(s // PAGE_TOKENS - first_new, 0))
+        if p % PAGE_TOKENS and s >= first_new * PAGE_TOKENS and s > p:
+            tail.append(i)
+    return ExtendPlan(new, full, tail)
+
+
+def extend_slots(
+    prefix_lens_cpu: list[int],
+    seq_lens_cpu: list[int],
+    last_loc: torch.Tensor,
+    new_pages: torch.Tensor,
+) -> torch.Tensor:
+    """Slots of the new tokens, in batch order (torch twin of SGLang's ``alloc_extend_kernel``).
+
+    ``last_loc``: int64 [B] (device), slot of each request's last prefix token (-1 when none);
+    ``new_pages``: int64 [num_new_pages] (device), the new page ids in batch order.
+    Returns int64 [N] (device).
+    """
+    device = last_loc.device
+    plan = plan_extend(prefix_lens_cpu, seq_lens_cpu)
+    lens = torch.tensor(seq_lens_cpu, dtype=torch.int64) - torch.tensor(prefix_lens_cpu, dtype=torch.int64)
+    if int(lens.sum()) == 0:
+        return torch.empty(0, dtype=torch.int64, device=device)
+    r = torch.repeat_interleave(torch.arange(len(lens)), lens)  # request of each new token
+    prefix = torch.tensor(prefix_lens_cpu, dtype=torch.int64)[r]
+    t = prefix + torch.arange(r.numel()) - (torch.cumsum(lens, 0) - lens)[r]  # its position in the request
+    first_new = (prefix + PAGE_TOKENS - 1) // PAGE_TOKENS  # its request's first new page (page index)
+    new_start = torch.cumsum(torch.tensor(plan.new_pages_per_req), 0) - torch.tensor(plan.new_pages_per_req)
+    in_tail = t < first_new * PAGE_TOKENS  # goes into the partially filled last prefix page
+    new_index = (new_start[r] + t // PAGE_TOKENS - first_new).clamp(0, max(new_pages.numel() - 1, 0))
+    r_d, t_d = r.to(device), t.to(device)
+    tail_slot = last_loc[r_d] + 1 + (t_d - prefix.to(device))
+    if new_pages.numel() == 0:
+        return tail_slot
+    new_slot = new_pages[new_index.to(device)] * PAGE_TOKENS + t_d % PAGE_TOKENS
+    return torch.where(in_tail.to(device), tail_slot, new_slot)
+
+
+def decode_slots(seq_lens_cpu: list[int], last_loc: torch.Tensor, new_pages: torch.Tensor) -> torch.Tensor:
+    """Slot of each request's next token: a new page where ``seq_len % 16 == 1``, else ``last_loc + 1``."""
+    starts = [i for i, s in enumerate(seq_lens_cpu) if s % PAGE_TOKENS == 1]
+    out = last_loc + 1
+    if starts:
+        idx = torch.tensor(starts, dtype=torch.int64).to(last_loc.device)
+        out = out.index_put((idx,), new_pages * PAGE_TOKENS)
+    return out
+
+
+@dataclass
+class _Readback:
+    """Page ids copied device -> pinned host, applied once ``event`` completed (FIFO)."""
+
+    kind: str  # "fill" | "free"
+    step: int  # fills: the forward step that writes these pages
+    known: list[int]  # ids already known on the host
+    copy: torch.Tensor | None  # int64 host tensor being filled, or None
+    event: Any  # torch.cuda.Event | None
+
+    def ready(self) -> bool:
+        return self.event is None or bool(self.event.query())
+
+    def ids(self) -> list[int]:
+        out = list(self.known)
+        if self.copy is not None:
+            out.extend(int(x) for x in self.copy.tolist())
+        return out
+
+
+ExtendKernel = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], None]
+
+
+class ZipkvAllocator:
+    """SGLang's paged-allocator surface over a `PagePool` (see the module docstring)."""
+
+    def __init__(self, pool: PagePool, device: str | torch.device, compression: bool) -> None:
+        self.pool = pool
+        self.device = torch.device(device)
+        self.compression = compression
+        self.page_size = PAGE_TOKENS
+        self.max_pages = int(pool.page_loc.shape[1])
+        self.size = (self.max_pages - 1) * PAGE_TOKENS  # virtual slots SGLang may address (pad excluded)
+        pad = pool.allocate(1)
+        if pad != [PAD_PAGE]:
+            raise RuntimeError(
+                f"PagePool gave page {pad} as its first page; the SGLang pool needs page 0 first"
+            )
+        self._live_pages = 0  # pages held by SGLang (pad excluded)
+        self._queue: deque[_Readback] = deque()
+        self._waiting_fills: list[tuple[int, set[int]]] = []  # (forward step, page ids) not yet marked full
+        self._forward_step = 0
+        self._in_free_group = False
+        self._free_group: list[torch.Tensor] = []
+        self.extend_kernel: ExtendKernel | None = (
+            None  # SGLang's Triton alloc_extend_kernel, set by the seams
+        )
+
+    # ---- capacity -----------------------------------------------------------------------------------
+    def free_page_ids(self) -> int:
+        return self.max_pages - 1 - self._live_pages
+
+    def available_size(self) -> int:
+        """Tokens of new (raw) pages that fit now, under compression; live, never optimistic."""
+        self.drain(block=False)
+        return min(self.pool.new_pages_fit(), self.free_page_ids()) * PAGE_TOKENS
+
+    def held_tokens(self) -> int:
+        """Slots of pages SGLang holds (requests and the prefix cache), after every pending free landed."""
+        self.drain(block=True)
+        return self._live_pages * PAGE_TOKENS
+
+    # ---- allocation ---------------------------------------------------------------------------------
+    def _new_pages(self, n: int) -> list[int] | None:
+        if n == 0:
+            return []
+        if n > self.free_page_ids():
+            self.drain(block=True)
+            if n > self.free_page_ids():
+                return None
+        try:
+            ids = self.pool.allocate(n)
+        except OutOfPages:
+            self.drain(block=True)  # frees still in flight may be what is missing
+            try:
+                ids = self.pool.allocate(n)
+            except OutOfPages:
+                return None
+        self._live_pages += n
+        return ids
+
+    def _to_device(self, ids: list[int]) -> torch.Tensor:
+        host = torch.tensor(ids, dtype=torch.int64)
+        if self.device.type == "cuda":
+            return host.pin_memory().to(self.device, non_blocking=True)
+        return host.to(self.device)
+
+    def alloc(self, need_size: int) -> torch.Tensor | None:
+        if need_size % PAGE_TOKENS:
+            raise ValueError(
+                f"alloc needs a whole number of {PAGE_TOKENS}-token pages, got {need_size} tokens"
+            )
+        ids = self._new_pages(need_size // PAGE_TOKENS)
+        if ids is None:
+            return None
+        pages = self._to_device(ids)
+        return (pages[:, None] * PAGE_TOKENS + torch.arange(PAGE_TOKENS, device=self.device)).reshape(-1)
+
+    def alloc_extend(
+        self,
+        prefix_lens: torch.Tensor,
+        prefix_lens_cpu: torch.Tensor,
+        seq_lens: torch.Tensor,
+        seq_lens_cpu: torch.Tensor,
+        last_loc: torch.Tensor,
+        extend_num_tokens: int,
+        num_new_pages: int | None = None,
+    ) -> torch.Tensor | None:
+        p_cpu, s_cpu = prefix_lens_cpu.tolist(), seq_lens_cpu.tolist()
+        plan = plan_extend(p_cpu, s_cpu)
+        ids = self._new_pages(plan.num_new_pages)
+        if ids is None:
+            return None
+        pages = self._to_device(ids)
+        if self.extend_kernel is not None and self.device.type == "cuda":
+            out = torch.empty((extend_num_tokens,), dtype=torch.int64, device=self.device)
+            self.extend_kernel(prefix_lens, seq_lens, last_loc, pages, out)
+        else:
+            out = extend_slots(p_cpu, s_cpu, last_loc, pages)
+        full, start = [], 0
+        for n, f in zip(plan.new_pages_per_req, plan.full_new_pages_per_req, strict=True):
+            full.extend(ids[start : start + f])
+            start += n
+        tail = None
+        if plan.tail_fill_reqs:
+            tail = last_loc[torch.tensor(plan.tail_fill_reqs, device=self.device)] // PAGE_TOKENS
+        self._record_fill(full, tail)
+        return out
+
+    def alloc_decode(
+        self, seq_lens: torch.Tensor, seq_lens_cpu: torch.Tensor, last_loc: torch.Tensor
+    ) -> torch.Tensor | None:
+        s_cpu = seq_lens_cpu.tolist()
+        ids = self._new_pages(sum(1 for s in s_cpu if s % PAGE_TOKENS == 1))
+        if ids is None:
+            return None
+        out = decode_slots(s_cpu, last_loc, self._to_device(ids))
+        filled = [i for i, s in enumerate(s_cpu) if s % PAGE_TOKENS == 0]
+        tail = None
+        if filled:
+            tail = out[torch.tensor(filled, device=self.device)] // PAGE_TOKENS
+        self._record_fill([], tail)
+        return out
+
+    # ---- freeing ------------------------------------------------------------------------------------
+    def free(self, free_index: torch.Tensor) -> None:
+        if free_index.numel() == 0:
+            return
+        if self._in_free_group:
+            self._free_group.append(free_index)
+            return
+        self._record_free(free_index // PAGE_TOKENS)
+
+    def free_segment(self, free_index: torch.Tensor, *, start_pos: int) -> None:
+        """A run of one request's kv row from token ``start_pos``: one representative slot per page."""
+        if free_index.numel() == 0:
+            return
+        offset = start_pos % PAGE_TOKENS
+        reps = free_index[::PAGE_TOKENS] if offset == 0 else free_index[:1]
+        if offset:
+            reps = torch.cat([reps, free_index[PAGE_TOKENS - offset :: PAGE_TOKENS]])
+        self.free(reps)
+
+    def free_group_begin(self) -> None:
+        self._in_free_group, self._free_group = True, []
+
+    def free_group_end(self) -> None:
+        self._in_free_group = False
+        if self._free_group:
+            self.free(torch.cat(self._free_group))
+        self._free_group = []
+
+    def clear(self) -> None:
+        self.drain(block=True)
+        if self._live_pages:
+            raise RuntimeError(f"clear() with {self._live_pages} pages still held; free them first")
+
+    # ---- the readback queue -------------------------------------------------------------------------
+    def _readback(self, device_ids: torch.Tensor | None) -> tuple[torch.Tensor | None, Any]:
+        if device_ids is None or device_ids.numel() == 0:
+            return None, None
+        ids = device_ids.to(torch.int64)
+        if ids.device.type != "cuda":
+            return ids.clone(), None
+        host = torch.empty(ids.shape, dtype=torch.int64, pin_memory=True)
+        host.copy_(ids, non_blocking=True)
+        event = torch.cuda.Event()
+        event.record()
+        return host, event
+
+    def _record_fill(self, known: list[int], device_ids: torch.Tensor | None) -> None:
+        if not self.compression or (not known and device_ids is None):
+            return
+        copy, event = self._readback(device_ids)
+        self._queue.append(_Readback("fill", self._forward_step + 1, known, copy, event))
+
+    def _record_free(self, page_ids: torch.Tensor) -> None:
+        copy, event = self._readback(page_ids)
+        self._queue.append(_Readback("free", 0, [], copy, event))
+        self.drain(block=False)
+
+    def drain(self, block: bool) -> None:
+        """Apply landed readbacks in order; with ``block``, wait for all of them (idle checks, OOM)."""
+        while self._queue:
+            head = self._queue[0]
+            if not head.ready():
+                if not block:
+                    return
+                head.event.synchronize()
+            self._queue.popleft()
+            ids = head.ids()
+            if head.kind == "fill":
+                self._waiting_fills.append((head.step, set(ids)))
+                continue
+            freed = set(ids) - {PAD_PAGE}
+            for _, waiting in self._waiting_fills:
+                waiting -= freed
+            self.pool.free(sorted(freed))
+            self._live_pages -= len(freed)
+
+    def compress_step(self) -> int:
+        """At the start of each forward step (forward stream): mark the pages that the previous steps
+        filled and run the pool's step (one encode launch). Returns the number of pages marked."""
+        self._forward_step += 1
+        self.drain(block=False)
+        ready = [ids for step, ids in self._waiting_fills if step < self._forward_step]
+        self._waiting_fills = [(s, ids) for s, ids in self._waiting_fills if s >= self._forward_step]
+        pages = sorted(set().union(*ready)) if ready else []
+        if pages:
+            self.pool.mark_full(pages)
+        self.pool.end_step()
+        return len(pages)
