@@ -44,15 +44,15 @@ def example_values(path: Path) -> dict[str, Any]:
     return helm_python.values_from_yaml(path.read_text())
 
 
-def render_files(values: Mapping[str, Any] | None = None) -> dict[str, str]:
+def render_files(values: Mapping[str, Any] | None = None, release: str = RELEASE) -> dict[str, str]:
     """Template path -> rendered text; raises helm_python.HelmError on schema or template errors."""
-    return chart().render(values=dict(values or {}), name=RELEASE, namespace=NAMESPACE, is_install=True)
+    return chart().render(values=dict(values or {}), name=release, namespace=NAMESPACE, is_install=True)
 
 
-def render(values: Mapping[str, Any] | None = None) -> list[Obj]:
+def render(values: Mapping[str, Any] | None = None, release: str = RELEASE) -> list[Obj]:
     """Every Kubernetes object the chart renders for `values` (NOTES.txt left out)."""
     objs: list[Obj] = []
-    for path, text in sorted(render_files(values).items()):
+    for path, text in sorted(render_files(values, release).items()):
         if path.endswith("NOTES.txt"):
             continue
         objs.extend(doc for doc in yaml.safe_load_all(text) if doc)
@@ -131,18 +131,21 @@ def rayservice_validator() -> jsonschema.protocols.Validator:
     return cls(schema)
 
 
-DNS_1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+DNS_1035_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+# KubeRay appends "-" + 5 characters for its RayCluster and "-serve-svc" to that: 63 - 10 - 6.
+KUBERAY_MAX_RAYSERVICE_NAME = 47
 
 
 def validate_rayservice(obj: Obj) -> None:
-    """The RayService against the KubeRay v1 CRD schema (strict), plus the ObjectMeta basics."""
+    """The RayService against the KubeRay v1 CRD schema (strict), plus KubeRay's own name rules."""
     assert obj["apiVersion"] == "ray.io/v1"
     errors = sorted(rayservice_validator().iter_errors(obj), key=lambda e: list(e.absolute_path))
     assert not errors, "RayService does not match the CRD schema:\n" + "\n".join(
         f"  {'.'.join(map(str, e.absolute_path))}: {e.message}" for e in errors[:20]
     )
     name = obj["metadata"]["name"]
-    assert DNS_1123_LABEL.match(name) and len(name) <= 63, f"bad RayService name {name!r}"
+    assert DNS_1035_LABEL.match(name), f"RayService name {name!r} is not a DNS-1035 label"
+    assert len(name) <= KUBERAY_MAX_RAYSERVICE_NAME, f"KubeRay refuses RayService names over 47: {name!r}"
 
 
 # ---- the environment a container would see -----------------------------------------------------

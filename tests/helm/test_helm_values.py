@@ -11,7 +11,20 @@ from typing import Any
 import helm_python
 import pytest
 import yaml
-from chart_render import CHART_DIR, NAMESPACE, container_env, containers, find, one, render, serve_config
+from chart_render import (
+    CHART_DIR,
+    DNS_1035_LABEL,
+    KUBE_VERSIONS,
+    KUBERAY_MAX_RAYSERVICE_NAME,
+    NAMESPACE,
+    container_env,
+    containers,
+    find,
+    one,
+    render,
+    serve_config,
+    validate_builtin,
+)
 
 from zipkv.controlplane.config import RouterConfig, load_config
 
@@ -300,6 +313,29 @@ def test_config_change_rolls_the_router_pods() -> None:
 
     assert checksum({}) == checksum({})
     assert checksum({}) != checksum({"router": {"config": {"slo": {"ttft_ms": 999}}}})
+
+
+# ---- names ------------------------------------------------------------------------------------
+
+
+def test_the_longest_release_name_gives_valid_object_names() -> None:
+    """Helm allows 53-character release names; every name must still fit Kubernetes and KubeRay."""
+    objs = render(release="r" * 53)
+    for obj in objs:
+        name = obj["metadata"]["name"]
+        assert DNS_1035_LABEL.match(name) and len(name) <= 63, name
+    assert len(one(objs, "RayService")["metadata"]["name"]) <= KUBERAY_MAX_RAYSERVICE_NAME
+    for obj in objs:
+        if obj["kind"] != "RayService":
+            validate_builtin(obj, KUBE_VERSIONS[-1])
+
+
+def test_a_release_name_starting_with_a_digit_needs_an_override() -> None:
+    with pytest.raises(helm_python.HelmRenderError, match="fullnameOverride"):
+        render(release="1st")
+    assert one(render({"fullnameOverride": "first"}, release="1st"), "RayService")["metadata"]["name"] == (
+        "first-workers"
+    )
 
 
 # ---- the values schema and the comments ---------------------------------------------------------

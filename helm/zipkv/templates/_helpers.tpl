@@ -3,20 +3,25 @@
 {{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" -}}
 {{- end -}}
 
+{{/*
+The base of every object name, at most 39 characters: KubeRay refuses RayService names over 47 and the
+longest suffix is "-workers". Services and RayServices need DNS-1035 names, so it must start with a letter.
+*/}}
 {{- define "zipkv.fullname" -}}
+{{- $full := "" -}}
 {{- if .Values.fullnameOverride -}}
-{{- .Values.fullnameOverride | trunc 40 | trimSuffix "-" -}}
+{{- $full = .Values.fullnameOverride -}}
 {{- else -}}
 {{- $name := default .Chart.Name .Values.nameOverride -}}
-{{- if contains $name .Release.Name -}}
-{{- .Release.Name | trunc 40 | trimSuffix "-" -}}
-{{- else -}}
-{{- printf "%s-%s" .Release.Name $name | trunc 40 | trimSuffix "-" -}}
+{{- $full = ternary .Release.Name (printf "%s-%s" .Release.Name $name) (contains $name .Release.Name) -}}
 {{- end -}}
+{{- $full = $full | trunc 39 | trimSuffix "-" -}}
+{{- if not (regexMatch "^[a-z]([-a-z0-9]*[a-z0-9])?$" $full) -}}
+{{- fail (printf "object name prefix %q must start with a lowercase letter (DNS-1035): set fullnameOverride" $full) -}}
 {{- end -}}
+{{- $full -}}
 {{- end -}}
 
-{{/* Component names stay within 63 characters (Service and label limits): the base is capped at 40. */}}
 {{- define "zipkv.router.fullname" -}}{{ include "zipkv.fullname" . }}-router{{- end -}}
 {{- define "zipkv.redis.fullname" -}}{{ include "zipkv.fullname" . }}-redis{{- end -}}
 {{- define "zipkv.workers.fullname" -}}{{ include "zipkv.fullname" . }}-workers{{- end -}}

@@ -43,8 +43,6 @@ applications:
     secretKeyRef:
       name: {{ include "zipkv.auth.secretName" . }}
       key: report-token
-- name: ZIPKV_ENGINE
-  value: {{ .Values.workers.engine | quote }}
 {{- with .Values.model.hfTokenSecret }}
 - name: HF_TOKEN
   valueFrom:
