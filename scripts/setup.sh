@@ -15,7 +15,7 @@ if ! $PY -c "import torch" >/dev/null 2>&1; then
   log "installing torch==2.13.0 (CPU)"
   $PY -m pip install -q torch==2.13.0
 fi
-if ! $PY -c "import zipkv.kernels, grpc_tools, ray.serve, helm" >/dev/null 2>&1; then
+if ! $PY -c "import zipkv.kernels, grpc_tools, ray.serve, helm_python, kubernetes_validate" >/dev/null 2>&1; then
   log "installing zipkv[dev] (editable)"
   $PY -m pip install -q -e ".[dev]"
 fi
