@@ -24,6 +24,7 @@ import triton.language as tl
 from .layout import PAGE_TOKENS, PageFormat
 
 _INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+_TOKENS = tl.constexpr(PAGE_TOKENS)  # globals reach a jitted function only as constexpr
 
 
 # ---- encode -------------------------------------------------------------------------------------------
@@ -40,7 +41,8 @@ def _encode_page_head(
     rows = tl.arange(0, ROWS)
     k = tl.arange(0, HALF)
     # A raw page-head holds its blocks back to back, each [R, C] row-major: row r starts at value r * C.
-    elem = (src // 2) + rows[:, None] * C + k[None, :]
+    # (src // 256) * 128 rather than src // 2: tells the compiler the 256-byte alignment, for wide loads.
+    elem = (src // 256) * 128 + rows[:, None] * C + k[None, :]
     v_lo = tl.load(heap_i16 + elem)  # values (t, k), k < C/2
     v_hi = tl.load(heap_i16 + elem + HALF)  # values (t, k + C/2): they share a code byte with (t, k)
     x_lo = v_lo.to(tl.int32) & 0xFFFF
@@ -192,7 +194,7 @@ def _decode_pages_kernel(
     page = tl.load(offsets + i)
     rel = tl.load(meta_i32 + row * (META_BYTES // 4)).to(tl.int64)
     markers = tl.load(meta_u8 + row * META_BYTES + 4 + tl.arange(0, NB)).to(tl.uint32)
-    out_base = row * (PAGE_TOKENS * D // 2)
+    out_base = row * (_TOKENS * D // 2)
     # A constexpr test first: with one geometry for K and V, only one copy of the restore is compiled.
     if KR == VR:  # noqa: SIM114
         _decode_page_head(heap_w, page, rel, markers, out_w, out_base, D, KR, KC, NB, USE_PRMT)
@@ -220,8 +222,8 @@ def _store_tokens_kernel(
     n = tl.program_id(0).to(tl.int64)
     ph = tl.program_id(1)
     slot = tl.load(slots + n)
-    t = slot % PAGE_TOKENS
-    page_head = tl.load(page_loc + slot // PAGE_TOKENS) // 2 + ph * (PAGE_TOKENS * D)
+    t = slot % _TOKENS
+    page_head = tl.load(page_loc + slot // _TOKENS) // 2 + ph * (_TOKENS * D)
     if ph < H:
         _store_head(heap_i16, k_i16 + (n * H + ph) * D, page_head, t, D, KR, KC)
     else:
@@ -300,7 +302,10 @@ def decode_pages(
     use_prmt: bool | None = None,
 ) -> None:
     """Restore n pages (raw or compressed) at byte ``offsets`` (int64 [n]) with metadata ``meta``
-    (uint8 [n, 2H, meta_bytes]) into ``out`` (bf16 [n, 2, H, 16, D]). One launch, no host sync."""
+    (uint8 [n, 2H, meta_bytes]) into ``out`` (bf16 [n, 2, H, 16, D]). One launch, no host sync.
+
+    Offsets must be multiples of 256 (the kernel reads whole 16-byte vectors). ``use_prmt`` picks the PTX
+    byte interleave (GPU only); by default it is on when compiled and off under the interpreter."""
     _check_heap(heap)
     n = offsets.numel()
     dev = heap.device

@@ -1,0 +1,215 @@
+"""Codec throughput on the GPU: Triton encode and decode of full pages against a plain copy of the same pages.
+
+Pages of Llama-3.1-8B shape (32 layers x ``--pages-per-layer`` pages, 8 KV heads, head_dim 128, page 16).
+Every kernel output is checked bit for bit (decode against the original pages, encode against the torch
+reference on a sample of pages) before it is timed. Timing: CUDA events around each call, L2 flushed before
+each call by zeroing a 512 MiB buffer (outside the events), warm-ups, median of ``--reps`` calls.
+
+    python bench/bench_codec.py --out bench/results/codec.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import functools
+import json
+import statistics
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import triton
+
+from zipkv.kernels import codec
+from zipkv.kernels import reference as ref
+from zipkv.kernels.layout import PageFormat
+
+GB = 1e9
+
+
+def median_ms(fn: Callable[[], object], reps: int, flush: torch.Tensor) -> float:
+    for _ in range(3):
+        fn()
+    times = []
+    for _ in range(reps):
+        flush.zero_()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def make_pages(kind: str, shape: tuple[int, ...], gen: torch.Generator) -> torch.Tensor:
+    """bf16 pages: 'normal' N(0, 1); 'compressible' one exponent window; 'raw' random bit patterns."""
+    if kind == "normal":
+        return torch.randn(shape, generator=gen, device="cuda").bfloat16()
+    if kind == "compressible":
+        return (torch.rand(shape, generator=gen, device="cuda") + 1.0).bfloat16()
+    bits = torch.randint(-(2**15), 2**15, shape, generator=gen, device="cuda", dtype=torch.int16)
+    return bits.view(torch.bfloat16)
+
+
+class Setup:
+    """A heap holding n raw pages (sources) and room for their compressed copies (destinations)."""
+
+    def __init__(self, fmt: PageFormat, pages: torch.Tensor) -> None:
+        n = pages.shape[0]
+        raw = fmt.raw_page_bytes
+        self.fmt, self.n, self.pages = fmt, n, pages
+        self.heap = torch.zeros(2 * n * raw, dtype=torch.uint8, device="cuda")
+        index = ref.raw_page_value_index(fmt, "cuda").view(-1)
+        raw_values = self.heap[: n * raw].view(torch.bfloat16).view(n, -1)
+        raw_values[:, index] = pages.reshape(n, -1)
+        self.src = torch.arange(n, device="cuda", dtype=torch.int64) * raw
+        self.dst = self.src + n * raw
+        self.meta = torch.empty(n, fmt.page_heads_per_page, fmt.meta_bytes, dtype=torch.uint8, device="cuda")
+        self.sizes = torch.empty(n, dtype=torch.int32, device="cuda")
+        self.raw_meta = ref.raw_page_meta(fmt, "cuda").expand(n, -1, -1).contiguous()
+        self.out = torch.empty_like(pages)
+
+    def encode(self, num_warps: int) -> None:
+        codec.encode_pages(
+            self.heap, self.src, self.dst, self.meta, self.sizes, self.fmt, num_warps=num_warps
+        )
+
+    def decode(self, num_warps: int, use_prmt: bool, raw: bool = False) -> None:
+        offsets, meta = (self.src, self.raw_meta) if raw else (self.dst, self.meta)
+        codec.decode_pages(
+            self.heap, offsets, meta, self.out, self.fmt, num_warps=num_warps, use_prmt=use_prmt
+        )
+
+    def check_encode(self, sample: int = 48) -> None:
+        picks = torch.cat([torch.arange(sample // 2), torch.randperm(self.n)[: sample // 2]]).tolist()
+        for i in picks:
+            data, meta = ref.encode_page(self.pages[i], self.fmt)
+            at = int(self.dst[i])
+            if not (torch.equal(meta, self.meta[i]) and int(self.sizes[i]) == data.numel()):
+                sys.exit(f"encode: page {i} metadata or size differs from the reference")
+            if not torch.equal(self.heap[at : at + data.numel()], data):
+                sys.exit(f"encode: page {i} stored bytes differ from the reference")
+
+    def check_decode(self, what: str) -> None:
+        if not torch.equal(self.out.view(torch.int16), self.pages.view(torch.int16)):
+            sys.exit(f"decode ({what}): restored pages differ from the originals")
+        self.out.view(torch.int16).fill_(0x7FBF)  # poison for the next check
+
+
+def rate(nbytes: int, ms: float) -> float:
+    return nbytes / GB / (ms / 1e3)
+
+
+def measure(s: Setup, args: argparse.Namespace, flush: torch.Tensor) -> dict[str, Any]:
+    """Check, then time, encode and decode of one data set against a copy of the same bytes."""
+    fmt, raw_bytes = s.fmt, s.n * s.fmt.raw_page_bytes
+    s.encode(args.encode_warps[0])
+    torch.cuda.synchronize()
+    s.check_encode()
+    stored = int(s.sizes.sum())
+    compressed_blocks = int((s.meta[:, :, 4 : 4 + fmt.blocks_per_page_head] != 255).sum())
+    row: dict[str, Any] = {
+        "pages": s.n,
+        "raw_bytes": raw_bytes,
+        "stored_bytes": stored,
+        "stored_over_raw": stored / raw_bytes,
+        "compressible_block_fraction": compressed_blocks / (s.n * fmt.blocks_per_page),
+    }
+    flat_out, flat_src = s.out.view(-1), s.heap[:raw_bytes].view(torch.bfloat16)
+    row["copy_ms"] = median_ms(lambda: flat_out.copy_(flat_src), args.reps, flush)
+    enc_ms: dict[int, float] = {}
+    for w in args.encode_warps:
+        enc_ms[w] = median_ms(functools.partial(s.encode, w), args.reps, flush)
+    dec_ms: dict[tuple[int, bool], float] = {}
+    for w in args.decode_warps:
+        for prmt in (True, False):
+            s.decode(w, prmt)
+            torch.cuda.synchronize()
+            s.check_decode(f"warps {w} prmt {prmt}")
+            dec_ms[(w, prmt)] = median_ms(functools.partial(s.decode, w, prmt), args.reps, flush)
+    best = min(dec_ms, key=lambda c: dec_ms[c])
+    s.decode(*best, raw=True)
+    torch.cuda.synchronize()
+    s.check_decode("raw pages")
+    row["decode_raw_pages_ms"] = median_ms(lambda: s.decode(*best, raw=True), args.reps, flush)
+    row["encode_ms_by_warps"] = enc_ms
+    row["decode_ms_by_config"] = {f"warps{w}-{'prmt' if p else 'int'}": t for (w, p), t in dec_ms.items()}
+    row["encode_best_num_warps"] = min(enc_ms, key=lambda w: enc_ms[w])
+    row["decode_best_config"] = {"num_warps": best[0], "use_prmt": best[1]}
+    row["encode_ms"], row["decode_ms"] = min(enc_ms.values()), dec_ms[best]
+    row["encode_GBps_consumed"] = rate(raw_bytes, row["encode_ms"])
+    row["decode_GBps_restored"] = rate(raw_bytes, row["decode_ms"])
+    row["copy_GBps_copied"] = rate(raw_bytes, row["copy_ms"])
+    row["decode_raw_pages_GBps"] = rate(raw_bytes, row["decode_raw_pages_ms"])
+    row["decode_speedup_vs_copy"] = row["copy_ms"] / row["decode_ms"]
+    # Bytes moved (read + written) over time, beside the copy's rate measured in the same run.
+    row["decode_traffic_GBps"] = rate(stored + raw_bytes, row["decode_ms"])
+    row["encode_traffic_GBps"] = rate(stored + raw_bytes, row["encode_ms"])
+    row["copy_traffic_GBps"] = rate(2 * raw_bytes, row["copy_ms"])
+    return row
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    fmt = PageFormat(head_dim=128, num_kv_heads=8)
+    n = args.layers * args.pages_per_layer
+    shape = (n, 2, fmt.num_kv_heads, 16, fmt.head_dim)
+    flush = torch.empty(512 * 2**20, dtype=torch.uint8, device="cuda")
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    results = {}
+    for kind in args.data:
+        results[kind] = measure(Setup(fmt, make_pages(kind, shape, gen)), args, flush)
+        torch.cuda.empty_cache()
+        print(kind, "done", flush=True)
+    shape_info = {"layers": args.layers, "pages_per_layer": args.pages_per_layer, "num_kv_heads": 8}
+    shape_info |= {"head_dim": 128, "page_tokens": 16, "geometry": fmt.k_geometry.name}
+    return {
+        "benchmark": "codec",
+        "date_utc": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "device": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "command": " ".join(["python", *sys.argv]),
+        "shape": shape_info,
+        "timing": f"CUDA events, L2 flushed (512 MiB memset) before each call, median of {args.reps}",
+        "results": results,
+    }
+
+
+def print_table(report: dict[str, Any]) -> None:
+    print(f"\ncodec on {report['device']} (torch {report['torch']}, triton {report['triton']})")
+    print("| data | compressible blocks | stored/raw | encode GB/s | decode GB/s | copy GB/s "
+          "| decode raw pages GB/s | decode vs copy |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|")
+    for kind, r in report["results"].items():
+        print(f"| {kind} | {r['compressible_block_fraction']:.3f} | {r['stored_over_raw']:.3f} "
+              f"| {r['encode_GBps_consumed']:.0f} | {r['decode_GBps_restored']:.0f} "
+              f"| {r['copy_GBps_copied']:.0f} "
+              f"| {r['decode_raw_pages_GBps']:.0f} | {r['decode_speedup_vs_copy']:.2f}x |")  # fmt: skip
+    for kind, r in report["results"].items():
+        print(kind, "encode ms by warps", {k: round(v, 4) for k, v in r["encode_ms_by_warps"].items()})
+        print(kind, "decode ms by config", {k: round(v, 4) for k, v in r["decode_ms_by_config"].items()})
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--layers", type=int, default=32)
+    parser.add_argument("--pages-per-layer", type=int, default=512)
+    parser.add_argument("--reps", type=int, default=30)
+    parser.add_argument("--data", nargs="+", default=["normal", "compressible", "raw"])
+    parser.add_argument("--encode-warps", type=int, nargs="+", default=[4, 2, 8])
+    parser.add_argument("--decode-warps", type=int, nargs="+", default=[2, 1, 4, 8])
+    parser.add_argument("--out", default="bench/results/codec.json")
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        sys.exit("bench_codec needs a CUDA GPU (see docs/benchmarks.md for the command on the GPU machine)")
+    report = run(args)
+    with open(args.out, "w") as f:
+        json.dump(report, f, indent=2)
+    print_table(report)
+
+
+if __name__ == "__main__":
+    main()
