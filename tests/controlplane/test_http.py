@@ -1,0 +1,199 @@
+"""The OpenAI-compatible HTTP API over real HTTP, with scripted workers (stand-ins) over real gRPC."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+
+import httpx
+import openai
+import pytest
+
+from tests.controlplane.harness import MODEL, Stack, stack
+from zipkv.controlplane.scripted_worker import Script
+
+
+@pytest.fixture(scope="module")
+def s() -> Iterator[Stack]:
+    with stack(http={"max_request_bytes": 65536}) as st:
+        st.add_worker(total_tokens=10_000_000)
+        yield st
+
+
+def client(s: Stack, key: str = "none") -> openai.OpenAI:
+    return openai.OpenAI(base_url=s.url + "/v1", api_key=key, max_retries=0)
+
+
+def test_openai_client_completion_and_chat(s: Stack) -> None:
+    c = client(s)
+    out = c.completions.create(model=MODEL, prompt="hi", max_tokens=5)
+    assert out.choices[0].text == "hello"
+    assert out.choices[0].finish_reason == "length"
+    assert out.usage is not None and (out.usage.prompt_tokens, out.usage.completion_tokens) == (3, 5)
+    chat = c.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=11)
+    assert chat.choices[0].message.content == "hello from "
+    assert chat.choices[0].message.role == "assistant"
+    # ByteTokenizer chat template: BOS + "user: hi\nassistant: " = 1 + 20 tokens
+    assert chat.usage is not None and chat.usage.prompt_tokens == 21
+
+
+def test_openai_client_streaming_with_usage(s: Stack) -> None:
+    c = client(s)
+    stream = c.chat.completions.create(
+        model=MODEL,
+        messages=[{"role": "user", "content": "hi"}],
+        max_tokens=5,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    chunks = list(stream)
+    text = "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
+    assert text == "hello"
+    assert [ch.choices[0].finish_reason for ch in chunks if ch.choices][-1] == "length"
+    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 5
+    comp = list(c.completions.create(model=MODEL, prompt="x", max_tokens=3, stream=True))
+    assert "".join(ch.choices[0].text for ch in comp) == "hel"
+    assert all(ch.usage is None for ch in comp)
+
+
+def test_sse_wire_format_ends_with_done(s: Stack) -> None:
+    body = {"model": MODEL, "prompt": "x", "max_tokens": 2, "stream": True}
+    with httpx.stream("POST", s.url + "/v1/completions", json=body) as r:
+        assert r.headers["content-type"].startswith("text/event-stream")
+        events = [line for line in r.iter_lines() if line]
+    assert all(e.startswith("data: ") for e in events)
+    assert events[-1] == "data: [DONE]"
+    assert json.loads(events[-2][6:])["choices"][0]["finish_reason"] == "length"
+
+
+def test_stop_strings_end_the_text(s: Stack) -> None:
+    out = client(s).completions.create(model=MODEL, prompt="x", max_tokens=30, stop=["from"])
+    assert out.choices[0].text == "hello "
+    assert out.choices[0].finish_reason == "stop"
+
+
+def test_models_health_ready_metrics(s: Stack) -> None:
+    models = client(s).models.list()
+    assert [m.id for m in models.data] == [MODEL]
+    assert httpx.get(s.url + "/healthz").json() == {"status": "ok"}
+    ready = httpx.get(s.url + "/readyz").json()
+    assert ready["status"] == "ok" and ready["workers"] == 1
+    metrics = httpx.get(s.url + "/metrics").text
+    for name in (
+        "zipkv_router_ttft_ms_bucket",
+        "zipkv_router_itl_ms_bucket",
+        "zipkv_router_e2e_ms_bucket",
+        "zipkv_router_placements_total",
+        "zipkv_router_worker_headroom_tokens{",
+        "zipkv_router_placement_ms_bucket",
+    ):
+        assert name in metrics
+
+
+def _post(
+    s: Stack,
+    body: object,
+    path: str = "/v1/completions",
+    headers: dict[str, str] | None = None,
+) -> httpx.Response:
+    if isinstance(body, bytes):
+        headers = {"content-type": "application/json", **(headers or {})}
+        return httpx.post(s.url + path, content=body, headers=headers)
+    return httpx.post(s.url + path, json=body, headers=headers)
+
+
+@pytest.mark.parametrize(
+    ("body", "headers", "needle"),
+    [
+        (b"{not json", {}, "not valid JSON"),
+        ([1, 2], {}, "JSON object"),
+        ({"model": "nope", "prompt": "x"}, {}, "unknown model 'nope'"),
+        ({"model": MODEL, "prompt": "x" * 4096}, {}, "prompt has 4097 tokens"),
+        ({"model": MODEL, "prompt": "x", "max_tokens": 4095}, {}, "exceeds the context"),
+        ({"model": MODEL, "prompt": "x", "temperature": 3}, {}, "temperature"),
+        ({"model": MODEL, "prompt": "x", "top_p": 0}, {}, "top_p"),
+        ({"model": MODEL, "prompt": "x", "max_tokens": 0}, {}, "max_tokens"),
+        ({"model": MODEL, "prompt": "x", "n": 2}, {}, "n:"),
+        ({"model": MODEL, "prompt": [1, 999]}, {}, "token ids must be in [0, 259)"),
+        ({"model": MODEL, "prompt": ["a", "b"]}, {}, "batched prompts"),
+        ({"model": MODEL}, {}, "prompt"),
+        ({"model": MODEL, "prompt": "x"}, {"x-zipkv-slo-ttft-ms": "soon"}, "x-zipkv-slo-ttft-ms"),
+        ({"model": MODEL, "prompt": "x"}, {"x-zipkv-slo-tpot-ms": "-5"}, "x-zipkv-slo-tpot-ms"),
+    ],
+)
+def test_malformed_requests_get_400(s: Stack, body: object, headers: dict[str, str], needle: str) -> None:
+    r = _post(s, body, headers=headers)
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert needle in err["message"]
+    assert err["type"] == "invalid_request_error"
+    assert "Traceback" not in r.text
+
+
+def test_chat_messages_are_validated(s: Stack) -> None:
+    r = _post(s, {"model": MODEL, "messages": [{"role": "wizard", "content": "x"}]}, "/v1/chat/completions")
+    assert r.status_code == 400 and "messages.0.role" in r.json()["error"]["message"]
+    r = _post(s, {"model": MODEL, "messages": []}, "/v1/chat/completions")
+    assert r.status_code == 400
+
+
+def test_body_size_limit(s: Stack) -> None:
+    r = _post(s, {"model": MODEL, "prompt": "x" * 70_000})
+    assert r.status_code == 413 and "65536 bytes" in r.json()["error"]["message"]
+
+
+def test_no_stack_trace_on_internal_errors(s: Stack, monkeypatch: pytest.MonkeyPatch) -> None:
+    tok = s.router.router.tokenizers[MODEL]
+
+    def boom(text: str, add_bos: bool = True) -> list[int]:
+        raise RuntimeError("secret internal detail")
+
+    monkeypatch.setattr(tok, "encode", boom)
+    r = _post(s, {"model": MODEL, "prompt": "x"})
+    assert r.status_code == 500
+    assert "secret" not in r.text and "Traceback" not in r.text
+
+
+def test_api_keys() -> None:
+    with stack(security={"api_keys": ["k1"]}) as st:
+        st.add_worker()
+        with pytest.raises(openai.AuthenticationError):
+            client(st, "wrong").completions.create(model=MODEL, prompt="x", max_tokens=1)
+        assert httpx.get(st.url + "/v1/models").status_code == 401
+        out = client(st, "k1").completions.create(model=MODEL, prompt="x", max_tokens=1)
+        assert out.choices[0].text == "h"
+        assert httpx.get(st.url + "/healthz").status_code == 200  # probes need no key
+
+
+def test_rate_limit_429() -> None:
+    with stack(limits={"requests_per_s": 0.001, "burst": 2}) as st:
+        st.add_worker()
+        body = {"model": MODEL, "prompt": "x", "max_tokens": 1}
+        codes = [_post(st, body).status_code for _ in range(3)]
+        assert codes == [200, 200, 429]
+        r = _post(st, body)
+        assert r.headers["retry-after"] == "1" and r.json()["error"]["code"] == "rate_limited"
+
+
+def test_inflight_limit_429() -> None:
+    with stack(limits={"max_inflight_requests": 1}) as st:
+        st.add_worker(Script(itl_s=0.05))
+        body = {"model": MODEL, "prompt": "x", "max_tokens": 20, "stream": True}
+        with httpx.stream("POST", st.url + "/v1/completions", json=body) as first:
+            lines = first.iter_lines()  # keep a reference: a dropped iterator closes the stream
+            next(lines)
+            r = _post(st, {**body, "stream": False})
+            assert r.status_code == 429 and r.json()["error"]["code"] == "over_capacity"
+        assert (
+            'zipkv_router_rejections_total{reason="over_capacity"} 1.0' in httpx.get(st.url + "/metrics").text
+        )
+
+
+def test_503_with_retry_after_when_no_worker_fits() -> None:
+    with stack() as st:
+        r = _post(st, {"model": MODEL, "prompt": "x"})
+        assert r.status_code == 503 and r.headers["retry-after"] == "1"
+        st.add_worker(total_tokens=100)
+        r = _post(st, {"model": MODEL, "prompt": "x", "max_tokens": 200})  # needs 202 > 100 free
+        assert r.status_code == 503 and "1 headroom" in r.json()["error"]["message"]
+        assert _post(st, {"model": MODEL, "prompt": "x", "max_tokens": 20}).status_code == 200
