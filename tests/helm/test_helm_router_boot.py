@@ -1,0 +1,132 @@
+"""The router starts from the chart's rendered ConfigMap, command and environment, and answers the probes
+the chart gives it: run as the pod would run it (`python -m zipkv.controlplane --config ...`), on
+loopback, with a real Redis when the chart points it at one."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from chart_render import container_env, containers, one, render, router_config_text
+from conftest import free_port
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def _get(url: str) -> tuple[int, bytes]:
+    with urllib.request.urlopen(url, timeout=2) as resp:
+        return int(resp.status), resp.read()
+
+
+def _wait_ready(url: str, proc: subprocess.Popen[bytes], log: Path) -> None:
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            pytest.fail(f"router exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
+        try:
+            if _get(url)[0] == 200:
+                return
+        except OSError:
+            time.sleep(0.2)
+    pytest.fail(f"router did not answer {url} within 60 s:\n{log.read_text()[-3000:]}")
+
+
+def _start_router(objs: list[dict[str, Any]], tmp_path: Path, secrets: Any = None) -> subprocess.Popen[bytes]:
+    """Start the router with the Deployment's command, the ConfigMap as its file and the pod's env."""
+    container = next(containers(one(objs, "Deployment", "router")))
+    config = tmp_path / "router.yaml"
+    config.write_text(router_config_text(objs))
+    args = [a.replace("/etc/zipkv/router.yaml", str(config)) for a in container["args"]]
+    assert container["command"][0] == "python"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("ZIPKV_", "OTEL_"))}
+    env |= container_env(container, objs, secrets)
+    log = tmp_path / "router.log"
+    with log.open("wb") as out:
+        return subprocess.Popen(
+            [sys.executable, *container["command"][1:], *args], env=env, stdout=out, stderr=subprocess.STDOUT
+        )
+
+
+@pytest.fixture
+def stop() -> Iterator[list[subprocess.Popen[bytes]]]:
+    procs: list[subprocess.Popen[bytes]] = []
+    yield procs
+    for proc in procs:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def _probe_urls(objs: list[dict[str, Any]], http_port: int) -> list[str]:
+    container = next(containers(one(objs, "Deployment", "router")))
+    paths = [container[p]["httpGet"]["path"] for p in ("startupProbe", "livenessProbe", "readinessProbe")]
+    return [f"http://127.0.0.1:{http_port}{p}" for p in [*paths, "/metrics"]]
+
+
+def _ports() -> dict[str, Any]:
+    return {"httpPort": free_port(), "grpcPort": free_port()}
+
+
+def test_router_boots_from_the_dev_example_config(tmp_path: Path, stop: list[Any]) -> None:
+    """One router, state in memory: the single-GPU dev install (byte tokenizer: no model folder here)."""
+    ports = _ports()
+    objs = render(
+        {"router": {"replicas": 1, **ports}, "redis": {"enabled": False}, "model": {"tokenizer": "byte"}}
+    )
+    proc = _start_router(objs, tmp_path)
+    stop.append(proc)
+    urls = _probe_urls(objs, ports["httpPort"])
+    _wait_ready(urls[0], proc, tmp_path / "router.log")
+    for url in urls:
+        status, body = _get(url)
+        assert status == 200, url
+    assert b"zipkv_router" in _get(urls[-1])[1]
+
+
+def test_router_boots_against_a_password_protected_redis(tmp_path: Path, stop: list[Any]) -> None:
+    """Two routers' worth of config (Redis state) with the password added from the Secret at start-up."""
+    exe = shutil.which("redis-server")
+    if exe is None:
+        pytest.fail("redis-server not found: run `bash scripts/setup.sh` (installs Debian's redis-server)")
+    password = "chartRedisPassw0rd"
+    redis_port = free_port()
+    redis = subprocess.Popen(
+        [exe, "--port", str(redis_port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+         "--requirepass", password, "--dir", str(tmp_path)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    stop.append(redis)
+    ports = _ports()
+    objs = render(
+        {
+            "router": ports,
+            "model": {"tokenizer": "byte"},
+            "redis": {
+                "enabled": False,
+                "external": {"url": f"redis://127.0.0.1:{redis_port}/0"},
+                "auth": {"existingSecret": "state", "existingSecretKey": "pw"},
+            },
+        }
+    )
+    proc = _start_router(objs, tmp_path, {"state": {"pw": password}})
+    stop.append(proc)
+    urls = _probe_urls(objs, ports["httpPort"])
+    _wait_ready(urls[0], proc, tmp_path / "router.log")
+    # /readyz says "degraded" while the router cannot read the shared state (a wrong password does that).
+    deadline = time.monotonic() + 10
+    while True:
+        status, body = _get(urls[2])
+        if b'"degraded":false' in body.replace(b" ", b"") or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    assert status == 200 and b'"degraded":false' in body.replace(b" ", b""), body
