@@ -182,6 +182,9 @@ class ZipkvAllocator:
     def available_size(self) -> int:
         """Tokens of new (raw) pages that fit now, under compression; live, never optimistic."""
         self.drain(block=False)
+        # Chunks emptied by frees return to the shared pool once their fences pass; without this poll they
+        # would only come back at the next forward step, and an idle server could never admit into them.
+        self.pool.ledger.poll()
         return min(self.pool.new_pages_fit(), self.free_page_ids()) * PAGE_TOKENS
 
     def held_tokens(self) -> int:
