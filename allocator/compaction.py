@@ -23,10 +23,9 @@ I64 = np.int64
 
 
 def candidates(led: Ledger) -> np.ndarray:
-    """Closed LOG chunks with no encode in flight and live bytes below the threshold."""
+    """LOG chunks with no encode in flight whose live bytes are below the threshold of the chunk."""
     cut = led.cfg.compaction_live_fraction * led.cu
     mask = (led.chunk_kind == ChunkKind.LOG) & (led.chunk_pending == 0) & (led.chunk_live < cut)
-    mask[led.open_log[led.open_log >= 0]] = False
     return np.flatnonzero(mask)
 
 
@@ -35,10 +34,9 @@ def _select(led: Ledger, layer: int, chunks: np.ndarray) -> tuple[np.ndarray, in
     live = led.chunk_live[chunks]
     order = np.argsort(live, kind="stable")
     chunks, total = chunks[order], np.cumsum(live[order])
-    o = int(led.open_log[layer])
-    # a page never straddles chunks, so a chunk holds at least cu - raw + 1 units of moved pages
-    room = max(0, int(led.cu - led.chunk_bump[o]) - led.raw + 1) if o >= 0 else 0
-    need = -(-np.maximum(total - room, 0) // (led.cu - led.raw + 1))
+    # Counted as if no tail had room; a page never straddles chunks, so a chunk holds at least
+    # cu - raw + 1 units of moved pages: an upper bound on the chunks the move takes.
+    need = -(-total // (led.cu - led.raw + 1))
     gain = np.arange(1, chunks.size + 1) - need
     best = int(np.argmax(gain))
     if gain[best] <= 0:
@@ -71,6 +69,10 @@ def plan_compaction(led: Ledger, max_pages: int) -> MovePlan | None:
         if pages.size > budget:
             break
         budget -= pages.size
+        for c in chunks.tolist():  # a chunk being emptied takes no pages
+            if led.in_rooms[c]:
+                led.log_rooms[layer].remove(c)
+                led.in_rooms[c] = False
         parts.append((layer, pages, led.page_unit[layer, pages].copy(), led.page_units[layer, pages].copy()))
         _place(led, layer, pages)
         emptied.append(chunks)
@@ -97,14 +99,14 @@ def _place(led: Ledger, layer: int, pages: np.ndarray) -> None:
     ends = np.cumsum(sizes)
     dst = np.empty_like(sizes)
     dst_chunk = np.empty_like(sizes)
-    start, c = 0, int(led.open_log[layer])
+    start = 0
     while start < pages.size:
+        c = led.log_target(layer)
         before = int(ends[start - 1]) if start else 0
-        room = int(led.cu - led.chunk_bump[c]) if c >= 0 else 0
-        stop = int(np.searchsorted(ends, before + room, side="right"))
-        if stop == start:
-            c = led._take_chunk(layer, ChunkKind.LOG)
-            led.open_log[layer] = c
+        stop = int(np.searchsorted(ends, before + int(led.cu - led.chunk_bump[c]), side="right"))
+        if stop == start:  # the next page is larger than this tail: retire the tail
+            led.log_rooms[layer].pop()
+            led.in_rooms[c] = False
             continue
         dst[start:stop] = c * led.cu + led.chunk_bump[c] + ends[start:stop] - sizes[start:stop] - before
         dst_chunk[start:stop] = c

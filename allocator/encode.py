@@ -18,7 +18,6 @@ import numpy as np
 
 from zipkv.allocator.plans import (
     UNIT_BYTES,
-    ChunkKind,
     EncodeBatch,
     EncodePlan,
     Fence,
@@ -32,10 +31,16 @@ if TYPE_CHECKING:
 I64 = np.int64
 
 
+def _tops(led: Ledger) -> np.ndarray:
+    return np.array([r[-1] if r else -1 for r in led.log_rooms], dtype=I64)
+
+
 def log_chunks_needed(led: Ledger, pages: int) -> np.ndarray:
     """New LOG chunks each layer needs to place ``pages`` worst-case pages (int64 [L])."""
-    o = led.open_log
-    room = np.where(o >= 0, (led.cu - led.chunk_bump[np.maximum(o, 0)]) // led.raw, 0)
+    tops = _tops(led)
+    if (tops >= 0).all() and ((led.cu - led.chunk_bump[tops]) // led.raw >= pages).all():
+        return np.zeros(led.cfg.num_layers, dtype=I64)
+    room = np.array([sum(led.room_pages(c) for c in r) for r in led.log_rooms], dtype=I64)
     return -(-np.maximum(pages - room, 0) // led.slots_per_chunk)
 
 
@@ -80,21 +85,19 @@ def plan_encode(led: Ledger) -> EncodePlan | None:
 def _regions(led: Ledger, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(base units, page count, chunk) of each region, layer-major; advances bump pointers."""
     n_l = led.cfg.num_layers
-    if not log_chunks_needed(led, k).any():  # the common case: every open chunk has room
-        c = led.open_log.copy()
-        base = c * led.cu + led.chunk_bump[c]
-        led.chunk_bump[c] += k * led.raw
-        led.chunk_live[c] += k * led.raw
-        led.chunk_pending[c] += 1
-        return base, np.full(n_l, k, dtype=I64), c
+    tops = _tops(led)
+    if (tops >= 0).all() and ((led.cu - led.chunk_bump[tops]) // led.raw >= k).all():
+        base = tops * led.cu + led.chunk_bump[tops]  # the common case: one region per layer
+        led.chunk_bump[tops] += k * led.raw
+        led.chunk_live[tops] += k * led.raw
+        led.chunk_pending[tops] += 1
+        return base, np.full(n_l, k, dtype=I64), tops
     bases, counts, chunks = [], [], []
     for layer in range(n_l):
-        remaining, c = k, int(led.open_log[layer])
+        remaining = k
         while remaining:
-            if c < 0 or led.cu - led.chunk_bump[c] < led.raw:
-                c = led._take_chunk(layer, ChunkKind.LOG)
-                led.open_log[layer] = c
-            cnt = min(remaining, int(led.cu - led.chunk_bump[c]) // led.raw)
+            c = led.log_target(layer)
+            cnt = min(remaining, led.room_pages(c))
             bases.append(c * led.cu + int(led.chunk_bump[c]))
             counts.append(cnt)
             chunks.append(c)
@@ -158,6 +161,7 @@ def apply_batch(led: Ledger, plan: EncodePlan, sizes_bytes: np.ndarray) -> None:
     true_end = plan.region_base_units + np.add.reduceat(su, plan.region_first)
     at_end = c * led.cu + led.chunk_bump[c] == plan.region_base_units + plan.region_count * led.raw
     led.chunk_bump[c[at_end]] = true_end[at_end] - c[at_end] * led.cu
+    led.offer_room(c[at_end])
     np.subtract.at(led.chunk_pending, c, 1)
     alive = led.page_gen[plan.pages] == plan.generations
     lay, pg = plan.layers[alive], plan.pages[alive]

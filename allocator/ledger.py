@@ -84,7 +84,9 @@ class Ledger:
                 own = list(range((layer + 1) * share - 1, layer * share - 1, -1))
                 self.private_empty[layer] = own
                 self.chunk_owner[own] = layer
-        self.open_log = np.full(n_l, -1, dtype=I64)
+        # LOG chunks of each layer with room for at least one worst-case page; the top is used first
+        self.log_rooms: list[list[int]] = [[] for _ in range(n_l)]
+        self.in_rooms = np.zeros(n_c, dtype=bool)
         self.draining: deque[tuple[Fence, int]] = deque()
         self.batches: deque[EncodeBatch] = deque()
         self.page_state = np.zeros(n_p, dtype=np.int8)
@@ -175,11 +177,34 @@ class Ledger:
                 lo, hi = c * self.cu, (c + 1) * self.cu
                 self.slots[layer] = [s for s in self.slots[layer] if not lo <= s < hi]
                 self.free_slots[layer] -= self.slots_per_chunk
-            elif self.open_log[layer] == c:
-                self.open_log[layer] = -1
+            elif self.in_rooms[c]:
+                self.log_rooms[layer].remove(c)
+                self.in_rooms[c] = False
             self.chunk_kind[c] = ChunkKind.DRAINING
             self.draining.append((fence, c))
         self._fit = None
+
+    def room_pages(self, c: int) -> int:
+        """Worst-case (raw-size) pages that still fit behind LOG chunk ``c``'s bump pointer."""
+        return int(self.cu - self.chunk_bump[c]) // self.raw
+
+    def log_target(self, layer: int) -> int:
+        """The LOG chunk the layer places its next compressed page in (taking a chunk if none has room)."""
+        rooms = self.log_rooms[layer]
+        while rooms and self.room_pages(rooms[-1]) == 0:
+            self.in_rooms[rooms.pop()] = False
+        if not rooms:
+            c = self._take_chunk(layer, ChunkKind.LOG)
+            rooms.append(c)
+            self.in_rooms[c] = True
+        return rooms[-1]
+
+    def offer_room(self, chunks: np.ndarray) -> None:
+        """LOG chunks whose bump pointer moved back: their tails take pages again."""
+        for c in chunks.tolist():
+            if not self.in_rooms[c] and self.chunk_kind[c] == ChunkKind.LOG and self.room_pages(c) > 0:
+                self.log_rooms[int(self.chunk_owner[c])].append(c)
+                self.in_rooms[c] = True
 
     def _drain(self) -> None:
         while self.draining and self.draining[0][0].done():

@@ -1,0 +1,206 @@
+"""The allocator's rules on the host bookkeeping (DESIGN.md section 5), one behaviour per test.
+
+Sizes handed to the ledger here are stored sizes in 256-byte units, chosen to exercise the bookkeeping
+(any size from 1 unit to a raw page is valid input); tests with real compressed pages are in
+test_pool.py and test_pool_stateful.py.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from alloc_helpers import FenceLog, ManualFence, encode_with, ledger
+
+from zipkv.allocator.audit import check
+from zipkv.allocator.plans import ChunkKind, OutOfPages, PageState
+
+RAW = 16  # units of a raw page in these tests; 4 raw pages per 64-unit chunk
+
+
+def test_new_pages_take_raw_size_in_every_layer() -> None:
+    led = ledger(layers=3, chunks=12)
+    ids, units = led.allocate(5)
+    assert units.shape == (3, 5)
+    assert (led.page_units[:, ids] == RAW).all()
+    assert (units % RAW == 0).all() and len({int(u) for u in units.ravel()}) == 15
+    check(led)
+
+
+def test_capacity_is_exact_for_raw_pages() -> None:
+    led = ledger(layers=2, chunks=8)  # 8 chunks x 4 slots shared by 2 layers: 16 pages
+    assert led.new_pages_fit() == 16
+    led.allocate(3)
+    assert led.new_pages_fit() == 13
+    led.allocate(13)
+    assert led.new_pages_fit() == 0
+    with pytest.raises(OutOfPages, match="do not fit"):
+        led.allocate(1)
+    check(led)
+
+
+def test_pool_lends_a_layers_savings_to_the_tightest_layer() -> None:
+    """The seed's point, on real bookkeeping: layer 0 compresses to 25%, layer 1 not at all."""
+    fits = {}
+    for shared in (False, True):
+        led = ledger(layers=2, chunks=20, max_pages=200, shared_pool=shared)
+        ids, _ = led.allocate(16)
+        led.mark_full(ids)
+        while led.full_queue:
+            encode_with(led, lambda p: np.where(p.layers == 0, RAW // 4, RAW))
+            led.poll()
+        # worst-case places spread layer 0's pages over 4 chunks; compaction packs them into one
+        while (move := led.plan_compaction()) is not None:
+            led.moved(move)
+            led.poll()
+        check(led)
+        fits[shared] = led.new_pages_fit()
+        # what capacity reports can really be allocated, and not one page more
+        led.allocate(fits[shared])
+        with pytest.raises(OutOfPages):
+            led.allocate(1)
+    # layer 1's 16 incompressible pages fill 4 chunks; layer 0's 16 pages of 4 units fill one
+    assert fits[False] == 24  # layer 1 owns 10 chunks: 6 free x 4 pages; layer 0's 9 free sit idle
+    assert fits[True] == 28  # 15 free chunks in the pool: 7 for each layer
+
+
+def test_compressed_sizing_would_over_admit_and_is_refused() -> None:
+    led = ledger(layers=2, chunks=20, max_pages=400, shared_pool=False)
+    ids, _ = led.allocate(16)
+    led.mark_full(ids)
+    while led.full_queue:
+        encode_with(led, lambda p: np.full(p.size, RAW // 4))
+        led.poll()
+    free_units = led.free_units()
+    naive = int(free_units.min() // (RAW // 4))  # pages priced at their compressed size
+    assert naive > led.new_pages_fit()
+    with pytest.raises(OutOfPages):
+        led.allocate(naive)
+    assert led.new_pages_fit() == int(free_units.min() // RAW)
+    check(led)
+
+
+def test_sizes_arrive_a_step_later_and_capacity_is_never_optimistic() -> None:
+    fences = FenceLog()
+    led = ledger(layers=2, chunks=16, fences=fences)
+    ids, _ = led.allocate(8)
+    led.mark_full(ids)
+    before = led.new_pages_fit()
+    launch = ManualFence()
+    plan = encode_with(led, lambda p: np.full(p.size, 12), launch)
+    assert plan is not None and plan.size == 16
+    led.poll()  # the launch has not finished: worst case held, raw slots still held
+    assert (led.page_state[ids] == PageState.ENCODING).all()
+    pending = led.new_pages_fit()
+    assert pending <= before
+    check(led)
+    launch.finished = True
+    led.poll()  # sizes are back: raw slots free, tails refunded; emptied raw chunks drain
+    assert (led.page_state[ids] == PageState.COMPRESSED).all()
+    assert (led.page_units[:, ids] == 12).all()
+    assert (led.chunk_kind == ChunkKind.DRAINING).sum() == 4
+    assert led.new_pages_fit() == pending  # draining chunks are not counted yet
+    fences.finish_all()
+    led.poll()
+    assert led.new_pages_fit() > pending
+    check(led)
+
+
+def test_a_chunk_returns_to_the_pool_only_when_its_reads_are_done() -> None:
+    fences = FenceLog()
+    led = ledger(layers=2, chunks=8, fences=fences)
+    ids, units = led.allocate(4)
+    chunk = int(units[0, 0] // 64)
+    pool_before = len(led.pool)
+    led.free(ids)
+    assert led.chunk_kind[chunk] == ChunkKind.DRAINING and len(led.pool) == pool_before
+    led.poll()
+    assert len(led.pool) == pool_before  # its fence is not done: a read may still be in flight
+    fences.finish_all()
+    led.poll()
+    assert len(led.pool) == pool_before + 2 and led.chunk_kind[chunk] == ChunkKind.FREE
+    check(led)
+
+
+def test_refund_rolls_the_bump_pointer_back_and_tails_are_reused() -> None:
+    led = ledger(layers=1, chunks=8, max_pages=64)
+    ids, _ = led.allocate(4)
+    led.mark_full(ids)
+    encode_with(led, lambda p: np.full(p.size, 12))
+    led.poll()
+    chunk = int(led.page_chunk[0, ids[0]])
+    assert led.chunk_bump[chunk] == 48 and led.log_rooms[0] == [chunk]
+    more, _ = led.allocate(1)
+    led.mark_full(more)
+    encode_with(led, lambda p: np.full(p.size, 12))
+    led.poll()
+    assert led.page_chunk[0, more[0]] == chunk and led.page_unit[0, more[0]] == chunk * 64 + 48
+    check(led)
+
+
+def test_compaction_moves_live_pages_and_frees_chunks() -> None:
+    led = ledger(layers=2, chunks=24, max_pages=128)
+    ids, _ = led.allocate(32)
+    led.mark_full(ids)
+    while led.full_queue:
+        encode_with(led, lambda p: np.full(p.size, 12))
+        led.poll()
+    led.free(ids[::3].tolist() + ids[1::3].tolist())  # two pages in three die
+    check(led)
+    log_chunks = int((led.chunk_kind == ChunkKind.LOG).sum())
+    fit_before = led.new_pages_fit()
+    keep = ids[2::3]
+    before = led.page_unit[:, keep].copy()
+    plan = led.plan_compaction()
+    assert plan is not None and plan.pages.size > 0
+    led.moved(plan)
+    led.poll()
+    check(led)
+    assert int((led.chunk_kind == ChunkKind.LOG).sum()) < log_chunks
+    assert led.new_pages_fit() > fit_before
+    moved = led.page_unit[plan.layers, plan.pages]
+    assert (moved == plan.dst_units).all() and (before != led.page_unit[:, keep]).any()
+
+
+def test_reservations_are_honoured() -> None:
+    led = ledger(layers=2, chunks=8)  # 16 pages
+    led.reserve("a", 10)
+    assert led.new_pages_fit() == 6
+    with pytest.raises(OutOfPages, match="cannot reserve 7"):
+        led.reserve("b", 7)
+    with pytest.raises(OutOfPages):
+        led.allocate(7)  # unreserved pages may not eat into "a"'s room
+    led.allocate(6)
+    led.allocate(10, "a")  # "a" can always reach its maximum
+    assert led.reservations["a"] == 0 and led.new_pages_fit() == 0
+    led.release("a")
+    check(led)
+
+
+def test_bad_calls_change_nothing() -> None:
+    led = ledger()
+    ids, _ = led.allocate(2)
+    snapshot = (led.page_state.copy(), led.chunk_live.copy(), [list(s) for s in led.slots])
+    with pytest.raises(ValueError, match="FREE"):
+        led.free([int(ids[0]), 40])
+    with pytest.raises(ValueError, match=r"\[0, 64\)"):
+        led.mark_full([64])
+    with pytest.raises(ValueError, match="one per page"):
+        led.allocate(2, ["a"])
+    assert (led.page_state == snapshot[0]).all() and (led.chunk_live == snapshot[1]).all()
+    assert [list(s) for s in led.slots] == snapshot[2]
+    with pytest.raises(OutOfPages, match="max_pages"):
+        ledger(max_pages=3).allocate(4)
+
+
+def test_config_is_validated() -> None:
+    with pytest.raises(ValueError, match="whole raw pages"):
+        ledger(chunk_units=40)
+    with pytest.raises(ValueError, match="each of 4 layers"):
+        ledger(layers=4, chunks=3)
+
+
+def test_without_compression_pages_stay_raw() -> None:
+    led = ledger(compression=False)
+    ids, _ = led.allocate(3)
+    led.mark_full(ids)
+    assert led.plan_encode() is None and (led.page_units[:, ids] == RAW).all()
