@@ -57,6 +57,7 @@ class ScriptedWorker(pb_grpc.WorkerServicer):
         self.max_context_tokens = max_context_tokens
         self.seen = Seen()
         self.running: dict[str, int] = {}  # request_id -> tokens committed
+        self.peak_committed_tokens = 0  # the most ever committed at once: over-commit shows here
         self._abort: set[str] = set()
         self._server: grpc.aio.Server | None = None
         self.address = ""
@@ -87,6 +88,7 @@ class ScriptedWorker(pb_grpc.WorkerServicer):
             await context.abort(s.refuse, f"scripted refusal: {s.refuse.name}")
         rid = request.request_id
         self.running[rid] = len(request.prompt_token_ids) + request.sampling.max_new_tokens
+        self.peak_committed_tokens = max(self.peak_committed_tokens, sum(self.running.values()))
         try:
             if s.ttft_s:
                 await asyncio.sleep(s.ttft_s)
