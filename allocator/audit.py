@@ -97,7 +97,7 @@ def check(led: Ledger) -> None:
     assert led.reserved_pages == sum(led.reservations.values()) >= 0, "reservation total drifted"
     listed = [c for rooms in led.log_rooms for c in rooms]
     assert len(listed) == len(set(listed)) == int(led.in_rooms.sum()), "room lists and flags differ"
-    for layer, rooms in enumerate(led.log_rooms):
-        assert all(kind[c] == ChunkKind.LOG and led.chunk_owner[c] == layer for c in rooms), (
+    for owner, rooms in enumerate(led.log_rooms):
+        assert all(kind[c] == ChunkKind.LOG and led.chunk_owner[c] == owner for c in rooms), (
             "a room list holds a chunk that is not its layer's LOG chunk"
         )

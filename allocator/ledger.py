@@ -121,13 +121,17 @@ class Ledger:
     def new_pages_fit(self) -> int:
         """New pages that fit in every layer after the reservations; never optimistic."""
         if self._fit is None:
-            self._fit = capacity.pages_fit(
-                self.free_units(),
-                self.raw,
-                self.cu,
-                len(self.pool),
-                self.reserved_pages,
-                self.cfg.shared_pool,
+            ids_left = max(0, len(self.free_ids) - self.reserved_pages)
+            self._fit = min(
+                ids_left,
+                capacity.pages_fit(
+                    self.free_units(),
+                    self.raw,
+                    self.cu,
+                    len(self.pool),
+                    self.reserved_pages,
+                    self.cfg.shared_pool,
+                ),
             )
         return self._fit
 
@@ -136,7 +140,8 @@ class Ledger:
         if max_new_pages < 0:
             raise ValueError(f"max_new_pages must be >= 0, got {max_new_pages} for {request_id!r}")
         old = self.reservations.get(request_id, 0)
-        if max_new_pages > old and not self._fits(self.reserved_pages - old + max_new_pages):
+        total = self.reserved_pages - old + max_new_pages
+        if max_new_pages > old and (total > len(self.free_ids) or not self._fits(total)):
             raise OutOfPages(
                 f"cannot reserve {max_new_pages} pages for {request_id!r}: {self.new_pages_fit()} more fit "
                 "after existing reservations; admit it later or with a shorter max length"
@@ -229,10 +234,10 @@ class Ledger:
             return np.zeros(0, dtype=I64), np.zeros((self.cfg.num_layers, 0), dtype=I64)
         taken = self._reservation_draw(n, request_ids)
         drawn = sum(taken.values())
-        if n > len(self.free_ids):
+        if n + self.reserved_pages - drawn > len(self.free_ids):
             raise OutOfPages(
-                f"{n} page ids asked, {len(self.free_ids)} left of max_pages {self.cfg.max_pages}; "
-                "raise max_pages"
+                f"{n} page ids asked, {len(self.free_ids)} left of max_pages {self.cfg.max_pages} "
+                f"({self.reserved_pages - drawn} reserved by others); raise max_pages"
             )
         if not self._fits(self.reserved_pages - drawn + n):
             raise OutOfPages(

@@ -121,6 +121,10 @@ class PagePool:
         """New pages that fit in every layer after reservations (conservative, never optimistic)."""
         return self.ledger.new_pages_fit()
 
+    def poll(self) -> None:
+        """Take in what finished on the device (sizes, drained chunks) without waiting; cheap."""
+        self.ledger.poll()
+
     def end_step(self) -> None:
         """Apply finished launches, issue one encode launch for all full pages, maybe compact. No sync."""
         self.ledger.poll()
