@@ -121,8 +121,8 @@ def test_trace_context_and_genai_spans() -> None:
     provider.add_span_processor(SimpleSpanProcessor(exporter))
     with stack(app_kwargs={"tracer_provider": provider}) as s:
         w = s.add_worker()
-        r = httpx.post(s.url + "/v1/chat/completions",
-                       json={"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3})
+        chat = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
+        r = httpx.post(s.url + "/v1/chat/completions", json=chat)
         assert r.status_code == 200
         wait_for(lambda: any(sp.name == f"chat {MODEL}" for sp in exporter.get_finished_spans()))
     spans = {sp.name: sp for sp in exporter.get_finished_spans()}

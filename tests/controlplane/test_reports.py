@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from typing import Any
 
 import grpc
 import httpx
@@ -56,7 +57,7 @@ def test_out_of_order_and_late_reports_are_ignored() -> None:
         ({"compression_ratio": 1.5}, "compression_ratio"),
     ],
 )
-def test_malformed_reports_are_refused(overrides: dict[str, object], needle: str) -> None:
+def test_malformed_reports_are_refused(overrides: dict[str, Any], needle: str) -> None:
     with stack() as s:
         w = s.add_worker(report=False)
         ack = s.report(w, **overrides)
