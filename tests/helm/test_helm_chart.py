@@ -248,3 +248,12 @@ def test_serve_args_are_accepted_by_the_worker(name: str, tmp_path: Path) -> Non
         settings.router_address == app["args"]["router"] and settings.model_name == app["args"]["model_name"]
     )
     assert settings.report_token == ""  # it comes from ZIPKV_REPORT_TOKEN in the pod, never an argument
+
+
+@pytest.mark.parametrize("name", list(VALUE_SETS))
+def test_serve_config_matches_ray_serve_schema(name: str) -> None:
+    """serveConfigV2 is what `serve deploy` takes: check it with Ray Serve's own config schema."""
+    from ray.serve.schema import ServeDeploySchema
+
+    parsed = ServeDeploySchema.model_validate(serve_config(render(VALUE_SETS[name])))
+    assert [app.name for app in parsed.applications] == ["zipkv"]

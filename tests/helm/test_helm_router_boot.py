@@ -129,3 +129,56 @@ def test_router_boots_against_a_password_protected_redis(tmp_path: Path, stop: l
             break
         time.sleep(0.2)
     assert status == 200 and b'"degraded":false' in body.replace(b" ", b""), body
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_rendered_serve_config_reports_to_the_router(tmp_path: Path, stop: list[Any]) -> None:
+    """The RayService's Serve config, deployed by real Ray Serve with the Ray pods' environment, brings a
+    worker that the router accepts: the report token from the chart's Secret matches on both sides.
+
+    Local stand-ins, set through the chart's own values: the reference engine on the CPU with its
+    built-in tiny model, and the router's loopback address instead of its in-cluster Service name.
+    """
+    ports = _ports()
+    values = {
+        "router": {"replicas": 1, **ports},
+        "redis": {"enabled": False},
+        "model": {"name": "zipkv-tiny", "tokenizer": "byte"},
+        "workers": {
+            "engine": "reference",
+            "reportIntervalMs": 100,
+            "extraArgs": {"router": f"127.0.0.1:{ports['grpcPort']}", "model": "", "gpus_per_replica": 0,
+                          "cpus_per_replica": 1, "kv_budget_mib": 8},
+        },
+    }  # fmt: skip
+    objs = render(values)
+    router = _start_router(objs, tmp_path)
+    stop.append(router)
+    urls = _probe_urls(objs, ports["httpPort"])
+    _wait_ready(urls[0], router, tmp_path / "router.log")
+
+    serve_yaml = tmp_path / "serve.yaml"
+    serve_yaml.write_text(one(objs, "RayService")["spec"]["serveConfigV2"])
+    ray_container = next(containers(one(objs, "RayService")))
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("ZIPKV_", "OTEL_"))}
+    env |= container_env(ray_container, objs) | {"RAY_USAGE_STATS_ENABLED": "0"}
+    worker_log = tmp_path / "serve.log"
+    with worker_log.open("wb") as out:
+        workers = subprocess.Popen(
+            [sys.executable, str(Path(__file__).with_name("serve_from_config.py")), str(serve_yaml)],
+            env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+        )  # fmt: skip
+    stop.insert(0, workers)
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline:
+        if workers.poll() is not None:
+            pytest.fail(f"Ray Serve exited with {workers.returncode}:\n{worker_log.read_text()[-4000:]}")
+        body = _get(urls[2])[1].replace(b" ", b"")
+        if b'"workers":1' in body:
+            break
+        time.sleep(0.5)
+    else:
+        pytest.fail(f"no worker reached the router in 180 s:\n{worker_log.read_text()[-4000:]}")
+    models = _get(f"http://127.0.0.1:{ports['httpPort']}/v1/models")[1]
+    assert b"zipkv-tiny" in models
