@@ -25,7 +25,7 @@ import torch
 from zipkv.allocator import PagePool
 from zipkv.kernels.layout import PAGE_TOKENS, PageFormat
 
-from .sglang_pool import ZipkvAllocator
+from .sglang_pool import ZipkvAllocator, to_device
 
 
 @dataclass(frozen=True)
@@ -33,6 +33,7 @@ class BatchView:
     """What zipkv reads from SGLang's ForwardBatch (tensors on the device unless named _cpu)."""
 
     is_decode: bool
+    is_idle: bool
     batch_size: int
     req_pool_indices: torch.Tensor  # int64 [B]
     seq_lens: torch.Tensor  # int32/int64 [B]: tokens per request including this step's
@@ -136,6 +137,8 @@ class ZipkvAttention:
     def begin_step(self, view: BatchView, capturing: bool = False) -> None:
         if not capturing:
             self.allocator.compress_step()
+        if view.is_idle:
+            return
         if view.is_decode:
             if view.seq_lens_cpu is None:
                 raise RuntimeError("zipkv decode needs seq_lens_cpu (keep needs_cpu_seq_lens=True)")
@@ -156,10 +159,13 @@ class ZipkvAttention:
 
     def _extend_meta(self, view: BatchView) -> _Extend:
         if view.extend_seq_lens_cpu is None or view.extend_prefix_lens_cpu is None:
-            raise RuntimeError("zipkv extend needs extend_seq_lens_cpu and extend_prefix_lens_cpu")
+            raise RuntimeError(
+                "zipkv extend needs extend_seq_lens_cpu and extend_prefix_lens_cpu (not set in SGLang's "
+                "prefill CUDA-graph capture: start SGLang with disable_prefill_cuda_graph=True)"
+            )
         device = view.req_pool_indices.device
         ext, pre = view.extend_seq_lens_cpu, view.extend_prefix_lens_cpu
-        qo = torch.tensor([0, *torch.tensor(ext).cumsum(0).tolist()], dtype=torch.int32).to(device)
+        qo = to_device([0, *torch.tensor(ext).cumsum(0).tolist()], device).to(torch.int32)
         prefix = self._prefix(view, pre) if any(pre) else None
         return _Extend(qo, max(ext) if ext else 0, prefix)
 
@@ -168,22 +174,27 @@ class ZipkvAttention:
         pages = [-(-p // PAGE_TOKENS) for p in prefix_lens]
         table = page_table(self.req_to_token, view.req_pool_indices, max(max(pages), 1))
         width = table.shape[1]
-        keep = torch.tensor([b * width + j for b, n in enumerate(pages) for j in range(n)], dtype=torch.int64)
-        page_ids = table.reshape(-1)[keep.to(device)].to(torch.int64)
+        keep = to_device([b * width + j for b, n in enumerate(pages) for j in range(n)], device)
+        page_ids = table.reshape(-1)[keep].to(torch.int64)
         starts = torch.tensor([0, *torch.tensor(pages).cumsum(0).tolist()[:-1]]) * PAGE_TOKENS
         rows = torch.cat([s + torch.arange(p) for s, p in zip(starts.tolist(), prefix_lens, strict=True)])
-        indptr = torch.tensor([0, *torch.tensor(prefix_lens).cumsum(0).tolist()], dtype=torch.int32)
-        return _Prefix(page_ids, indptr.to(device), rows.to(torch.int64).to(device))
+        indptr = to_device([0, *torch.tensor(prefix_lens).cumsum(0).tolist()], device).to(torch.int32)
+        return _Prefix(page_ids, indptr, to_device(rows.tolist(), device))
 
     # ---- CUDA graphs (decode) -----------------------------------------------------------------------
     def init_graph_state(self, max_bs: int, device: torch.device) -> None:
         self._graph["table"] = torch.zeros(max_bs, self.max_pages_per_req, dtype=torch.int32, device=device)
 
-    def graph_begin_step(self, view: BatchView) -> None:
-        """Recorded into the decode graph: page table and plan from SGLang's static batch buffers."""
+    def graph_fill_table(self, view: BatchView) -> None:
+        """Before capture and before every replay (outside the graph): the page table of the batch, read
+        from req_to_token here because SGLang lets the scheduler rewrite req_to_token once replay starts."""
         bs, table = view.batch_size, self._graph["table"]
         table[:bs].copy_(page_table(self.req_to_token, view.req_pool_indices[:bs], self.max_pages_per_req))
-        self.plan = self._plan(view, table[:bs], self.max_pages_per_req)
+
+    def graph_plan(self, view: BatchView) -> None:
+        """Recorded into the decode graph: the plan from the static table and SGLang's static seq_lens."""
+        bs = view.batch_size
+        self.plan = self._plan(view, self._graph["table"][:bs], self.max_pages_per_req)
 
     # ---- forward ------------------------------------------------------------------------------------
     def decode(

@@ -38,6 +38,14 @@ log = logging.getLogger("zipkv.worker.sglang")
 PAD_PAGE = 0  # SGLang writes padded (CUDA-graph) rows to slot 0: page 0 must stay allocated and raw
 
 
+def to_device(values: list[int], device: torch.device) -> torch.Tensor:
+    """int64 host list -> device tensor without blocking the host (pinned, non-blocking on CUDA)."""
+    host = torch.tensor(values, dtype=torch.int64)
+    if device.type != "cuda":
+        return host.to(device)
+    return host.pin_memory().to(device, non_blocking=True)
+
+
 def raw_bytes_per_token(fmt: PageFormat, num_layers: int) -> int:
     """Uncompressed KV bytes of one token over all layers (SGLang's ``cell_size`` for bf16 MHA)."""
     return fmt.raw_page_bytes // PAGE_TOKENS * num_layers
@@ -122,7 +130,7 @@ def decode_slots(seq_lens_cpu: list[int], last_loc: torch.Tensor, new_pages: tor
     starts = [i for i, s in enumerate(seq_lens_cpu) if s % PAGE_TOKENS == 1]
     out = last_loc + 1
     if starts:
-        idx = torch.tensor(starts, dtype=torch.int64).to(last_loc.device)
+        idx = to_device(starts, last_loc.device)
         out = out.index_put((idx,), new_pages * PAGE_TOKENS)
     return out
 
@@ -184,7 +192,7 @@ class ZipkvAllocator:
         self.drain(block=False)
         # Chunks emptied by frees return to the shared pool once their fences pass; without this poll they
         # would only come back at the next forward step, and an idle server could never admit into them.
-        self.pool.ledger.poll()
+        self.pool.poll()
         return min(self.pool.new_pages_fit(), self.free_page_ids()) * PAGE_TOKENS
 
     def held_tokens(self) -> int:
@@ -212,10 +220,7 @@ class ZipkvAllocator:
         return ids
 
     def _to_device(self, ids: list[int]) -> torch.Tensor:
-        host = torch.tensor(ids, dtype=torch.int64)
-        if self.device.type == "cuda":
-            return host.pin_memory().to(self.device, non_blocking=True)
-        return host.to(self.device)
+        return to_device(ids, self.device)
 
     def alloc(self, need_size: int) -> torch.Tensor | None:
         if need_size % PAGE_TOKENS:
@@ -255,7 +260,7 @@ class ZipkvAllocator:
             start += n
         tail = None
         if plan.tail_fill_reqs:
-            tail = last_loc[torch.tensor(plan.tail_fill_reqs, device=self.device)] // PAGE_TOKENS
+            tail = last_loc[self._to_device(plan.tail_fill_reqs)] // PAGE_TOKENS
         self._record_fill(full, tail)
         return out
 
@@ -270,7 +275,7 @@ class ZipkvAllocator:
         filled = [i for i, s in enumerate(s_cpu) if s % PAGE_TOKENS == 0]
         tail = None
         if filled:
-            tail = out[torch.tensor(filled, device=self.device)] // PAGE_TOKENS
+            tail = out[self._to_device(filled)] // PAGE_TOKENS
         self._record_fill([], tail)
         return out
 

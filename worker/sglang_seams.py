@@ -239,6 +239,8 @@ def _classes() -> dict[str, type]:
         @staticmethod
         def _sglang_extend(prefix_lens: Any, seq_lens: Any, last_loc: Any, pages: Any, out: Any) -> None:
             bs = len(prefix_lens)
+            if pages.numel() == 0:  # no new page (the kernel still takes a valid pointer)
+                pages = torch.zeros(1, dtype=torch.int64, device=out.device)
             alloc_extend_kernel[(bs,)](
                 prefix_lens, seq_lens, last_loc, pages, out, 1 << max(bs - 1, 0).bit_length(), 16
             )
@@ -249,9 +251,10 @@ def _classes() -> dict[str, type]:
             )
 
     def view_of(fb: Any) -> BatchView:
-        cpu = fb.seq_lens_cpu
+        cpu, mode = fb.seq_lens_cpu, fb.forward_mode
         return BatchView(
-            fb.forward_mode.is_decode(),
+            mode.is_decode(),
+            mode.is_idle(),
             fb.batch_size,
             fb.req_pool_indices,
             fb.seq_lens,
@@ -289,9 +292,10 @@ def _classes() -> dict[str, type]:
         def init_forward_metadata_out_graph(self, forward_batch: Any, in_capture: bool = False) -> None:
             if not in_capture:
                 self.impl.allocator.compress_step()
+            self.impl.graph_fill_table(view_of(forward_batch))
 
         def init_forward_metadata_in_graph(self, forward_batch: Any) -> None:
-            self.impl.graph_begin_step(view_of(forward_batch))
+            self.impl.graph_plan(view_of(forward_batch))
 
         def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int) -> None:
             self.impl.init_graph_state(max_bs, self.token_to_kv_pool.pool.heap.device)
