@@ -17,6 +17,7 @@ import json
 import statistics
 import sys
 from collections.abc import Callable
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -54,6 +55,21 @@ def make_pages(kind: str, shape: tuple[int, ...], gen: torch.Generator) -> torch
     return bits.view(torch.bfloat16)
 
 
+@dataclass(frozen=True)
+class DecodeConfig:
+    page_heads_per_program: int
+    num_warps: int
+    use_prmt: bool = True
+    stream_stores: bool = False
+
+    @property
+    def name(self) -> str:
+        interleave = "prmt" if self.use_prmt else "int"
+        return f"g{self.page_heads_per_program}-w{self.num_warps}-{interleave}" + (
+            "-cs" if self.stream_stores else ""
+        )
+
+
 class Setup:
     """A heap holding n raw pages (sources) and room for their compressed copies (destinations)."""
 
@@ -77,14 +93,16 @@ class Setup:
             self.heap, self.src, self.dst, self.meta, self.sizes, self.fmt, num_warps=num_warps
         )
 
-    def decode(self, num_warps: int, use_prmt: bool, raw: bool = False) -> None:
+    def decode(self, config: DecodeConfig, raw: bool = False) -> None:
         offsets, meta = (self.src, self.raw_meta) if raw else (self.dst, self.meta)
-        codec.decode_pages(
-            self.heap, offsets, meta, self.out, self.fmt, num_warps=num_warps, use_prmt=use_prmt
-        )
+        codec.decode_pages(self.heap, offsets, meta, self.out, self.fmt, num_warps=config.num_warps,
+                           use_prmt=config.use_prmt, page_heads_per_program=config.page_heads_per_program,
+                           stream_stores=config.stream_stores)  # fmt: skip
 
     def check_encode(self, sample: int = 48) -> None:
-        picks = torch.cat([torch.arange(sample // 2), torch.randperm(self.n)[: sample // 2]]).tolist()
+        picks = torch.cat(
+            [torch.arange(min(sample // 2, self.n)), torch.randperm(self.n)[: sample // 2]]
+        ).tolist()
         for i in picks:
             data, meta = ref.encode_page(self.pages[i], self.fmt)
             at = int(self.dst[i])
@@ -123,22 +141,32 @@ def measure(s: Setup, args: argparse.Namespace, flush: torch.Tensor) -> dict[str
     enc_ms: dict[int, float] = {}
     for w in args.encode_warps:
         enc_ms[w] = median_ms(functools.partial(s.encode, w), args.reps, flush)
-    dec_ms: dict[tuple[int, bool], float] = {}
-    for w in args.decode_warps:
-        for prmt in (True, False):
-            s.decode(w, prmt)
-            torch.cuda.synchronize()
-            s.check_decode(f"warps {w} prmt {prmt}")
-            dec_ms[(w, prmt)] = median_ms(functools.partial(s.decode, w, prmt), args.reps, flush)
+    # The full sweep on the first data set; the others reuse its best configuration.
+    configs = args.sweep or [args.best]
+    dec_ms: dict[DecodeConfig, float] = {}
+
+    def time_decode(config: DecodeConfig) -> None:
+        s.decode(config)
+        torch.cuda.synchronize()
+        s.check_decode(config.name)
+        dec_ms[config] = median_ms(functools.partial(s.decode, config), args.reps, flush)
+
+    for config in configs:
+        time_decode(config)
     best = min(dec_ms, key=lambda c: dec_ms[c])
-    s.decode(*best, raw=True)
+    if args.sweep:
+        for variant in (replace(best, use_prmt=False), replace(best, stream_stores=True)):
+            time_decode(variant)
+        best = min(dec_ms, key=lambda c: dec_ms[c])
+        args.sweep, args.best = [], best
+    s.decode(best, raw=True)
     torch.cuda.synchronize()
     s.check_decode("raw pages")
-    row["decode_raw_pages_ms"] = median_ms(lambda: s.decode(*best, raw=True), args.reps, flush)
+    row["decode_raw_pages_ms"] = median_ms(functools.partial(s.decode, best, raw=True), args.reps, flush)
     row["encode_ms_by_warps"] = enc_ms
-    row["decode_ms_by_config"] = {f"warps{w}-{'prmt' if p else 'int'}": t for (w, p), t in dec_ms.items()}
+    row["decode_ms_by_config"] = {c.name: t for c, t in dec_ms.items()}
     row["encode_best_num_warps"] = min(enc_ms, key=lambda w: enc_ms[w])
-    row["decode_best_config"] = {"num_warps": best[0], "use_prmt": best[1]}
+    row["decode_best_config"] = best.name
     row["encode_ms"], row["decode_ms"] = min(enc_ms.values()), dec_ms[best]
     row["encode_GBps_consumed"] = rate(raw_bytes, row["encode_ms"])
     row["decode_GBps_restored"] = rate(raw_bytes, row["decode_ms"])
@@ -200,11 +228,13 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=30)
     parser.add_argument("--data", nargs="+", default=["normal", "compressible", "raw"])
     parser.add_argument("--encode-warps", type=int, nargs="+", default=[4, 2, 8])
-    parser.add_argument("--decode-warps", type=int, nargs="+", default=[2, 1, 4, 8])
+    parser.add_argument("--decode-warps", type=int, nargs="+", default=[2, 4, 8])
+    parser.add_argument("--decode-page-heads", type=int, nargs="+", default=[1, 2, 4])
     parser.add_argument("--out", default="bench/results/codec.json")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         sys.exit("bench_codec needs a CUDA GPU (see docs/benchmarks.md for the command on the GPU machine)")
+    args.sweep = [DecodeConfig(g, w) for g in args.decode_page_heads for w in args.decode_warps]
     report = run(args)
     with open(args.out, "w") as f:
         json.dump(report, f, indent=2)

@@ -138,32 +138,46 @@ def _interleave(lo, hi, USE_PRMT: tl.constexpr):
 
 
 @triton.jit
-def _decode_page_head(
-    heap_w, page, rel, markers, out_w, out_base,
-    D: tl.constexpr, R: tl.constexpr, C: tl.constexpr, NB: tl.constexpr, USE_PRMT: tl.constexpr,
+def _decode_page_heads(
+    heap_w, page, row0, meta_u8, meta_i32, out_w,
+    D: tl.constexpr, R: tl.constexpr, C: tl.constexpr, NB: tl.constexpr, META_BYTES: tl.constexpr,
+    G: tl.constexpr, USE_PRMT: tl.constexpr, STREAM: tl.constexpr,
 ):  # fmt: skip
-    """Restore one page-head (blocks from byte ``page + rel``) into out words ``out_base`` ([16, D] bf16)."""
-    ROWS: tl.constexpr = NB * R
+    """Restore G page-heads (metadata rows ``row0 ..``, all K or all V) of the page at byte ``page``."""
+    ROWS: tl.constexpr = G * NB * R  # tile rows: block rows of all G page-heads, in order
     Q: tl.constexpr = C // 8  # code words per block row; also low-byte words per half row
-    raw_blk = markers == 255
-    size = tl.where(raw_blk, 1024, 768)
-    start = page + rel + tl.cumsum(size, axis=0) - size  # [NB] bytes
-    start_row = tl.multiple_of(tl.reshape(tl.broadcast_to(start[:, None], [NB, R]), [ROWS]) // 4, 64)
-    hb_row = tl.reshape(tl.broadcast_to(markers[:, None], [NB, R]), [ROWS]).to(tl.uint32)
-    raw_row = hb_row == 255
+    g = tl.arange(0, G)
+    rel = tl.load(meta_i32 + (row0 + g) * (META_BYTES // 4)).to(tl.int64)  # [G]
+    markers = tl.load(meta_u8 + (row0 + g)[:, None] * META_BYTES + 4 + tl.arange(0, NB)[None, :]).to(
+        tl.uint32
+    )
+    size = tl.where(markers == 255, 1024, 768)
+    start = page + rel[:, None] + tl.cumsum(size, axis=1) - size  # [G, NB] bytes
+    start_blk = tl.reshape(start, [G * NB])
+    start_row = tl.multiple_of(tl.reshape(tl.broadcast_to(start_blk[:, None], [G * NB, R]), [ROWS]) // 4, 64)
+    hb_blk = tl.reshape(markers, [G * NB])
+    hb_row = tl.reshape(tl.broadcast_to(hb_blk[:, None], [G * NB, R]), [ROWS])
     rows = tl.arange(0, ROWS)
     rin = rows % R
-    j = rows // R
+    j = (rows // R) % NB
     token = (j // (D // C)) * R + rin
-    out_row = tl.multiple_of(out_base + (token * D + (j % (D // C)) * C) // 2, C // 2)
+    out_row = (row0 + rows // (NB * R)).to(tl.int64) * (_TOKENS * D // 2) + (
+        token * D + (j % (D // C)) * C
+    ) // 2
+    out_row = tl.multiple_of(out_row, C // 2)
     comp = (hb_row != 255)[:, None]
-    raw = raw_row[:, None]
+    raw = (hb_row == 255)[:, None]
 
     m = tl.arange(0, Q)
     row_w = start_row[:, None] + rin[:, None] * (C // 4)
     cw = tl.load(heap_w + start_row[:, None] + 128 + rin[:, None] * Q + m[None, :], mask=comp, other=0)
     lw1 = tl.load(heap_w + row_w + m[None, :], mask=comp, other=0)
     lw2 = tl.load(heap_w + row_w + Q + m[None, :], mask=comp, other=0)
+    w = tl.arange(0, 2 * Q)  # C/4 words: half a block row of bf16
+    raw_w = start_row[:, None] + rin[:, None] * (C // 2) + w[None, :]
+    raw1 = tl.load(heap_w + raw_w, mask=raw, other=0)
+    raw2 = tl.load(heap_w + raw_w + 2 * Q, mask=raw, other=0)
+
     cw = cw.to(tl.uint32, bitcast=True)
     hb4 = hb_row[:, None] * 0x01010101
     # Values (t, k) sit in bits 0-2 (d) and 7 (sign) of each code byte, values (t, k + C/2) in 3-5 and 6.
@@ -171,37 +185,40 @@ def _decode_page_head(
     hi2 = (((cw >> 3) & 0x07070707) + hb4) | ((cw << 1) & 0x80808080)
     a0, a1 = _interleave(lw1.to(tl.uint32, bitcast=True), hi1, USE_PRMT)
     b0, b1 = _interleave(lw2.to(tl.uint32, bitcast=True), hi2, USE_PRMT)
-    first = tl.reshape(tl.join(a0, a1), [ROWS, 2 * Q]).to(tl.int32, bitcast=True)
-    second = tl.reshape(tl.join(b0, b1), [ROWS, 2 * Q]).to(tl.int32, bitcast=True)
-
-    w = tl.arange(0, 2 * Q)  # C/4 words: half a block row of bf16
-    raw_w = start_row[:, None] + rin[:, None] * (C // 2) + w[None, :]
-    first = tl.where(raw, tl.load(heap_w + raw_w, mask=raw, other=0), first)
-    second = tl.where(raw, tl.load(heap_w + raw_w + 2 * Q, mask=raw, other=0), second)
-    tl.store(out_w + out_row[:, None] + w[None, :], first)
-    tl.store(out_w + out_row[:, None] + 2 * Q + w[None, :], second)
+    first = tl.where(raw, raw1, tl.reshape(tl.join(a0, a1), [ROWS, 2 * Q]).to(tl.int32, bitcast=True))
+    second = tl.where(raw, raw2, tl.reshape(tl.join(b0, b1), [ROWS, 2 * Q]).to(tl.int32, bitcast=True))
+    if STREAM:  # the restored pages are read once, by someone else: do not keep them in L2
+        tl.store(out_w + out_row[:, None] + w[None, :], first, cache_modifier=".cs")
+        tl.store(out_w + out_row[:, None] + 2 * Q + w[None, :], second, cache_modifier=".cs")
+    else:
+        tl.store(out_w + out_row[:, None] + w[None, :], first)
+        tl.store(out_w + out_row[:, None] + 2 * Q + w[None, :], second)
 
 
 @triton.jit
 def _decode_pages_kernel(
     heap_w, offsets, meta_u8, meta_i32, out_w, H,
     D: tl.constexpr, KR: tl.constexpr, KC: tl.constexpr, VR: tl.constexpr, VC: tl.constexpr,
-    NB: tl.constexpr, META_BYTES: tl.constexpr, USE_PRMT: tl.constexpr,
+    NB: tl.constexpr, META_BYTES: tl.constexpr, G: tl.constexpr, USE_PRMT: tl.constexpr,
+    STREAM: tl.constexpr,
 ):  # fmt: skip
     i = tl.program_id(0).to(tl.int64)
-    ph = tl.program_id(1)
-    row = i * 2 * H + ph
+    ph0 = tl.program_id(1) * G  # G divides H: a program's page-heads are all K or all V
+    row0 = i * 2 * H + ph0
     page = tl.load(offsets + i)
-    rel = tl.load(meta_i32 + row * (META_BYTES // 4)).to(tl.int64)
-    markers = tl.load(meta_u8 + row * META_BYTES + 4 + tl.arange(0, NB)).to(tl.uint32)
-    out_base = row * (_TOKENS * D // 2)
     # A constexpr test first: with one geometry for K and V, only one copy of the restore is compiled.
     if KR == VR:  # noqa: SIM114
-        _decode_page_head(heap_w, page, rel, markers, out_w, out_base, D, KR, KC, NB, USE_PRMT)
-    elif ph < H:
-        _decode_page_head(heap_w, page, rel, markers, out_w, out_base, D, KR, KC, NB, USE_PRMT)
+        _decode_page_heads(
+            heap_w, page, row0, meta_u8, meta_i32, out_w, D, KR, KC, NB, META_BYTES, G, USE_PRMT, STREAM
+        )
+    elif ph0 < H:
+        _decode_page_heads(
+            heap_w, page, row0, meta_u8, meta_i32, out_w, D, KR, KC, NB, META_BYTES, G, USE_PRMT, STREAM
+        )
     else:
-        _decode_page_head(heap_w, page, rel, markers, out_w, out_base, D, VR, VC, NB, USE_PRMT)
+        _decode_page_heads(
+            heap_w, page, row0, meta_u8, meta_i32, out_w, D, VR, VC, NB, META_BYTES, G, USE_PRMT, STREAM
+        )
 
 
 # ---- store tokens -------------------------------------------------------------------------------------
@@ -298,8 +315,10 @@ def decode_pages(
     meta: torch.Tensor,
     out: torch.Tensor,
     fmt: PageFormat,
-    num_warps: int = 2,
+    num_warps: int = 4,
     use_prmt: bool | None = None,
+    page_heads_per_program: int = 1,
+    stream_stores: bool = False,
 ) -> None:
     """Restore n pages (raw or compressed) at byte ``offsets`` (int64 [n]) with metadata ``meta``
     (uint8 [n, 2H, meta_bytes]) into ``out`` (bf16 [n, 2, H, 16, D]). One launch, no host sync.
@@ -317,10 +336,13 @@ def decode_pages(
         return
     if use_prmt is None:
         use_prmt = not _INTERPRET
-    _decode_pages_kernel[(n, 2 * h)](
+    g = page_heads_per_program
+    if g < 1 or h % g != 0 or g & (g - 1):
+        raise ValueError(f"page_heads_per_program must be a power of two dividing num_kv_heads {h}, got {g}")
+    _decode_pages_kernel[(n, 2 * h // g)](
         heap.view(torch.int32), offsets, meta, meta.view(torch.int32), out.view(torch.int32), h, D=d,
-        NB=fmt.blocks_per_page_head, META_BYTES=fmt.meta_bytes, USE_PRMT=use_prmt, num_warps=num_warps,
-        **_geometry_args(fmt),
+        NB=fmt.blocks_per_page_head, META_BYTES=fmt.meta_bytes, G=g, USE_PRMT=use_prmt, STREAM=stream_stores,
+        num_warps=num_warps, **_geometry_args(fmt),
     )  # fmt: skip
 
 

@@ -90,6 +90,11 @@ def test_encode_and_decode_match_reference(fmt: PageFormat, device: str) -> None
     check_against_reference(kv_like(3, fmt, fmt.head_dim), fmt, device)
 
 
+@pytest.mark.parametrize("fmt", [formats()[1], formats()[2]], ids=fmt_id)
+def test_decode_several_page_heads_per_program(fmt: PageFormat, device: str) -> None:
+    check_against_reference(kv_like(2, fmt, 9), fmt, device, page_heads_per_program=2, stream_stores=True)
+
+
 @pytest.mark.parametrize("fmt", [formats()[2], formats()[3]], ids=fmt_id)
 def test_every_bit_pattern_round_trips(fmt: PageFormat, device: str) -> None:
     values = fmt.blocks_per_page * 512
@@ -129,6 +134,9 @@ def test_bad_arguments_are_refused(device: str) -> None:
         codec.encode_pages(heap, offs, offs, meta, torch.zeros(1, dtype=torch.int64, device=device), fmt)
     with pytest.raises(ValueError, match="heap must be"):
         codec.decode_pages(heap.view(torch.int16), offs, meta, torch.empty(0), fmt)
+    with pytest.raises(ValueError, match="page_heads_per_program"):
+        out = torch.empty(1, 2, 2, 16, 128, dtype=torch.bfloat16, device=device)
+        codec.decode_pages(heap, offs, meta, out, fmt, page_heads_per_program=3)
     with pytest.raises(ValueError, match="out must be"):
         codec.decode_pages(
             heap, offs, meta, torch.empty(1, 2, 2, 16, 64, dtype=torch.bfloat16, device=device), fmt
@@ -137,6 +145,9 @@ def test_bad_arguments_are_refused(device: str) -> None:
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("use_prmt", [True, False])
-def test_llama_shape_on_gpu_both_restore_paths(use_prmt: bool) -> None:
+@pytest.mark.parametrize("page_heads_per_program", [1, 4])
+def test_llama_shape_on_gpu_both_restore_paths(use_prmt: bool, page_heads_per_program: int) -> None:
     fmt = PageFormat(head_dim=128, num_kv_heads=8)
-    check_against_reference(kv_like(64, fmt, 11), fmt, "cuda", use_prmt=use_prmt)
+    check_against_reference(
+        kv_like(64, fmt, 11), fmt, "cuda", use_prmt=use_prmt, page_heads_per_program=page_heads_per_program
+    )
