@@ -148,6 +148,8 @@ class Dispatcher:
     ) -> None:
         self.cfg, self.store, self.metrics, self.tracer, self.clock = cfg, store, metrics, tracer, clock
         self._stubs: dict[str, tuple[grpc.aio.Channel, pb_grpc.WorkerStub]] = {}
+        # Candidates kept per decision: the retries plus room for reservations lost to other routers.
+        self._top_k = cfg.dispatch.retries + 8
 
     def _stub(self, address: str) -> tuple[grpc.aio.Channel, pb_grpc.WorkerStub]:
         if address not in self._stubs:
@@ -163,7 +165,9 @@ class Dispatcher:
     def decide(self, shape: RequestShape) -> Decision:
         with self.tracer.start_as_current_span("zipkv.placement") as span:
             t0 = time.perf_counter()
-            decision = place(self.store.snapshot(), shape, self.cfg.placement, self.clock())
+            decision = place(
+                self.store.snapshot(), shape, self.cfg.placement, self.clock(), top_k=self._top_k
+            )
             self.metrics.placement_ms.observe((time.perf_counter() - t0) * 1000.0)
             span.set_attribute("zipkv.placement.candidates", len(decision.ranked))
             span.set_attribute("zipkv.placement.coarse", decision.coarse)

@@ -32,6 +32,7 @@ Ties break on worker_id so the result is deterministic.
 
 from __future__ import annotations
 
+import heapq
 from dataclasses import dataclass, field
 
 from zipkv.controlplane.config import PlacementConfig
@@ -121,8 +122,11 @@ def _filter(
     return kept, dropped
 
 
-def place(snap: Snapshot, req: RequestShape, cfg: PlacementConfig, now_s: float) -> Decision:
-    """Rank the workers that can take `req`; empty when none can (the caller answers 503)."""
+def place(
+    snap: Snapshot, req: RequestShape, cfg: PlacementConfig, now_s: float, top_k: int | None = None
+) -> Decision:
+    """Rank the workers that can take `req` (best first; only the best `top_k` when given); empty when
+    none can (the caller answers 503)."""
     kept, dropped = _filter(snap, req, cfg, now_s)
     stale_s = cfg.stale_after_ms / 1000.0
     coarse = any(now_s - v.received_s > stale_s for v in kept)
@@ -132,18 +136,17 @@ def place(snap: Snapshot, req: RequestShape, cfg: PlacementConfig, now_s: float)
     if w_sum <= 0:  # only the SLO scorer was weighted and it is off: fall back to headroom
         w_head, w_sum = 1.0, 1.0
     need = req.need_tokens
-    ranked = []
+    slo_ttft, slo_tpot = req.slo_ttft_ms, req.slo_tpot_ms
+    rows = []
     for v in kept:
         headroom = (
-            _clamp((v.free_tokens - v.reserved_tokens - need) / v.total_tokens) if v.total_tokens > 0 else 0.0
+            _clamp((v.free_tokens - v.reserved_tokens - need) / v.total_tokens) if v.total_tokens else 0.0
         )
         ttft_ms, tpot_ms = predict_ms(v, req, cfg)
-        slo = min(
-            _clamp((req.slo_ttft_ms - ttft_ms) / req.slo_ttft_ms),
-            _clamp((req.slo_tpot_ms - tpot_ms) / req.slo_tpot_ms),
-        )
+        slo = min(_clamp((slo_ttft - ttft_ms) / slo_ttft), _clamp((slo_tpot - tpot_ms) / slo_tpot))
         queue = 1.0 / (1.0 + v.queued_requests)
         score = (w_head * headroom + w_slo * slo + w_queue * queue) / w_sum
-        ranked.append(Candidate(v, score, headroom, slo, queue, ttft_ms, tpot_ms))
-    ranked.sort(key=lambda c: (-c.score, c.worker.worker_id))
-    return Decision(ranked=tuple(ranked), coarse=coarse, filtered=dropped)
+        rows.append((-score, v.worker_id, v, headroom, slo, queue, ttft_ms, tpot_ms))
+    rows = heapq.nsmallest(top_k, rows) if top_k is not None and top_k < len(rows) else sorted(rows)
+    ranked = tuple(Candidate(r[2], -r[0], r[3], r[4], r[5], r[6], r[7]) for r in rows)
+    return Decision(ranked=ranked, coarse=coarse, filtered=dropped)

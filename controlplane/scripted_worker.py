@@ -7,6 +7,7 @@ refuse, stall, or die mid-stream. The real worker lives in zipkv.worker.
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
 import time
@@ -177,3 +178,35 @@ async def report_forever(
             with contextlib.suppress(grpc.aio.AioRpcError):
                 await stub.ReportCapacity(worker.report(), metadata=md, timeout=2)
             await asyncio.sleep(period_s)
+
+
+async def _run_cli(args: argparse.Namespace) -> None:
+    worker = ScriptedWorker(
+        model=args.model, script=Script(itl_s=args.itl_ms / 1000.0), total_tokens=args.total_tokens
+    )
+    address = await worker.start(args.port)
+    print(address, flush=True)
+    if args.router:
+        await report_forever(worker, args.router, args.token, args.report_period_s)
+    else:
+        await asyncio.Event().wait()
+
+
+def main(argv: list[str] | None = None) -> None:
+    """`python -m zipkv.controlplane.scripted_worker --router HOST:PORT`: a scripted stand-in worker
+    process (benchmarks, local experiments). Prints its address, then serves and reports."""
+    parser = argparse.ArgumentParser(prog="python -m zipkv.controlplane.scripted_worker")
+    parser.add_argument("--router", default="", help="ControlPlane address to report to")
+    parser.add_argument("--token", default="", help="report token")
+    parser.add_argument("--model", default="zipkv-tiny")
+    parser.add_argument("--port", type=int, default=0)
+    parser.add_argument("--itl-ms", type=float, default=0.0)
+    parser.add_argument("--total-tokens", type=int, default=10_000_000)
+    parser.add_argument("--report-period-s", type=float, default=0.1)
+    args = parser.parse_args(argv)
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(_run_cli(args))
+
+
+if __name__ == "__main__":
+    main()

@@ -29,8 +29,12 @@ def _router_process(tmp: Path, redis_url: str, name: str) -> tuple[subprocess.Po
         "placement: {stale_after_ms: 2000, expire_after_ms: 5000}\n"
     )
     env = {**os.environ, "ZIPKV_SECURITY__REPORT_TOKEN": TOKEN}
-    proc = subprocess.Popen([sys.executable, "-m", "zipkv.controlplane", "--config", str(cfg)], env=env,
-                            stdout=subprocess.DEVNULL, stderr=(tmp / f"{name}.log").open("wb"))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "zipkv.controlplane", "--config", str(cfg)],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=(tmp / f"{name}.log").open("wb"),
+    )
     return proc, f"http://127.0.0.1:{http}", f"127.0.0.1:{grpc_port}"
 
 
@@ -99,8 +103,10 @@ def test_two_router_processes_never_over_commit_one_worker(
 
 def test_reports_expire_in_redis(redis_server: tuple[str, subprocess.Popen[bytes]]) -> None:
     url, _ = redis_server
-    with stack(state={"backend": "redis", "redis_url": url, "refresh_ms": 20},
-               placement={"stale_after_ms": 200, "expire_after_ms": 400}) as s:
+    with stack(
+        state={"backend": "redis", "redis_url": url, "refresh_ms": 20},
+        placement={"stale_after_ms": 200, "expire_after_ms": 400},
+    ) as s:
         s.add_worker()
         time.sleep(0.1)
         assert len(s.router.router.store.snapshot().workers) == 1
