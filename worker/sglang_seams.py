@@ -101,7 +101,17 @@ sglang.srt.managers.scheduler | run_scheduler_process | server_args port_args gp
     moe_dp_rank moe_ep_rank pp_rank dp_rank pipe_writer display_tp_rank display_dp_rank display_moe_ep_rank |
 sglang.srt.model_executor.forward_batch_info | ForwardBatch | | forward_mode batch_size req_pool_indices \
     seq_lens out_cache_loc seq_lens_cpu extend_prefix_lens_cpu extend_seq_lens_cpu
-sglang.srt.entrypoints.engine | Engine | | run_scheduler_process_func
+sglang.srt.entrypoints.engine | Engine | | run_scheduler_process_func server_args_class
+sglang.srt.entrypoints.engine | Engine.async_generate | self prompt sampling_params input_ids image_data \
+    audio_data video_data mm_hashes return_logprob logprob_start_len top_logprobs_num token_ids_logprob \
+    lora_path custom_logit_processor require_reasoning return_hidden_states return_routed_experts \
+    routed_experts_start_len stream bootstrap_host bootstrap_port bootstrap_room routed_dp_rank \
+    disagg_prefill_dp_rank data_parallel_rank external_trace_header rid session_params priority session_id |
+sglang.srt.entrypoints.engine | Engine.shutdown | self |
+sglang.srt.managers.tokenizer_manager | TokenizerManager.abort_request | self rid abort_all |
+sglang.srt.managers.tokenizer_control_mixin | TokenizerControlMixin.get_loads | self include dp_rank |
+sglang.srt.managers.load_snapshot | LoadSnapshot | | num_running_reqs num_waiting_reqs num_used_tokens \
+    max_total_num_tokens
 """
 
 
@@ -419,6 +429,24 @@ def idle_check(
         f"available_tokens={allocator.available_size()}"
     )
     return leak, msg
+
+
+# ---- the parent-process surface the engine adapter uses (sglang.Engine) -------------------------------
+
+
+def event_loop(engine: Any) -> Any:
+    """The asyncio loop ``sglang.Engine`` runs its tokenizer manager on."""
+    return engine.loop
+
+
+def abort_request(engine: Any, request_id: str) -> None:
+    engine.tokenizer_manager.abort_request(rid=request_id)
+
+
+async def load_snapshot(engine: Any) -> Any:
+    """The scheduler's latest LoadSnapshot (its counts read the allocator's available_size live)."""
+    snaps = await engine.tokenizer_manager.get_loads(include=["all"])
+    return snaps[0] if snaps else None
 
 
 def run_scheduler_process(*args: Any, **kwargs: Any) -> Any:

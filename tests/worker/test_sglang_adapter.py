@@ -1,0 +1,72 @@
+"""The SGLang engine adapter's own logic on the CPU: Engine arguments, KV sizing, stream -> events.
+
+SGLang itself needs a GPU; here the adapter is fed SGLang-shaped stream outputs (the dicts
+``Engine.async_generate(stream=True)`` yields with skip_tokenizer_init: cumulative ``output_ids``).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+from zipkv.worker.engine import EngineRequest, FinishReason, SamplingOptions
+from zipkv.worker.settings import WorkerSettings
+from zipkv.worker.sglang_adapter import SGLangEngine, _Running, _Timings, engine_kwargs, kv_bytes_per_token
+
+LLAMA_8B = {
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "hidden_size": 4096,
+    "head_dim": 128,
+    "num_hidden_layers": 32,
+    "max_position_embeddings": 131072,
+}
+
+
+def test_engine_kwargs_size_the_budget_in_raw_tokens_and_pick_the_backend(tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_text(json.dumps(LLAMA_8B))
+    LLAMA = str(tmp_path)  # noqa: N806
+    assert kv_bytes_per_token(LLAMA) == 131072
+    settings = WorkerSettings(engine="sglang", model_path=LLAMA, kv_budget_bytes=46 * 8448 * 131072)
+    kw = engine_kwargs(settings, LLAMA)
+    assert (
+        kw["attention_backend"] == "zipkv" and kw["max_total_tokens"] == 46 * 8448 and kw["page_size"] == 16
+    )
+    off = WorkerSettings(engine="sglang", model_path=LLAMA, compression=False)
+    assert engine_kwargs(off, LLAMA, disable_cuda_graph=True)["attention_backend"] == "zipkv_uncompressed"
+    assert engine_kwargs(off, LLAMA, disable_cuda_graph=True)["disable_cuda_graph"] is True
+
+
+def bare_engine() -> SGLangEngine:
+    eng = object.__new__(SGLangEngine)  # no sglang.Engine behind it: only the stream bookkeeping runs
+    eng._running, eng._events, eng._timings = {}, [], _Timings()
+    return eng
+
+
+def test_stream_outputs_become_deltas_and_one_finish() -> None:
+    eng = bare_engine()
+    req = EngineRequest("r1", (1, 2, 3), SamplingOptions(max_new_tokens=3))
+    run = eng._running["r1"] = _Running(req, time.monotonic())
+    eng._on_output(run, {"output_ids": [7], "meta_info": {}})
+    eng._on_output(run, {"output_ids": [7, 8], "meta_info": {}})
+    eng._on_output(run, {"output_ids": [7, 8, 9], "meta_info": {"finish_reason": {"type": "length"}}})
+    events = eng.step()
+    assert [e.token_ids for e in events] == [(7,), (8,), (9,)]
+    assert [e.finish for e in events] == [None, None, FinishReason.LENGTH]
+    assert events[-1].completion_tokens == 3 and events[-1].prompt_tokens == 3 and events[-1].message == ""
+    assert not eng.has_work() and len(eng._timings.itl_ms) == 2
+
+
+def test_abort_and_errors_carry_a_message() -> None:
+    eng = bare_engine()
+    run = eng._running["r2"] = _Running(EngineRequest("r2", (1,)), time.monotonic())
+    eng._on_output(
+        run, {"output_ids": [], "meta_info": {"finish_reason": {"type": "abort", "message": "bye"}}}
+    )
+    (event,) = eng.step()
+    assert event.finish is FinishReason.ABORT and "bye" in event.message
+    run = eng._running["r3"] = _Running(EngineRequest("r3", (1,)), time.monotonic())
+    eng._finish(run, FinishReason.ERROR, "ValueError: too long")
+    (event,) = eng.step()
+    assert event.finish is FinishReason.ERROR and "too long" in event.message

@@ -1,0 +1,215 @@
+"""`SGLangEngine`: the worker's Engine interface over an in-process ``sglang.Engine`` (GPU).
+
+Selected by ``WorkerSettings(engine="sglang")`` (worker/settings.py -> worker/sglang_engine.py). SGLang runs
+its scheduler in a spawned process; zipkv's pool, allocator and attention backend are installed there by the
+plugin (`zipkv.worker.sglang_plugin`), or, when zipkv is not installed as a distribution, by the Engine
+subclass from `sglang_seams.engine_class`. ``compression`` picks the backend: ``zipkv`` or its uncompressed
+twin ``zipkv_uncompressed`` (same pool and kernel, no page compressed).
+
+Threading: one thread drives `step`; each request is an asyncio task on SGLang's own event loop that turns
+SGLang's stream into `EngineEvent`s; `step` runs that loop for a moment and returns what arrived.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from .engine import EngineCapacity, EngineEvent, EngineRequest, FinishReason, RequestRejected
+from .settings import WorkerSettings
+
+STEP_WAIT_S = 0.005  # how long one step lets SGLang's loop run when requests are in flight
+LOADS_EVERY_S = 0.2  # capacity is read from SGLang's load snapshot at most this often
+_FINISH = {"length": FinishReason.LENGTH, "stop": FinishReason.STOP, "abort": FinishReason.ABORT}
+
+
+@dataclass
+class _Running:
+    request: EngineRequest
+    start_s: float
+    emitted: int = 0
+    first_token_s: float | None = None
+    last_token_s: float | None = None
+    task: Any = None
+
+
+@dataclass
+class _Timings:
+    ttft_ms: deque[float] = field(default_factory=lambda: deque(maxlen=64))
+    itl_ms: deque[float] = field(default_factory=lambda: deque(maxlen=256))
+
+
+def engine_kwargs(settings: WorkerSettings, model_path: str, **overrides: Any) -> dict[str, Any]:
+    """The ``sglang.Engine`` arguments for zipkv (overrides win; see docs/sglang.md for each)."""
+    kwargs: dict[str, Any] = {
+        "model_path": model_path,
+        "attention_backend": "zipkv" if settings.compression else "zipkv_uncompressed",
+        "page_size": 16,
+        "dtype": "bfloat16",
+        "max_running_requests": settings.max_running_requests,
+        "max_total_tokens": settings.kv_budget_bytes // kv_bytes_per_token(model_path),
+        "disable_prefill_cuda_graph": True,  # zipkv's extend runs eagerly (milestone 2 covers decode graphs)
+        "sampling_backend": "pytorch",
+        "skip_tokenizer_init": True,  # the router tokenizes; the worker sees token ids
+        "log_level": "warning",
+        "random_seed": 0,
+    }
+    kwargs.update(overrides)
+    return kwargs
+
+
+def _model_config(model_path: str) -> dict[str, Any]:
+    with open(os.path.join(model_path, "config.json")) as f:
+        return dict(json.load(f))
+
+
+def kv_bytes_per_token(model_path: str) -> int:
+    """Uncompressed bf16 KV bytes per token over all layers, from the model's config.json."""
+    cfg = _model_config(model_path)
+    heads = cfg["num_attention_heads"]
+    head_dim = cfg.get("head_dim") or cfg["hidden_size"] // heads
+    return 2 * cfg.get("num_key_value_heads", heads) * head_dim * 2 * cfg["num_hidden_layers"]
+
+
+class SGLangEngine:
+    def __init__(self, settings: WorkerSettings, **engine_overrides: Any) -> None:
+        if settings.model_path is None:
+            raise ValueError("engine 'sglang' needs model_path: a local model folder (config.json at least)")
+        from . import sglang_seams
+
+        self._seams = sglang_seams
+        self.model_name = settings.model_name or os.path.basename(os.path.normpath(settings.model_path))
+        self._kv_bytes_per_token = kv_bytes_per_token(settings.model_path)
+        self._context_tokens = int(_model_config(settings.model_path).get("max_position_embeddings", 0))
+        self._eng = sglang_seams.engine_class()(
+            **engine_kwargs(settings, settings.model_path, **engine_overrides)
+        )
+        self._loop: asyncio.AbstractEventLoop = sglang_seams.event_loop(self._eng)
+        self._running: dict[str, _Running] = {}
+        self._events: list[EngineEvent] = []
+        self._timings = _Timings()
+        self._loads: Any = None
+        self._loads_s = 0.0
+
+    # ---- Engine protocol ----------------------------------------------------------------------------
+    def add_request(self, request: EngineRequest) -> None:
+        if request.request_id in self._running:
+            raise RequestRejected(f"request {request.request_id} is already running here", retryable=False)
+        if self._context_tokens and len(request.prompt_token_ids) >= self._context_tokens:
+            raise RequestRejected(
+                f"prompt of {len(request.prompt_token_ids)} tokens does not fit the model's context "
+                f"of {self._context_tokens}",
+                retryable=False,
+            )
+        run = _Running(request, time.monotonic())
+        self._running[request.request_id] = run
+        run.task = self._loop.create_task(self._consume(run))
+
+    def abort(self, request_id: str) -> bool:
+        if request_id not in self._running:
+            return False
+        self._seams.abort_request(self._eng, request_id)
+        return True
+
+    def step(self) -> list[EngineEvent]:
+        if self._running:
+            self._loop.run_until_complete(asyncio.sleep(STEP_WAIT_S))
+        events, self._events = self._events, []
+        return events
+
+    def has_work(self) -> bool:
+        return bool(self._running or self._events)
+
+    def capacity(self) -> EngineCapacity:
+        loads = self._snapshot()
+        total = int(getattr(loads, "max_total_num_tokens", 0))
+        used = int(getattr(loads, "num_used_tokens", 0))
+        held = sum(len(r.request.prompt_token_ids) + r.emitted for r in self._running.values())
+        committed = sum(r.request.sampling.max_new_tokens - r.emitted for r in self._running.values())
+        started = [r for r in self._running.values() if r.first_token_s is None]
+        return EngineCapacity(
+            free_tokens=max(total - used - committed, 0),
+            committed_tokens=committed,
+            total_tokens=total,
+            # Estimate: KV bytes in use (SGLang counts them in raw-token units from zipkv's live capacity)
+            # per token held by running requests. 1.0 while nothing runs.
+            compression_ratio=min(used / held, 1.0) if held and used else 1.0,
+            running=int(getattr(loads, "num_running_reqs", len(self._running))),
+            queued=int(getattr(loads, "num_waiting_reqs", 0)),
+            queued_prefill_tokens=sum(len(r.request.prompt_token_ids) for r in started),
+            ttft_ms=_mean(self._timings.ttft_ms),
+            itl_ms=_mean(self._timings.itl_ms),
+            max_context_tokens=self._context_tokens,
+            kv_bytes_per_token=self._kv_bytes_per_token,
+        )
+
+    def shutdown(self) -> None:
+        self._eng.shutdown()
+
+    # ---- internals ----------------------------------------------------------------------------------
+    def _snapshot(self) -> Any:
+        now = time.monotonic()
+        if self._loads is None or now - self._loads_s > LOADS_EVERY_S:
+            self._loads = self._loop.run_until_complete(self._seams.load_snapshot(self._eng))
+            self._loads_s = now
+        return self._loads
+
+    async def _consume(self, run: _Running) -> None:
+        req, rid = run.request, run.request.request_id
+        s = req.sampling
+        params = {
+            "max_new_tokens": s.max_new_tokens,
+            "temperature": s.temperature,
+            "top_p": s.top_p,
+            "top_k": s.top_k or -1,
+            "ignore_eos": s.ignore_eos,
+            "stop_token_ids": list(s.stop_token_ids) or None,
+        }
+        try:
+            stream = await self._eng.async_generate(
+                input_ids=list(req.prompt_token_ids), sampling_params=params, stream=True, rid=rid
+            )
+            async for out in stream:
+                self._on_output(run, out)
+        except Exception as exc:  # SGLang reports bad input and aborts as exceptions here
+            self._finish(run, FinishReason.ERROR, f"{type(exc).__name__}: {exc}")
+
+    def _on_output(self, run: _Running, out: dict[str, Any]) -> None:
+        ids = list(out.get("output_ids") or [])[run.emitted :]
+        now = time.monotonic()
+        if ids:
+            if run.first_token_s is None:
+                run.first_token_s = now
+                self._timings.ttft_ms.append((now - run.start_s) * 1e3)
+            elif run.last_token_s is not None:
+                self._timings.itl_ms.append((now - run.last_token_s) * 1e3 / len(ids))
+            run.last_token_s = now
+            run.emitted += len(ids)
+        reason = (out.get("meta_info") or {}).get("finish_reason")
+        finish = None if reason is None else _FINISH.get(str(reason.get("type")), FinishReason.ERROR)
+        if ids or finish is not None:
+            self._events.append(self._event(run, tuple(ids), finish, "" if finish is None else str(reason)))
+        if finish is not None:
+            self._running.pop(run.request.request_id, None)
+
+    def _finish(self, run: _Running, finish: FinishReason, message: str) -> None:
+        if self._running.pop(run.request.request_id, None) is not None:
+            self._events.append(self._event(run, (), finish, message))
+
+    def _event(
+        self, run: _Running, ids: tuple[int, ...], finish: FinishReason | None, msg: str
+    ) -> EngineEvent:
+        ttft = 0.0 if run.first_token_s is None else (run.first_token_s - run.start_s) * 1e3
+        message = msg if finish in (FinishReason.ABORT, FinishReason.ERROR) else ""
+        return EngineEvent(
+            run.request.request_id, ids, finish, message, len(run.request.prompt_token_ids), run.emitted, ttft
+        )
+
+
+def _mean(values: deque[float]) -> float:
+    return sum(values) / len(values) if values else 0.0
