@@ -134,23 +134,29 @@ def _raw_bytes(bits: torch.Tensor) -> torch.Tensor:
     )
 
 
+def _store_blocks(
+    data: torch.Tensor, starts: torch.Tensor, markers: torch.Tensor, bits: torch.Tensor, channels: int
+) -> None:
+    """Write blocks (int32 [M, 512] bits, uint8 [M] markers) into uint8 ``data`` at byte ``starts`` [M]."""
+    raw = markers == RAW_MARKER
+    comp = ~raw
+    if bool(comp.any()):
+        idx = starts[comp][:, None] + torch.arange(COMPRESSED_BLOCK_BYTES, device=data.device)
+        data[idx] = _compress(bits[comp], markers[comp].to(torch.int32), channels)
+    if bool(raw.any()):
+        idx = starts[raw][:, None] + torch.arange(RAW_BLOCK_BYTES, device=data.device)
+        data[idx] = _raw_bytes(bits[raw])
+
+
 def encode_blocks(values: torch.Tensor, geometry: BlockGeometry = DEFAULT_BLOCK_GEOMETRY) -> EncodedBlocks:
     """bf16 ``[N, 512]`` blocks (each ``[R, C]`` row-major) -> their stored form, in order."""
     if values.dim() != 2 or values.shape[1] != BLOCK_VALUES:
         raise ValueError(f"encode_blocks takes bf16 [N, {BLOCK_VALUES}], got shape {tuple(values.shape)}")
     bits = bf16_bits(values)
     markers = block_markers(values)
-    offsets = _exclusive_cumsum(block_sizes(markers))
-    total = int(block_sizes(markers).sum())
-    data = torch.empty(total, dtype=torch.uint8, device=values.device)
-    raw = markers == RAW_MARKER
-    comp = ~raw
-    if bool(comp.any()):
-        idx = offsets[comp][:, None] + torch.arange(COMPRESSED_BLOCK_BYTES, device=values.device)
-        data[idx] = _compress(bits[comp], markers[comp].to(torch.int32), geometry.channels)
-    if bool(raw.any()):
-        idx = offsets[raw][:, None] + torch.arange(RAW_BLOCK_BYTES, device=values.device)
-        data[idx] = _raw_bytes(bits[raw])
+    sizes = block_sizes(markers)
+    data = torch.empty(int(sizes.sum()), dtype=torch.uint8, device=values.device)
+    _store_blocks(data, _exclusive_cumsum(sizes), markers, bits, geometry.channels)
     return EncodedBlocks(data=data, markers=markers, geometry=geometry)
 
 
@@ -312,3 +318,43 @@ def gather_pages(
 ) -> torch.Tensor:
     """Read pages (raw or compressed) of one layer: bf16 ``[n, 2, H, 16, D]``."""
     return _decode_pages(heap, page_loc_layer[page_ids], page_meta_layer[page_ids], fmt)
+
+
+def encode_pages(
+    heap: torch.Tensor,
+    src_offsets: torch.Tensor,
+    dst_offsets: torch.Tensor,
+    meta_out: torch.Tensor,
+    sizes_out: torch.Tensor,
+    fmt: PageFormat,
+) -> None:
+    """Twin of ``codec.encode_pages``: compress n raw pages at ``src_offsets`` into ``dst_offsets``.
+
+    Writes metadata into ``meta_out`` (uint8 [n, 2H, meta_bytes]) and stored sizes (blocks only) into
+    ``sizes_out`` (int32 [n]). Destinations must not overlap any source page.
+    """
+    n, h = src_offsets.numel(), fmt.num_kv_heads
+    if n == 0:
+        return
+    raw_meta = raw_page_meta(fmt, heap.device).expand(n, -1, -1)
+    pages = _decode_pages(heap, src_offsets, raw_meta, fmt)
+    blocks = [page_to_blocks(pages[:, kv], fmt.geometry(kv)) for kv in (0, 1)]  # [n, H, nb, 512] each
+    markers = torch.cat([block_markers(b) for b in blocks], dim=1)  # [n, 2H, nb]
+    sizes = block_sizes(markers)
+    starts = _exclusive_cumsum(sizes.view(n, -1)).view_as(sizes)  # bytes from each page's start
+    meta_out.copy_(pack_meta(starts[..., 0], markers, fmt))
+    sizes_out.copy_(sizes.view(n, -1).sum(dim=-1))
+    at = dst_offsets[:, None, None] + starts
+    for kv in (0, 1):
+        heads = slice(kv * h, (kv + 1) * h)
+        bits = bf16_bits(blocks[kv].reshape(-1, BLOCK_VALUES))
+        _store_blocks(
+            heap, at[:, heads].reshape(-1), markers[:, heads].reshape(-1), bits, fmt.geometry(kv).channels
+        )
+
+
+def decode_pages(
+    heap: torch.Tensor, offsets: torch.Tensor, meta: torch.Tensor, out: torch.Tensor, fmt: PageFormat
+) -> None:
+    """Twin of ``codec.decode_pages``: pages at byte ``offsets`` -> ``out`` (bf16 [n, 2, H, 16, D])."""
+    out.copy_(_decode_pages(heap, offsets, meta, fmt))

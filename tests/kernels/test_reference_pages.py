@@ -101,3 +101,27 @@ def test_page_errors_are_clear() -> None:
         ref.decode_page(data[:-1], meta, fmt)
     with pytest.raises(ValueError, match="metadata"):
         ref.decode_page(data, meta[:, :4], fmt)
+
+
+@pytest.mark.parametrize(
+    "fmt", formats()[::3], ids=lambda f: f"D{f.head_dim}-K{f.k_geometry.name}-V{f.v_geometry.name}"
+)
+def test_batched_encode_and_decode_pages_match_page_by_page(fmt: PageFormat) -> None:
+    n = 3
+    pages = kv_like((n, 2, fmt.num_kv_heads, 16, fmt.head_dim), torch.Generator().manual_seed(4))
+    pages[1, 1] = 2.0
+    heap = torch.zeros(2 * n * fmt.raw_page_bytes + 256, dtype=torch.uint8)
+    src = torch.tensor([2, 0, 1]) * fmt.raw_page_bytes
+    dst = n * fmt.raw_page_bytes + 256 + torch.arange(n) * fmt.raw_page_bytes
+    for i in range(n):
+        heap[int(src[i]) : int(src[i]) + fmt.raw_page_bytes] = ref.raw_page_bytes(pages[i], fmt)
+    meta = torch.zeros(n, fmt.page_heads_per_page, fmt.meta_bytes, dtype=torch.uint8)
+    sizes = torch.zeros(n, dtype=torch.int32)
+    ref.encode_pages(heap, src, dst, meta, sizes, fmt)
+    for i in range(n):
+        data, want_meta = ref.encode_page(pages[i], fmt)
+        assert torch.equal(meta[i], want_meta) and int(sizes[i]) == data.numel()
+        assert torch.equal(heap[int(dst[i]) : int(dst[i]) + data.numel()], data)
+    out = torch.empty_like(pages)
+    ref.decode_pages(heap, dst, meta, out, fmt)
+    assert same_bits(out, pages)
