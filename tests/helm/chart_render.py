@@ -12,6 +12,7 @@ import base64
 import copy
 import functools
 import re
+import socket
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -192,6 +193,13 @@ def container_env(
         else:
             raise AssertionError(f"{var['name']}: unexpected env source {source}")
     return env
+
+
+def free_port() -> int:
+    """A free TCP port on loopback (bound and released)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 def router_config_text(objs: list[Obj]) -> str:

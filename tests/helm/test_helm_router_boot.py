@@ -15,8 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from chart_render import container_env, containers, one, render, router_config_text
-from conftest import free_port
+from chart_render import container_env, containers, free_port, one, render, router_config_text
 
 pytestmark = pytest.mark.timeout(120)
 
