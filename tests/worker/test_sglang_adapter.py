@@ -26,16 +26,16 @@ LLAMA_8B = {
 
 def test_engine_kwargs_size_the_budget_in_raw_tokens_and_pick_the_backend(tmp_path: Path) -> None:
     (tmp_path / "config.json").write_text(json.dumps(LLAMA_8B))
-    LLAMA = str(tmp_path)  # noqa: N806
-    assert kv_bytes_per_token(LLAMA) == 131072
-    settings = WorkerSettings(engine="sglang", model_path=LLAMA, kv_budget_bytes=46 * 8448 * 131072)
-    kw = engine_kwargs(settings, LLAMA)
+    llama = str(tmp_path)
+    assert kv_bytes_per_token(llama) == 131072
+    settings = WorkerSettings(engine="sglang", model_path=llama, kv_budget_bytes=46 * 8448 * 131072)
+    kw = engine_kwargs(settings, llama)
     assert (
         kw["attention_backend"] == "zipkv" and kw["max_total_tokens"] == 46 * 8448 and kw["page_size"] == 16
     )
-    off = WorkerSettings(engine="sglang", model_path=LLAMA, compression=False)
-    assert engine_kwargs(off, LLAMA, disable_cuda_graph=True)["attention_backend"] == "zipkv_uncompressed"
-    assert engine_kwargs(off, LLAMA, disable_cuda_graph=True)["disable_cuda_graph"] is True
+    off = WorkerSettings(engine="sglang", model_path=llama, compression=False)
+    assert engine_kwargs(off, llama, disable_cuda_graph=True)["attention_backend"] == "zipkv_uncompressed"
+    assert engine_kwargs(off, llama, disable_cuda_graph=True)["disable_cuda_graph"] is True
 
 
 def bare_engine() -> SGLangEngine:
