@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import signal
 import sys
 import threading
@@ -11,10 +12,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .local_stack import STATE_DIR, LocalStack, StackOptions, http_get
-
 
 def _up(args: argparse.Namespace) -> int:
+    from .local_stack import LocalStack, StackOptions
+
     try:
         options = StackOptions(
             port=args.port,
@@ -44,6 +45,12 @@ def _up(args: argparse.Namespace) -> int:
         print(f"zipkv up: failed to start: {exc}", file=sys.stderr)
         stack.stop()
         return 1
+    # ray.init installs its own SIGTERM handler (exit at once); ours drains first.
+    signal.signal(signal.SIGINT, _on_signal)
+    signal.signal(signal.SIGTERM, _on_signal)
+    if stop.is_set():
+        stack.stop()
+        return 130
     url = stack.base_urls[0]
     print(
         f"\nzipkv is ready: {options.workers} worker(s), model {stack.model_name!r}, "
@@ -92,6 +99,8 @@ def status_rows(workers: list[dict[str, Any]], now_s: float) -> list[list[str]]:
 
 
 def _status(args: argparse.Namespace) -> int:
+    from .local_stack import STATE_DIR, http_get
+
     path = Path(STATE_DIR) / f"status-{args.port}.json"
     url = f"http://127.0.0.1:{args.port}"
     try:
@@ -152,6 +161,8 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    # gRPC's fork warnings (Ray forks while our status tap serves) are noise for a user.
+    os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
     args = parser().parse_args(argv)
     if args.command == "up":
         return _up(args)

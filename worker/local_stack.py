@@ -7,10 +7,11 @@ Used by `zipkv up` and by the end-to-end tests. Start order: the status tap and 
 from __future__ import annotations
 
 import dataclasses
-import logging
 import json
+import logging
 import os
 import secrets
+import signal
 import socket
 import subprocess
 import sys
@@ -52,6 +53,16 @@ class StackOptions:
             raise ValueError(f"--routers must be >= 1, got {self.routers}")
         if self.routers > 1 and not self.redis_url:
             raise ValueError("--routers > 1 needs shared state: add --redis redis://HOST:6379/0")
+
+
+def _die_with_parent() -> None:
+    """Linux: the router gets SIGTERM if this process dies without stopping it (e.g. SIGKILL)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6").prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
 
 
 def free_port() -> int:
@@ -128,6 +139,7 @@ class LocalStack:
             stderr=subprocess.STDOUT,
             env=env,
             start_new_session=True,  # Ctrl-C reaches us once; we stop the router ourselves
+            preexec_fn=_die_with_parent,
         )
         self.routers.append(proc)
 

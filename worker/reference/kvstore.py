@@ -35,7 +35,8 @@ class KVStore:
             fmt,
             num_layers,
             budget_bytes,
-            chunk_bytes=chunk_bytes,
+            # Chunks hold whole raw pages.
+            chunk_bytes=fmt.raw_page_bytes * max(1, chunk_bytes // fmt.raw_page_bytes),
             device=device,
             shared_pool=True,
             compression=compression,
@@ -68,7 +69,7 @@ class KVStore:
     # ---- the allocator ------------------------------------------------------------------------------
     def allocate(self, n_pages: int, request_id: str) -> list[int]:
         """New pages for ``request_id``, drawn from its reservation."""
-        return [int(p) for p in self.pool.allocate(n_pages, request_ids=request_id)] if n_pages else []
+        return [int(p) for p in self.pool.allocate(n_pages, request_id=request_id)] if n_pages else []
 
     def free(self, page_ids: list[int]) -> None:
         if page_ids:

@@ -1,0 +1,45 @@
+"""Worker-test helpers: a ControlPlane servicer that records reports, a Generate collector."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import grpc
+
+from zipkv.protos import zipkv_pb2 as pb
+from zipkv.protos import zipkv_pb2_grpc as pb_grpc
+
+
+class RecordingControlPlane(pb_grpc.ControlPlaneServicer):
+    """Accepts reports carrying the expected Bearer token and keeps them (a test double of the router)."""
+
+    def __init__(self, token: str) -> None:
+        self.token = token
+        self.reports: list[pb.CapacityReport] = []
+        self.refused = 0
+        self.lock = threading.Lock()
+
+    def ReportCapacity(self, request: pb.CapacityReport, context: grpc.ServicerContext) -> pb.ReportAck:
+        auth = dict(context.invocation_metadata()).get("authorization", "")
+        if auth != f"Bearer {self.token}":
+            self.refused += 1
+            return pb.ReportAck(accepted=False, reason="bad token")
+        with self.lock:
+            self.reports.append(request)
+        return pb.ReportAck(accepted=True)
+
+
+async def collect(stub: pb_grpc.WorkerStub, request: pb.GenerateRequest) -> tuple[list[int], pb.Finish]:
+    tokens: list[int] = []
+    finish = pb.Finish()
+    async for msg in stub.Generate(request):
+        if msg.HasField("chunk"):
+            tokens.extend(msg.chunk.token_ids)
+        else:
+            finish = msg.finish
+    return tokens, finish
+
+
+def run(coro: object) -> object:
+    return asyncio.run(coro)  # type: ignore[arg-type]
