@@ -7,10 +7,12 @@ arithmetic (the K and V geometries are constexpr). The codec is integer-only: no
 - encode: one program per page, walking its page-heads in page order, because a page-head's offset depends
   on the sizes of every block before it in the page. Each page-head is read once (as int16 values), its
   blocks' exponent ranges reduce to markers, and low bytes + codes (or the raw values) are written.
-- decode: one program per page-head (their offsets are in the metadata). Compressed blocks are restored a
-  32-bit word at a time (DESIGN.md section 4): four high bytes from one code word with a mask, one add of
-  ``b/2`` in every byte and an OR of the signs, then high and low bytes are interleaved into bf16 pairs
-  (PTX ``prmt`` on the GPU; shifts and masks under the interpreter, which cannot run inline assembly).
+- decode: one program per page-head by default, or per group of page-heads (their offsets are in the
+  metadata; on the H200 the grouping, warps and interleave change the time by under 3%, see
+  docs/benchmarks.md). Compressed blocks are restored a 32-bit word at a time (DESIGN.md section 4):
+  four high bytes from one code word with a mask, one add of ``b/2`` in every byte and an OR of the signs,
+  then high and low bytes are interleaved into bf16 pairs (PTX ``prmt`` on the GPU; shifts and masks under
+  the interpreter, which cannot run inline assembly).
 """
 
 from __future__ import annotations
