@@ -19,9 +19,10 @@ COPY kernels/ kernels/
 COPY allocator/ allocator/
 # The router's dependencies are the `controlplane` extra (read from pyproject.toml, so they never drift)
 # plus what it imports directly beyond the extra: its tokenizer for real models (tokenizer.json and the
-# chat template) and anyio (also a dependency of fastapi and httpx).
+# chat template), anyio (also a dependency of fastapi and httpx) and uvloop (the faster event loop the
+# router uses when present).
 RUN python -c "import tomllib; x = tomllib.load(open('pyproject.toml', 'rb'))['project']['optional-dependencies']; print('\n'.join(x['controlplane']))" > /tmp/requirements.txt \
- && pip install -r /tmp/requirements.txt "tokenizers>=0.20" "jinja2>=3.1" "anyio>=4.0" \
+ && pip install -r /tmp/requirements.txt "tokenizers>=0.20" "jinja2>=3.1" "anyio>=4.0" "uvloop>=0.19" \
  && pip install --no-deps . \
  && python -c "import zipkv.controlplane.app, zipkv.controlplane.config" \
  && if python -c "import torch" 2>/dev/null; then echo "torch must not be in the router image" >&2; exit 1; fi

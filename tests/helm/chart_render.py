@@ -147,6 +147,33 @@ def validate_rayservice(obj: Obj) -> None:
     name = obj["metadata"]["name"]
     assert DNS_1035_LABEL.match(name), f"RayService name {name!r} is not a DNS-1035 label"
     assert len(name) <= KUBERAY_MAX_RAYSERVICE_NAME, f"KubeRay refuses RayService names over 47: {name!r}"
+    _kuberay_cluster_rules(obj["spec"]["rayClusterConfig"])
+
+
+def _kuberay_cluster_rules(spec: Obj) -> None:
+    """The KubeRay operator's own checks of a cluster spec that a schema cannot express
+    (ray-operator/controllers/ray/utils/validation.go: ValidateRayClusterSpec)."""
+    head = spec["headGroupSpec"]
+    assert head["template"]["spec"]["containers"], "headGroupSpec needs a container"
+    groups = spec.get("workerGroupSpecs", [])
+    assert len({g["groupName"] for g in groups}) == len(groups), "worker group names must be unique"
+    autoscaling = spec.get("enableInTreeAutoscaling", False)
+    for group in [head, *groups]:
+        params = group.get("rayStartParams", {})
+        assert all(isinstance(v, str) for v in params.values()), f"rayStartParams must be strings: {params}"
+        assert not (
+            params.keys() & {"num-cpus", "num-gpus", "memory", "resources"} and group.get("resources")
+        ), "resources set both in rayStartParams and in resources"
+    for group in groups:
+        assert group["template"]["spec"]["containers"], f"worker group {group['groupName']} needs a container"
+        if not autoscaling:
+            assert "minReplicas" in group and "maxReplicas" in group, (
+                "min/maxReplicas needed without autoscaling"
+            )
+            assert group["minReplicas"] <= group.get("replicas", group["minReplicas"]) <= group["maxReplicas"]
+    head_env = {e["name"] for e in head["template"]["spec"]["containers"][0].get("env", [])}
+    # These would switch on GCS fault tolerance implicitly, which KubeRay refuses without its options.
+    assert not head_env & {"RAY_REDIS_ADDRESS", "REDIS_USERNAME"}, head_env
 
 
 # ---- the environment a container would see -----------------------------------------------------
