@@ -10,14 +10,17 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import helm_python
 import kubernetes_validate
 import pytest
 import yaml
 from chart_render import (
+    CHART_DIR,
     EXAMPLES,
     KUBE_VERSIONS,
     NAMESPACE,
     RAYSERVICE_CRD,
+    RELEASE,
     SHARED_K8S,
     container_env,
     containers,
@@ -257,3 +260,19 @@ def test_serve_config_matches_ray_serve_schema(name: str) -> None:
 
     parsed = ServeDeploySchema.model_validate(serve_config(render(VALUE_SETS[name])))
     assert [app.name for app in parsed.applications] == ["zipkv"]
+
+
+def test_packaged_chart_renders_the_same_objects(tmp_path: Path) -> None:
+    """`helm package` output (what users install from a repository) holds every template and the schema."""
+    archive = helm_python.package(CHART_DIR, destination=tmp_path)
+    with helm_python.Chart.load(archive) as packaged:
+        assert packaged.schema is not None
+        files = packaged.render(values={}, name=RELEASE, namespace=NAMESPACE, is_install=True)
+    kinds = sorted(
+        (d["kind"], d["metadata"]["name"])
+        for path, text in files.items()
+        if not path.endswith("NOTES.txt")
+        for d in yaml.safe_load_all(text)
+        if d
+    )
+    assert kinds == sorted((o["kind"], o["metadata"]["name"]) for o in render())
