@@ -1,6 +1,6 @@
 """Render, lint and validate the zipkv Helm chart with the real Helm engine (helm-python-sdk's libhelm).
 
-Helpers for tests/helm/: render a values set into Kubernetes objects, validate them against the
+Functions for tests/helm/: render a values set into Kubernetes objects, validate them against the
 Kubernetes OpenAPI schemas (kubernetes-validate, offline) and the KubeRay RayService CRD (read from
 ../shared/k8s beside the repository), and rebuild a container's environment the way the kubelet would
 (Secret references resolved, $(VAR) expanded) so the router config can be loaded as the pod would.

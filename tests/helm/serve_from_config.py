@@ -1,4 +1,4 @@
-"""Deploy a rendered serveConfigV2 on a local Ray cluster, as KubeRay does on the head (test helper).
+"""Deploy a rendered serveConfigV2 on a local Ray cluster, as KubeRay does on the head (used by the tests).
 
     python serve_from_config.py SERVE_CONFIG.yaml
 
