@@ -39,7 +39,7 @@ if PAGE_TOKENS != 16 or RAW_MARKER != 0xFF:
 # Four values per call: $4/$5 low bytes of channels k and k + D/2, $6 their code bytes, $7 b/2 per value.
 # high = (d + b/2) | sign, four bytes at once (no carries: b/2 + d <= 127); prmt interleaves low and
 # high bytes into bf16 pairs ($0/$1: channels k..k+3, $2/$3: channels k + D/2 ..).
-_RESTORE_PTX = """
+_RESTORE_PTX = tl.constexpr("""
 {
 .reg .b32 t, u, h;
 and.b32 t, $6, 0x07070707;
@@ -55,11 +55,27 @@ lop3.b32 h, t, u, 0x80808080, 0xF8;
 prmt.b32 $2, $5, h, 0x5140;
 prmt.b32 $3, $5, h, 0x7362;
 }
-"""
+""")
 
 
 @triton.jit
-def _restore(low_a, low_b, code, half_b, USE_ASM: tl.constexpr):
+def _bf16_boundary(x, INTERPRET: tl.constexpr):
+    """Identity on a bf16 tile that Triton's dot-operand analysis cannot see through.
+
+    Triton picks the MMA operand packing (kWidth) from the narrowest load an operand derives from, and a
+    different packing permutes the k order inside each mma instruction, which changes fp32 rounding. A
+    restored tile derives from uint8 loads, the twin's from bf16 loads: without this boundary the two
+    would not be bit-identical. An impure asm statement ends that backward walk; ptxas drops the move.
+    """
+    if not INTERPRET:
+        x = tl.inline_asm_elementwise(
+            "mov.b32 $0, $1;", "=r,r", [x], dtype=tl.bfloat16, is_pure=False, pack=2
+        )
+    return x
+
+
+@triton.jit
+def _restore(low_a, low_b, code, half_b, USE_ASM: tl.constexpr, INTERPRET: tl.constexpr):
     """uint8 [N, D/2] low bytes of both halves, their code bytes, b/2 -> two bf16 [N, D/2] tiles."""
     if USE_ASM:
         out_a, out_b = tl.inline_asm_elementwise(
@@ -67,7 +83,7 @@ def _restore(low_a, low_b, code, half_b, USE_ASM: tl.constexpr):
             "=r,=r,=r,=r,r,r,r,r",
             [low_a, low_b, code, half_b],
             dtype=(tl.bfloat16, tl.bfloat16),
-            is_pure=True,
+            is_pure=False,  # see _bf16_boundary: the dots must see a 16-bit origin, as in the twin
             pack=4,
         )
     else:
@@ -77,8 +93,8 @@ def _restore(low_a, low_b, code, half_b, USE_ASM: tl.constexpr):
         high_b = (((c >> 3) & 0x07) + hb) | ((c << 1) & 0x80)
         bits_a = (high_a << 8) | low_a.to(tl.int32)
         bits_b = (high_b << 8) | low_b.to(tl.int32)
-        out_a = bits_a.to(tl.int16).to(tl.bfloat16, bitcast=True)
-        out_b = bits_b.to(tl.int16).to(tl.bfloat16, bitcast=True)
+        out_a = _bf16_boundary(bits_a.to(tl.int16).to(tl.bfloat16, bitcast=True), INTERPRET)
+        out_b = _bf16_boundary(bits_b.to(tl.int16).to(tl.bfloat16, bitcast=True), INTERPRET)
     return out_a, out_b
 
 
@@ -119,7 +135,7 @@ def _row_starts(
 @triton.jit
 def _load_tile(
     heap_u8, heap_bf16, start, marker, tok, valid,
-    HEAD_DIM: tl.constexpr, COMPRESSED: tl.constexpr, USE_ASM: tl.constexpr,
+    HEAD_DIM: tl.constexpr, COMPRESSED: tl.constexpr, USE_ASM: tl.constexpr, INTERPRET: tl.constexpr,
 ):  # fmt: skip
     """The two bf16 [N, D/2] halves of a K or V tile, restored in registers where compressed."""
     HALF: tl.constexpr = HEAD_DIM // 2
@@ -138,7 +154,7 @@ def _load_tile(
         raw_a = tl.load(heap_bf16 + raw_row + ch, mask=raw, other=0.0)
         raw_b = tl.load(heap_bf16 + raw_row + HALF + ch, mask=raw, other=0.0)
         half_b = marker.to(tl.uint8)[:, None]
-        out_a, out_b = _restore(low_a, low_b, code, half_b, USE_ASM)
+        out_a, out_b = _restore(low_a, low_b, code, half_b, USE_ASM, INTERPRET)
         out_a = tl.where(is_raw[:, None], raw_a, out_a)
         out_b = tl.where(is_raw[:, None], raw_b, out_b)
     else:
@@ -153,17 +169,17 @@ def _decode_kernel(
     q_ptr, out_ptr, o_part_ptr, lse_part_ptr,
     heap_u8, heap_bf16, page_loc_ptr, meta32_ptr,
     page_ids_ptr, page_indptr_ptr, kv_lens_ptr, num_splits_ptr, split_tokens_ptr,
-    qk_scale, stride_qb, stride_qh, stride_ob, stride_oh,
+    qk_scale, stride_qb, stride_qh, stride_ob, stride_oh, max_splits,
     NUM_KV_HEADS: tl.constexpr, GROUP: tl.constexpr, G_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
-    BLOCK_N: tl.constexpr, MAX_SPLITS: tl.constexpr, META_WORDS: tl.constexpr,
+    BLOCK_N: tl.constexpr, SPLIT: tl.constexpr, META_WORDS: tl.constexpr,
     BLOCKS_PER_HEAD: tl.constexpr, COMPRESSED: tl.constexpr, USE_ASM: tl.constexpr,
     FP32_DOT: tl.constexpr,
 ):  # fmt: skip
     HALF: tl.constexpr = HEAD_DIM // 2
     pid = tl.program_id(0)
-    split = pid % MAX_SPLITS
-    head = (pid // MAX_SPLITS) % NUM_KV_HEADS
-    req = pid // (MAX_SPLITS * NUM_KV_HEADS)
+    split = pid % max_splits
+    head = (pid // max_splits) % NUM_KV_HEADS
+    req = pid // (max_splits * NUM_KV_HEADS)
     if split < tl.load(num_splits_ptr + req):
         kv_len = tl.load(kv_lens_ptr + req)
         split_tokens = tl.load(split_tokens_ptr + req)
@@ -204,10 +220,10 @@ def _decode_kernel(
             tok = tile + offs_n
             valid = tok < end
             k_a, k_b = _load_tile(
-                heap_u8, heap_bf16, k_start, k_marker, tok, valid, HEAD_DIM, COMPRESSED, USE_ASM
+                heap_u8, heap_bf16, k_start, k_marker, tok, valid, HEAD_DIM, COMPRESSED, USE_ASM, FP32_DOT
             )
             v_a, v_b = _load_tile(
-                heap_u8, heap_bf16, v_start, v_marker, tok, valid, HEAD_DIM, COMPRESSED, USE_ASM
+                heap_u8, heap_bf16, v_start, v_marker, tok, valid, HEAD_DIM, COMPRESSED, USE_ASM, FP32_DOT
             )
             nxt = tok + BLOCK_N
             nxt_valid = nxt < end
@@ -243,12 +259,12 @@ def _decode_kernel(
 
         out_a = acc_a / l_i[:, None]
         out_b = acc_b / l_i[:, None]
-        if MAX_SPLITS == 1:
+        if not SPLIT:
             o_rows = out_ptr + req * stride_ob + q_head[:, None] * stride_oh
             tl.store(o_rows + ch, out_a.to(tl.bfloat16), mask=q_mask)
             tl.store(o_rows + HALF + ch, out_b.to(tl.bfloat16), mask=q_mask)
         else:
-            part = (req * NUM_KV_HEADS * GROUP + q_head) * MAX_SPLITS + split  # [G_PAD]
+            part = (req * NUM_KV_HEADS * GROUP + q_head) * max_splits + split  # [G_PAD]
             tl.store(o_part_ptr + part[:, None] * HEAD_DIM + ch, out_a, mask=q_mask)
             tl.store(o_part_ptr + part[:, None] * HEAD_DIM + HALF + ch, out_b, mask=q_mask)
             tl.store(lse_part_ptr + part, m_i + tl.log2(l_i), mask=g < GROUP)
@@ -256,14 +272,14 @@ def _decode_kernel(
 
 @triton.jit
 def _merge_kernel(
-    o_part_ptr, lse_part_ptr, out_ptr, num_splits_ptr, stride_ob, stride_oh,
-    NUM_Q_HEADS: tl.constexpr, MAX_SPLITS: tl.constexpr, HEAD_DIM: tl.constexpr, CHUNK: tl.constexpr,
+    o_part_ptr, lse_part_ptr, out_ptr, num_splits_ptr, stride_ob, stride_oh, max_splits,
+    NUM_Q_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, CHUNK: tl.constexpr,
 ):  # fmt: skip
     """Combine one (request, query head)'s split outputs by their log2-sum-exp2."""
     req = tl.program_id(0)
     q_head = tl.program_id(1)
     n = tl.load(num_splits_ptr + req)
-    base = (req * NUM_Q_HEADS + q_head) * MAX_SPLITS
+    base = (req * NUM_Q_HEADS + q_head) * max_splits
     offs = tl.arange(0, CHUNK)
     d = tl.arange(0, HEAD_DIM)
     m = tl.max(tl.full([CHUNK], float("-inf"), tl.float32), 0)
@@ -349,18 +365,17 @@ def decode_attention(
         q, out, plan.o_partial, plan.lse_partial,
         heap, heap.view(torch.bfloat16), page_loc_layer, page_meta_layer.view(torch.int32),
         plan.page_ids, plan.page_indptr, plan.kv_lens, plan.num_splits, plan.split_tokens,
-        sm_scale * _LOG2E, q.stride(0), q.stride(1), out.stride(0), out.stride(1),
+        sm_scale * _LOG2E, q.stride(0), q.stride(1), out.stride(0), out.stride(1), plan.max_splits,
         NUM_KV_HEADS=fmt.num_kv_heads, GROUP=group, G_PAD=max(_MIN_DOT_ROWS, triton.next_power_of_2(group)),
-        HEAD_DIM=fmt.head_dim, BLOCK_N=plan.block_n, MAX_SPLITS=plan.max_splits,
+        HEAD_DIM=fmt.head_dim, BLOCK_N=plan.block_n, SPLIT=plan.max_splits > 1,
         META_WORDS=fmt.meta_bytes // 4, BLOCKS_PER_HEAD=fmt.blocks_per_page_head,
         COMPRESSED=compressed, USE_ASM=use_asm, FP32_DOT=interpret,
-        num_warps=plan.num_warps,
+        num_warps=plan.num_warps, num_stages=plan.num_stages,
     )  # fmt: skip
     if plan.max_splits > 1:
-        chunk = min(16, triton.next_power_of_2(plan.max_splits))
         _merge_kernel[(plan.batch_size, plan.num_q_heads)](
             plan.o_partial, plan.lse_partial, out, plan.num_splits, out.stride(0), out.stride(1),
-            NUM_Q_HEADS=plan.num_q_heads, MAX_SPLITS=plan.max_splits, HEAD_DIM=fmt.head_dim, CHUNK=chunk,
+            plan.max_splits, NUM_Q_HEADS=plan.num_q_heads, HEAD_DIM=fmt.head_dim, CHUNK=16,
             num_warps=4,
         )  # fmt: skip
     return out

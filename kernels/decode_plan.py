@@ -22,12 +22,13 @@ import torch
 
 from .layout import PAGE_TOKENS, PageFormat
 
-# Per head_dim: (tokens per tile, warps per program, programs resident per SM). Measured on the H200
-# (docs/benchmarks.md, "Fused decode attention"); the residency feeds the wave model above.
-KERNEL_CONFIGS: dict[int, tuple[int, int, int]] = {
-    64: (64, 4, 4),
-    128: (64, 4, 4),
-    256: (32, 4, 4),
+# Per head_dim: (tokens per tile, warps per program, software-pipeline stages, programs resident per
+# SM). Tuned on the H200 (docs/benchmarks.md, "Fused decode attention"); the residency (from the
+# compiled kernel's registers and shared memory) feeds the wave model above.
+KERNEL_CONFIGS: dict[int, tuple[int, int, int, int]] = {
+    64: (64, 4, 2, 2),
+    128: (64, 4, 2, 2),
+    256: (32, 4, 2, 2),
 }
 MAX_SPLITS = 128
 MIN_SPLIT_TILES = 2  # a split reads at least this many tiles, so its fixed cost stays small
@@ -51,6 +52,7 @@ class DecodePlan:
     max_splits: int
     block_n: int
     num_warps: int
+    num_stages: int
 
     @property
     def num_kv_heads(self) -> int:
@@ -89,11 +91,12 @@ def plan_decode(
     block_n: int | None = None,
     num_warps: int | None = None,
     ctas_per_sm: int | None = None,
+    num_stages: int | None = None,
 ) -> DecodePlan:
     """Build the step's plan. ``page_ids``/``page_indptr``/``kv_lens`` live on the KV device.
 
     Each request must hold ``ceil(kv_lens[b] / 16)`` pages (not checked on the device: that would sync).
-    ``max_splits``, ``block_n``, ``num_warps``, ``ctas_per_sm`` override the tuned defaults.
+    ``max_splits``, ``block_n``, ``num_warps``, ``num_stages``, ``ctas_per_sm`` override the tuned defaults.
     """
     _check_int32("page_ids", page_ids, 1)
     _check_int32("page_indptr", page_indptr, 1)
@@ -110,9 +113,10 @@ def plan_decode(
             f"decode attention reads token-major blocks (512/head_dim tokens x head_dim channels); "
             f"this format has K {fmt.k_geometry.name}, V {fmt.v_geometry.name}"
         )
-    cfg_block_n, cfg_warps, cfg_ctas = KERNEL_CONFIGS[fmt.head_dim]
+    cfg_block_n, cfg_warps, cfg_stages, cfg_ctas = KERNEL_CONFIGS[fmt.head_dim]
     block_n = block_n or cfg_block_n
     num_warps = num_warps or cfg_warps
+    num_stages = num_stages or cfg_stages
     if block_n % PAGE_TOKENS != 0 or block_n & (block_n - 1):
         raise ValueError(f"block_n must be a power of two multiple of {PAGE_TOKENS}, got {block_n}")
     device = kv_lens.device
@@ -149,4 +153,5 @@ def plan_decode(
         max_splits=max_splits,
         block_n=block_n,
         num_warps=num_warps,
+        num_stages=num_stages,
     )

@@ -1,0 +1,342 @@
+"""Fused decode attention on the GPU: zipkv against the read floor and named baselines, same pages, one run.
+
+Per (batch, context) and compressible fraction, on the same pages: the read floor (a streaming read of
+every stored byte), zipkv on compressed pages, its uncompressed twin on the raw pages, decompress-then-
+attend (zipkv.kernels.codec.decode_pages, then the twin), FlashInfer's BatchDecodeWithPagedKVCacheWrapper
+(tensor cores; HND pages, the same bytes the twin reads), SGLang's Triton decode kernel and cuDNN SDPA on
+dense K/V (both on token-major [tokens, H, D] copies). CUDA events, L2 flushed before every call, median.
+Correctness on every shape: zipkv == twin bit for bit, and relative error against a float64 reference.
+
+    python bench/bench_decode_attention.py --out bench/results/decode_attention.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import math
+import platform
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+import triton
+import triton.language as tl
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from decode_attention_data import encode_packed, plant_raw_blocks, random_pages, undo_plant
+
+from zipkv.kernels import decode_attention as da
+from zipkv.kernels.layout import PageFormat
+from zipkv.kernels.reference import raw_page_meta
+from zipkv.kernels.reference_attention import decode_attention_reference
+
+REAL_KV_FRACTION = 0.9425  # docs/format.md: MiniLM, mean of K and V, token-major blocks
+HQ, HKV, HEAD_DIM = 32, 8, 128
+
+
+@triton.jit
+def _read_kernel(x_ptr, n_words, out_ptr, BLOCK: tl.constexpr):
+    pid = tl.program_id(0)
+    step = tl.num_programs(0).to(tl.int64) * BLOCK
+    acc = tl.zeros([BLOCK], tl.int32)
+    for start in range(pid.to(tl.int64) * BLOCK, n_words, step):
+        offs = start + tl.arange(0, BLOCK)
+        acc ^= tl.load(x_ptr + offs, mask=offs < n_words, other=0)
+    tl.store(out_ptr + pid, tl.xor_sum(acc, 0))
+
+
+class Timer:
+    """CUDA-event timing with a 512 MiB L2 flush before each call (outside the events)."""
+
+    def __init__(self, target_s: float, min_reps: int, max_reps: int) -> None:
+        self.flush = torch.empty(512 << 20, dtype=torch.uint8, device="cuda")
+        self.target_s, self.min_reps, self.max_reps = target_s, min_reps, max_reps
+
+    def median_us(self, fn: Callable[[], object]) -> float:
+        for _ in range(3):
+            fn()
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        fn()
+        torch.cuda.synchronize()
+        once = time.perf_counter() - t0 + 2e-4
+        reps = int(min(self.max_reps, max(self.min_reps, self.target_s / once)))
+        starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+        ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+        for s, e in zip(starts, ends, strict=True):
+            self.flush.zero_()
+            s.record()
+            fn()
+            e.record()
+        torch.cuda.synchronize()
+        times = sorted(s.elapsed_time(e) * 1e3 for s, e in zip(starts, ends, strict=True))
+        return times[len(times) // 2]
+
+
+def read_floor_fn(heap: torch.Tensor, nbytes: int) -> Callable[[], object]:
+    words = heap[: (nbytes + 3) // 4 * 4].view(torch.int32)
+    grid = torch.cuda.get_device_properties(0).multi_processor_count * 8
+    out = torch.empty(grid, dtype=torch.int32, device="cuda")
+    return lambda: _read_kernel[(grid,)](words, words.numel(), out, BLOCK=2048, num_warps=4)
+
+
+def rel_err(x: torch.Tensor, ref: torch.Tensor) -> float:
+    return float((x.double() - ref).norm() / ref.norm())
+
+
+def reference(q: torch.Tensor, pages: torch.Tensor, batch: int, ctx: int, scale: float) -> torch.Tensor:
+    """float64 oracle, one request at a time (the whole batch in float64 would not fit)."""
+    per = ctx // 16
+    out = []
+    lens = torch.tensor([ctx], dtype=torch.int32)
+    indptr = torch.tensor([0, per], dtype=torch.int32)
+    for b in range(batch):
+        ids = torch.arange(b * per, (b + 1) * per, device=pages.device, dtype=torch.int32)
+        out.append(decode_attention_reference(q[b : b + 1], pages, ids, indptr, lens, scale)[0])
+    return torch.stack(out)
+
+
+def flashinfer_fn(pages, q, out, batch, ctx, scale):  # type: ignore[no-untyped-def]
+    import flashinfer
+
+    per = ctx // 16
+    ws = torch.empty(512 << 20, dtype=torch.uint8, device="cuda")
+    wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(ws, "HND", use_tensor_cores=True)
+    indptr = torch.arange(0, batch + 1, dtype=torch.int32, device="cuda") * per
+    indices = torch.arange(batch * per, dtype=torch.int32, device="cuda")
+    last = torch.full((batch,), 16, dtype=torch.int32, device="cuda")
+    wrapper.plan(indptr, indices, last, HQ, HKV, HEAD_DIM, 16, q_data_type=torch.bfloat16,
+                 kv_data_type=torch.bfloat16, sm_scale=scale)  # fmt: skip
+    return lambda: wrapper.run(q, pages, out=out)
+
+
+def sglang_fn(k_buf, v_buf, q, out, batch, ctx, scale):  # type: ignore[no-untyped-def]
+    from sglang.kernels.ops.attention.decode_attention import decode_attention_fwd
+    from sglang.kernels.ops.attention.metadata import get_num_kv_splits_triton
+
+    max_splits = 8
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    seq_lens = torch.full((batch,), ctx, dtype=torch.int32, device="cuda")
+    num_splits = torch.empty(batch, dtype=torch.int32, device="cuda")
+    get_num_kv_splits_triton[(1,)](num_splits, seq_lens, batch, 1, HQ, HKV, max_splits, sms,
+                                   MAX_NUM_SEQ=triton.next_power_of_2(batch))  # fmt: skip
+    indptr = torch.arange(0, batch + 1, dtype=torch.int32, device="cuda") * ctx
+    indices = torch.arange(batch * ctx, dtype=torch.int64, device="cuda")
+    logits = torch.empty(batch, HQ, max_splits, HEAD_DIM, dtype=torch.float32, device="cuda")
+    lse = torch.empty(batch, HQ, max_splits, dtype=torch.float32, device="cuda")
+
+    def run(pdl: bool) -> None:
+        decode_attention_fwd(q, k_buf, v_buf, out, indptr, indices, logits, lse, num_splits, max_splits,
+                             scale, 1.0, 1.0, logit_cap=0.0, sinks=None, xai_temperature_len=-1,
+                             has_mla=False, use_pdl=pdl, page_size=16)  # fmt: skip
+
+    try:
+        run(True)
+        torch.cuda.synchronize()
+        return lambda: run(True)
+    except Exception:  # PDL needs launch support this Triton may lack; SGLang itself falls back too
+        return lambda: run(False)
+
+
+def sdpa_fn(k_buf, v_buf, q, batch, ctx, scale):  # type: ignore[no-untyped-def]
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    qg = q.view(batch, HKV, HQ // HKV, HEAD_DIM)  # a KV head's query heads as its query rows
+    k = k_buf.view(batch, ctx, HKV, HEAD_DIM).transpose(1, 2)
+    v = v_buf.view(batch, ctx, HKV, HEAD_DIM).transpose(1, 2)
+
+    def run() -> torch.Tensor:
+        with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
+            return torch.nn.functional.scaled_dot_product_attention(qg, k, v, scale=scale)
+
+    return run
+
+
+def kernel_resources() -> list[dict[str, object]]:
+    """Registers, spills and shared memory of the compiled zipkv kernels (best effort)."""
+    found = []
+    try:
+        for caches in da._decode_kernel.device_caches.values():
+            for key, kernel in caches[0].items():
+                found.append({"key": str(key)[-160:], "n_regs": kernel.n_regs, "n_spills": kernel.n_spills,
+                              "shared": kernel.metadata.shared})  # fmt: skip
+    except Exception as exc:
+        found.append({"error": repr(exc)})
+    return found
+
+
+def run_shape(args, timer, batch, ctx, fractions, configs, rows, checks, gen):  # type: ignore[no-untyped-def]
+    fmt = PageFormat(HEAD_DIM, HKV)
+    per = ctx // 16
+    num_pages = batch * per
+    scale = HEAD_DIM**-0.5
+    pages = random_pages(num_pages, fmt, gen, "cuda")
+    q = torch.randn(batch, HQ, HEAD_DIM, generator=gen, device="cuda").to(torch.bfloat16)
+    page_ids = torch.arange(num_pages, dtype=torch.int32, device="cuda")
+    indptr = torch.arange(0, batch + 1, dtype=torch.int32, device="cuda") * per
+    lens = torch.full((batch,), ctx, dtype=torch.int32, device="cuda")
+    raw_loc = torch.arange(num_pages, dtype=torch.int64, device="cuda") * fmt.raw_page_bytes
+    raw_heap = pages.view(-1).view(torch.uint8)
+    # what a raw page's metadata says (the twin does not read it; the wrapper checks its shape)
+    raw_meta_rows = raw_page_meta(fmt, "cuda").expand(num_pages, -1, -1).contiguous()
+    heap_buf = torch.empty(num_pages * fmt.raw_page_bytes, dtype=torch.uint8, device="cuda")
+    out = torch.empty_like(q)
+
+    def add(impl: str, fraction: float | None, us: float, **extra: object) -> None:
+        rows.append({"batch": batch, "context": ctx, "impl": impl, "compressible_fraction": fraction,
+                     "median_us": round(us, 2), **extra})  # fmt: skip
+        print(f"  {batch:>4} x {ctx:>6} {impl:<24} f={fraction!s:<7} {us:9.1f} us {extra if extra else ''}",
+              flush=True)  # fmt: skip
+
+    raw_bytes = num_pages * fmt.raw_page_bytes
+    if "read_floor" in args.impls:
+        add("read_floor", None, timer.median_us(read_floor_fn(raw_heap, raw_bytes)), stored_bytes=raw_bytes,
+            pages="raw")  # fmt: skip
+    for fraction in fractions:
+        saved = plant_raw_blocks(pages, fmt, 1.0 - fraction, gen)
+        stored = encode_packed(pages, fmt, heap_buf)
+        measured = round(stored.compressible_fraction, 4)
+        nbytes = stored.stored_bytes + stored.meta_bytes
+        if "read_floor" in args.impls:
+            add("read_floor", measured, timer.median_us(read_floor_fn(stored.heap, nbytes)), stored_bytes=nbytes)
+        expect = reference(q, pages, batch, ctx, scale) if args.check else None
+        for cfg in configs:
+            block_n, warps, stages, ctas = cfg
+            plan = da.plan_decode(page_ids, indptr, lens, fmt, HQ, block_n=block_n, num_warps=warps,
+                                  num_stages=stages, ctas_per_sm=ctas)  # fmt: skip
+            tag = {} if len(configs) == 1 else {"config": f"{block_n}:{warps}:{stages}:{ctas}"}
+            zip_fn = lambda: da.decode_attention(plan, q, stored.heap, stored.page_loc, stored.page_meta, scale,
+                                                 out=out)  # fmt: skip
+            twin_out = torch.empty_like(q)
+            twin_fn = lambda: da.decode_attention(plan, q, raw_heap, raw_loc, raw_meta_rows, scale,
+                                                  compressed=False, out=twin_out)  # fmt: skip
+            if args.check:
+                zip_fn()
+                twin_fn()
+                torch.cuda.synchronize()
+                checks.append({"batch": batch, "context": ctx, "compressible_fraction": measured, **tag,
+                               "bit_identical_to_twin": bool(torch.equal(out, twin_out)),
+                               "rel_err_zipkv": rel_err(out, expect), "rel_err_twin": rel_err(twin_out, expect),
+                               "max_splits": plan.max_splits})  # fmt: skip
+                print("  check", checks[-1], flush=True)
+            add("zipkv", measured, timer.median_us(zip_fn), splits=plan.max_splits, **tag)
+            if "zipkv_twin" in args.impls:
+                add("zipkv_twin", measured, timer.median_us(twin_fn), splits=plan.max_splits, **tag)
+        if "decompress_then_attend" in args.impls:
+            from zipkv.kernels import codec
+
+            plan = da.plan_decode(page_ids, indptr, lens, fmt, HQ)
+            decoded = torch.empty_like(pages)
+            dec_heap = decoded.view(-1).view(torch.uint8)
+
+            def dta() -> None:
+                codec.decode_pages(stored.heap, stored.page_loc, stored.page_meta, decoded, fmt)
+                da.decode_attention(plan, q, dec_heap, raw_loc, raw_meta_rows, scale, compressed=False, out=out)
+
+            add("decompress_then_attend", measured, timer.median_us(dta))
+            if args.check:
+                dta()
+                checks.append({"batch": batch, "context": ctx, "compressible_fraction": measured,
+                               "decompress_then_attend_rel_err": rel_err(out, expect)})  # fmt: skip
+            del decoded, dec_heap
+        undo_plant(pages, fmt, saved)
+        del expect
+    baselines = [i for i in ("flashinfer_tc", "sglang_triton", "sdpa_cudnn") if i in args.impls]
+    if baselines:
+        saved = plant_raw_blocks(pages, fmt, 1.0 - fractions[0], gen)  # the first fraction's values
+        expect = reference(q, pages, batch, ctx, scale) if args.check else None
+        k_buf = pages[:, 0].permute(0, 2, 1, 3).reshape(num_pages * 16, HKV, HEAD_DIM)
+        v_buf = pages[:, 1].permute(0, 2, 1, 3).reshape(num_pages * 16, HKV, HEAD_DIM)
+        for impl in baselines:
+            try:
+                if impl == "flashinfer_tc":
+                    fn = flashinfer_fn(pages, q, out, batch, ctx, scale)
+                    result = lambda: out
+                elif impl == "sglang_triton":
+                    fn = sglang_fn(k_buf, v_buf, q, out, batch, ctx, scale)
+                    result = lambda: out
+                else:
+                    fn = sdpa_fn(k_buf, v_buf, q, batch, ctx, scale)
+                    result = lambda: fn().view(batch, HQ, HEAD_DIM)
+                us = timer.median_us(fn)
+                err = rel_err(result() if impl != "sdpa_cudnn" else result(), expect) if args.check else None
+                add(impl, None, us, rel_err=err)
+            except Exception as exc:
+                rows.append({"batch": batch, "context": ctx, "impl": impl, "compressible_fraction": None,
+                             "median_us": None, "error": repr(exc)[:300]})  # fmt: skip
+                print(f"  {impl} failed: {exc!r}"[:400], flush=True)
+        undo_plant(pages, fmt, saved)
+        del k_buf, v_buf
+    del pages, heap_buf, raw_meta_rows
+    torch.cuda.empty_cache()
+
+
+def versions() -> dict[str, str]:
+    out = {"torch": torch.__version__, "triton": triton.__version__, "cuda": str(torch.version.cuda),
+           "cudnn": str(torch.backends.cudnn.version()), "python": platform.python_version()}  # fmt: skip
+    for name in ("flashinfer", "sglang"):
+        try:
+            from importlib.metadata import version
+
+            out[name] = version("flashinfer-python" if name == "flashinfer" else name)
+        except Exception:
+            out[name] = "not installed"
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--batches", default="1,8,32,64,128")
+    ap.add_argument("--contexts", default="1024,4096,8192,32768")
+    ap.add_argument("--shapes", default="", help="BxL list overriding --batches/--contexts, e.g. 32x8192,1x32768")
+    ap.add_argument("--fractions", default=f"{REAL_KV_FRACTION},0,1")
+    ap.add_argument("--impls", default="read_floor,zipkv,zipkv_twin,decompress_then_attend,flashinfer_tc,"
+                    "sglang_triton,sdpa_cudnn")  # fmt: skip
+    ap.add_argument("--configs", default="", help="tuning: block_n:warps:stages:ctas_per_sm list; default = tuned")
+    ap.add_argument("--no-check", dest="check", action="store_false")
+    ap.add_argument("--target-s", type=float, default=0.12, help="timed seconds per measurement")
+    ap.add_argument("--out", default="")
+    args = ap.parse_args()
+    if args.shapes:
+        shapes = [tuple(int(x) for x in s.split("x")) for s in args.shapes.split(",")]
+    else:
+        shapes = [(b, c) for b in map(int, args.batches.split(",")) for c in map(int, args.contexts.split(","))]
+    fractions = [float(f) for f in args.fractions.split(",")]
+    args.impls = set(args.impls.split(","))
+    default_cfg = da.plan_decode.__globals__["KERNEL_CONFIGS"][HEAD_DIM]
+    configs = [tuple(int(x) for x in c.split(":")) for c in args.configs.split(",")] if args.configs else [
+        default_cfg]  # fmt: skip
+    timer = Timer(args.target_s, 10, 200)
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    rows: list[dict[str, object]] = []
+    checks: list[dict[str, object]] = []
+    t0 = time.time()
+    for batch, ctx in shapes:
+        run_shape(args, timer, batch, ctx, fractions, configs, rows, checks, gen)
+    result = {
+        "device": torch.cuda.get_device_name(0),
+        "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "command": "python " + " ".join(sys.argv),
+        "versions": versions(),
+        "shape": {"num_q_heads": HQ, "num_kv_heads": HKV, "head_dim": HEAD_DIM, "page_tokens": 16, "layers": 1},
+        "configs": [list(c) for c in configs],
+        "kernel_resources": kernel_resources(),
+        "seconds": round(time.time() - t0, 1),
+        "checks": checks,
+        "rows": rows,
+    }
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(result, indent=1))
+    bad = [c for c in checks if c.get("bit_identical_to_twin") is False or (c.get("rel_err_zipkv") or 0) > 1e-2]
+    print(f"checks: {len(checks)}, failing: {len(bad)}; {result['seconds']} s; resources {result['kernel_resources']}")
+    if bad or any(math.isnan(c.get("rel_err_zipkv", 0.0)) for c in checks):
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()

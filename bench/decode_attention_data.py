@@ -1,0 +1,111 @@
+"""Benchmark data for decode attention: random KV pages at a chosen compressible fraction, stored packed.
+
+Values are random normal bf16 with magnitudes clamped to [2^-9, 60), so every 512-value block fits the
+format's exponent window; a chosen set of blocks is then made raw by planting one tiny value (1e-30, far
+below the window) in it. The encoder here is a vectorised torch rendering of kernels/layout.py for
+token-major blocks (the bench checks it byte for byte against zipkv.kernels.reference.encode_page); it
+writes pages back to back, as a compacted heap holds them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from zipkv.kernels.layout import BLOCK_VALUES, OFFSET_BYTES, PAGE_TOKENS, RAW_MARKER, PageFormat
+
+_ROW_BYTES = 256  # every block size (768, 1024) and page size is a multiple of this
+_TINY = 1e-30
+
+
+def random_pages(num_pages: int, fmt: PageFormat, generator: torch.Generator, device: str) -> torch.Tensor:
+    """bf16 ``[P, 2, H, 16, D]`` of random normal values whose every block is compressible."""
+    out = torch.empty(num_pages, 2, fmt.num_kv_heads, PAGE_TOKENS, fmt.head_dim, dtype=torch.bfloat16, device=device)
+    chunk = 4096
+    for p0 in range(0, num_pages, chunk):
+        x = torch.randn(out[p0 : p0 + chunk].shape, generator=generator, device=device)
+        out[p0 : p0 + chunk] = (torch.sign(x) * x.abs().clamp(2.0**-9, 60.0)).to(torch.bfloat16)
+    return out
+
+
+def plant_raw_blocks(
+    pages: torch.Tensor, fmt: PageFormat, raw_fraction: float, generator: torch.Generator
+) -> torch.Tensor:
+    """Make about ``raw_fraction`` of the blocks raw (in place); returns the planted first values to undo."""
+    rows = BLOCK_VALUES // fmt.head_dim
+    first = pages[:, :, :, ::rows, 0]  # [P, 2, H, NB]: the first value of each block
+    saved = first.clone()
+    pick = torch.rand(first.shape, generator=generator, device=pages.device) < raw_fraction
+    pages[:, :, :, ::rows, 0] = torch.where(pick, torch.copysign(torch.full_like(first, _TINY), first), first)
+    return saved
+
+
+def undo_plant(pages: torch.Tensor, fmt: PageFormat, saved: torch.Tensor) -> None:
+    pages[:, :, :, :: BLOCK_VALUES // fmt.head_dim, 0] = saved
+
+
+@dataclass(frozen=True)
+class StoredPages:
+    heap: torch.Tensor  # uint8 [capacity]: the pages back to back from byte 0
+    page_loc: torch.Tensor  # int64 [P]: byte offset of page p
+    page_meta: torch.Tensor  # uint8 [P, 2H, meta_bytes]
+    stored_bytes: int  # bytes of all pages (metadata excluded)
+    compressible_fraction: float  # measured over the stored blocks
+
+    @property
+    def meta_bytes(self) -> int:
+        return self.page_meta.numel()
+
+
+def encode_packed(pages: torch.Tensor, fmt: PageFormat, heap: torch.Tensor | None = None) -> StoredPages:
+    """Encode every page (token-major blocks) into one heap, pages back to back."""
+    num_pages, _, h, _, d = pages.shape
+    nb, rows, half = fmt.blocks_per_page_head, BLOCK_VALUES // d, d // 2
+    if fmt.k_geometry.channels != d or fmt.v_geometry.channels != d:
+        raise ValueError("the bench encoder handles token-major blocks only")
+    device = pages.device
+    if heap is None:
+        heap = torch.empty(num_pages * fmt.raw_page_bytes, dtype=torch.uint8, device=device)
+    heap_rows = heap.view(-1, _ROW_BYTES)
+    loc = torch.empty(num_pages, dtype=torch.int64, device=device)
+    meta = torch.zeros(num_pages, 2 * h, fmt.meta_bytes, dtype=torch.uint8, device=device)
+    running = torch.zeros((), dtype=torch.int64, device=device)
+    compressed = torch.zeros((), dtype=torch.int64, device=device)
+    chunk = 2048
+    for p0 in range(0, num_pages, chunk):
+        blocks = pages[p0 : p0 + chunk].reshape(-1, 2 * h, nb, BLOCK_VALUES)
+        n = blocks.shape[0]
+        bits = blocks.view(torch.int16).to(torch.int32) & 0xFFFF
+        exps = (bits >> 7) & 0xFF
+        base = exps.amin(-1) & ~1
+        comp = (exps.amax(-1) - base) < 16
+        compressed += comp.sum()
+        markers = torch.where(comp, base >> 1, RAW_MARKER).to(torch.uint8)
+        sizes = torch.where(comp, 768, 1024).to(torch.int64).view(n, -1)
+        in_page = torch.cumsum(sizes, 1) - sizes  # [n, 2H*NB] offset of each block in its page
+        page_bytes = sizes.sum(1)
+        page_off = running + torch.cumsum(page_bytes, 0) - page_bytes
+        running = running + page_bytes.sum()
+        loc[p0 : p0 + n] = page_off
+        head_off = in_page.view(n, 2 * h, nb)[:, :, 0].to(torch.int32)
+        meta[p0 : p0 + n, :, :OFFSET_BYTES] = head_off.unsqueeze(-1).view(torch.uint8).view(n, 2 * h, 4)
+        meta[p0 : p0 + n, :, OFFSET_BYTES : OFFSET_BYTES + nb] = markers
+        start_row = ((page_off[:, None] + in_page) // _ROW_BYTES).view(-1)
+        comp = comp.view(-1)
+        flat = bits.view(-1, rows, d)
+        # compressed blocks: 512 low bytes, then code bytes pairing channel k with k + D/2
+        cb = flat[comp]
+        d_val = (((cb >> 7) & 0xFF) - base.view(-1)[comp][:, None, None]) >> 1
+        sign = cb >> 15
+        code = (sign[..., :half] << 7) | (sign[..., half:] << 6) | (d_val[..., half:] << 3) | d_val[..., :half]
+        data = torch.cat([(cb & 0xFF).to(torch.uint8).view(-1, 512), code.to(torch.uint8).view(-1, 256)], 1)
+        rows_c = start_row[comp]
+        for i in range(3):
+            heap_rows[rows_c + i] = data[:, i * _ROW_BYTES : (i + 1) * _ROW_BYTES]
+        raw = blocks.reshape(-1, BLOCK_VALUES)[~comp].view(torch.uint8)
+        rows_r = start_row[~comp]
+        for i in range(4):
+            heap_rows[rows_r + i] = raw[:, i * _ROW_BYTES : (i + 1) * _ROW_BYTES]
+    total_blocks = num_pages * 2 * h * nb
+    return StoredPages(heap, loc, meta, int(running), int(compressed) / total_blocks)

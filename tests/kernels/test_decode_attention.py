@@ -1,0 +1,181 @@
+"""Fused decode attention: compressed pages == the uncompressed twin bit for bit, and both match a float64
+reference. Runs under the Triton interpreter on the CPU (fp32 dots, plain-integer restore) and compiled on
+the GPU (bf16 dots, PTX restore); the ``gpu`` tests add the shapes and paths only a GPU runs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+import torch
+
+from zipkv.kernels import reference as ref
+from zipkv.kernels.decode_attention import decode_attention, plan_decode
+from zipkv.kernels.decode_plan import choose_max_splits
+from zipkv.kernels.layout import BLOCK_VALUES, PAGE_TOKENS, BlockGeometry, PageFormat
+from zipkv.kernels.reference_attention import decode_attention_reference
+
+
+@dataclass
+class Case:
+    fmt: PageFormat
+    q: torch.Tensor  # bf16 [B, Hq, D]
+    pages: torch.Tensor  # bf16 [P, 2, H, 16, D] values by page id (tails hold NaN past kv_len)
+    page_ids: torch.Tensor  # int32 [total]
+    indptr: torch.Tensor  # int32 [B + 1]
+    kv_lens: torch.Tensor  # int32 [B]
+    heap: torch.Tensor  # uint8: full pages compressed (raw where a block does not fit), tails raw
+    loc: torch.Tensor  # int64 [P]
+    meta: torch.Tensor  # uint8 [P, 2H, meta_bytes]
+    raw_heap: torch.Tensor  # uint8: every page raw
+    raw_loc: torch.Tensor
+    raw_meta: torch.Tensor
+
+    def plan(self, **kw: object):  # type: ignore[no-untyped-def]
+        return plan_decode(self.page_ids, self.indptr, self.kv_lens, self.fmt, self.q.shape[1], **kw)
+
+
+def make_case(
+    head_dim: int,
+    kv_heads: int,
+    group: int,
+    kv_lens: list[int],
+    device: str,
+    raw_fraction: float = 0.3,
+    seed: int = 0,
+) -> Case:
+    g = torch.Generator().manual_seed(seed)
+    fmt = PageFormat(head_dim, kv_heads)
+    counts = [-(-n // PAGE_TOKENS) for n in kv_lens]
+    num_pages = sum(counts) + 2  # two pages nobody owns
+    pages = torch.randn(num_pages, 2, kv_heads, PAGE_TOKENS, head_dim, generator=g).to(torch.bfloat16)
+    rows = BLOCK_VALUES // head_dim
+    pick = torch.rand(num_pages, 2, kv_heads, PAGE_TOKENS // rows, generator=g) < raw_fraction
+    firsts = pages[:, :, :, ::rows, 1]
+    pages[:, :, :, ::rows, 1] = torch.where(pick, torch.full_like(firsts, 1e-30), firsts)  # forces raw
+    order = torch.randperm(num_pages, generator=g).tolist()
+    ids, tails, start = [], {}, 0
+    for n, c in zip(kv_lens, counts, strict=True):
+        ids += order[start : start + c]
+        start += c
+        tails[ids[-1]] = n - (c - 1) * PAGE_TOKENS  # tokens in the last page
+    for pid, used in tails.items():
+        pages[pid, :, :, used:] = float("nan")  # not yet written: must never reach the output
+    heap = torch.zeros(num_pages * fmt.raw_page_bytes + 4096, dtype=torch.uint8)
+    loc = torch.empty(num_pages, dtype=torch.int64)
+    meta = torch.empty(num_pages, 2 * kv_heads, fmt.meta_bytes, dtype=torch.uint8)
+    offset = 512
+    for pid in range(num_pages):
+        if pid in tails:
+            data, m = ref.raw_page_bytes(pages[pid], fmt), ref.raw_page_meta(fmt)
+        else:
+            data, m = ref.encode_page(pages[pid], fmt)
+        heap[offset : offset + data.numel()] = data
+        loc[pid], meta[pid] = offset, m
+        offset += data.numel() + 256  # a gap: pages need not be adjacent
+    raw_loc = torch.arange(num_pages, dtype=torch.int64) * fmt.raw_page_bytes
+    raw_heap = torch.cat([ref.raw_page_bytes(p, fmt) for p in pages])
+    raw_meta = ref.raw_page_meta(fmt).expand(num_pages, -1, -1).contiguous()
+    q = torch.randn(len(kv_lens), kv_heads * group, head_dim, generator=g).to(torch.bfloat16)
+    moved = [t.to(device) for t in (q, pages, heap, loc, meta, raw_heap, raw_loc, raw_meta)]
+    i32 = dict(dtype=torch.int32, device=device)
+    indptr = torch.tensor([0, *torch.tensor(counts).cumsum(0).tolist()], **i32)
+    return Case(fmt, moved[0], moved[1], torch.tensor(ids, **i32), indptr, torch.tensor(kv_lens, **i32),
+                *moved[2:])  # fmt: skip
+
+
+def run_both(case: Case, plan, **kw: object) -> tuple[torch.Tensor, torch.Tensor]:  # type: ignore[no-untyped-def]
+    scale = case.fmt.head_dim**-0.5
+    packed = decode_attention(plan, case.q, case.heap, case.loc, case.meta, scale, **kw)
+    twin = decode_attention(plan, case.q, case.raw_heap, case.raw_loc, case.raw_meta, scale, compressed=False)
+    return packed, twin
+
+
+def rel_err(case: Case, out: torch.Tensor) -> float:
+    scale = case.fmt.head_dim**-0.5
+    exp = decode_attention_reference(
+        case.q, case.pages, case.page_ids, case.indptr, case.kv_lens.cpu(), scale
+    )
+    return float((out.double() - exp).norm() / exp.norm())
+
+
+@pytest.mark.parametrize(
+    ("head_dim", "group", "kv_lens", "splits"),
+    [(128, 4, [1, 37, 70], None), (128, 4, [130, 16], 1), (64, 8, [50, 33], None), (256, 1, [40], 3),
+     (128, 1, [21, 64], None), (64, 4, [17], 1), (256, 8, [35, 2], None)],
+)  # fmt: skip
+def test_compressed_equals_twin_and_reference(head_dim, group, kv_lens, splits, device) -> None:  # type: ignore[no-untyped-def]
+    case = make_case(head_dim, 2, group, kv_lens, device)
+    markers = ref.unpack_meta(case.meta.cpu(), case.fmt)[1]
+    assert (markers == 0xFF).any() and (markers != 0xFF).any(), "the case must mix raw and compressed blocks"
+    plan = case.plan(block_n=32, max_splits=splits, num_sms=2)
+    packed, twin = run_both(case, plan)
+    assert torch.isfinite(packed.float()).all()
+    assert torch.equal(packed.view(torch.int16), twin.view(torch.int16))
+    assert rel_err(case, packed) < 1e-2
+
+
+def test_a_wrong_code_bit_changes_the_output(device) -> None:  # type: ignore[no-untyped-def]
+    case = make_case(128, 2, 4, [48], device, raw_fraction=0.0)
+    pid = int(case.page_ids[0])
+    case.heap[int(case.loc[pid]) + 512 + 3] ^= 0x04  # one code byte of K head 0, block 0: d changes
+    packed, twin = run_both(case, case.plan(block_n=32, max_splits=1))
+    assert not torch.equal(packed, twin)
+
+
+def test_split_kv_merge_matches_one_split(device) -> None:  # type: ignore[no-untyped-def]
+    case = make_case(128, 2, 4, [200, 90], device, raw_fraction=0.1)
+    one = run_both(case, case.plan(block_n=32, max_splits=1))[0]
+    plan = case.plan(block_n=32, num_sms=8)
+    assert plan.max_splits > 1 and int(plan.num_splits.max()) > 1
+    many = run_both(case, plan)[0]
+    assert rel_err(case, one) < 1e-2 and rel_err(case, many) < 1e-2
+    assert float((one.float() - many.float()).abs().max()) < 2e-2
+
+
+def test_plan_splits_cover_every_token_once() -> None:
+    fmt = PageFormat(128, 8)
+    lens = [1, 16, 63, 64, 65, 1000, 8192, 32768]
+    counts = [-(-n // 16) for n in lens]
+    ids = torch.arange(sum(counts), dtype=torch.int32)
+    indptr = torch.tensor([0, *torch.tensor(counts).cumsum(0).tolist()], dtype=torch.int32)
+    plan = plan_decode(ids, indptr, torch.tensor(lens, dtype=torch.int32), fmt, 32, num_sms=132)
+    for n, s, t in zip(lens, plan.num_splits.tolist(), plan.split_tokens.tolist(), strict=True):
+        assert t % plan.block_n == 0 and 1 <= s <= plan.max_splits
+        assert (s - 1) * t < n <= s * t  # no empty split, nothing left over
+
+
+def test_split_count_fills_whole_waves() -> None:
+    assert choose_max_splits(8, 528) == 66  # batch 1, 8 KV heads: one full wave
+    assert choose_max_splits(256, 528) == 2  # batch 32
+    assert choose_max_splits(1024, 528) == 1  # batch 128: enough programs already
+    assert choose_max_splits(256, 396) == 3  # 768 programs = 2 waves of 396 nearly full
+
+
+def test_bad_inputs_get_clear_errors() -> None:
+    case = make_case(128, 2, 4, [20], "cpu")
+    plan = case.plan(block_n=32)
+    with pytest.raises(ValueError, match="q must be bf16"):
+        decode_attention(plan, case.q.float(), case.heap, case.loc, case.meta, 0.1)
+    with pytest.raises(ValueError, match="page_meta_layer"):
+        decode_attention(plan, case.q, case.heap, case.loc, case.meta[:, :2], 0.1)
+    with pytest.raises(ValueError, match="token-major"):
+        fmt = PageFormat(128, 2, k_geometry=BlockGeometry(16, 32))
+        plan_decode(case.page_ids, case.indptr, case.kv_lens, fmt, 8)
+    with pytest.raises(ValueError, match="multiple of num_kv_heads"):
+        plan_decode(case.page_ids, case.indptr, case.kv_lens, case.fmt, 7)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+@pytest.mark.parametrize("group", [1, 4, 8])
+def test_gpu_ptx_restore_equals_integer_restore_and_twin(head_dim: int, group: int) -> None:
+    case = make_case(head_dim, 4, group, [1, 300, 1000, 77], "cuda", raw_fraction=0.1, seed=head_dim + group)
+    for splits in (1, None):
+        plan = case.plan(max_splits=splits)
+        packed, twin = run_both(case, plan)
+        plain = decode_attention(plan, case.q, case.heap, case.loc, case.meta, head_dim**-0.5, use_asm=False)
+        assert torch.equal(packed.view(torch.int16), twin.view(torch.int16))
+        assert torch.equal(packed.view(torch.int16), plain.view(torch.int16))
+        assert rel_err(case, packed) < 1e-2
