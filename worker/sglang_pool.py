@@ -35,6 +35,7 @@ from zipkv.kernels.layout import PAGE_TOKENS, PageFormat
 
 log = logging.getLogger("zipkv.worker.sglang")
 
+LOG_EVERY_STEPS = 128  # a pool line in the scheduler's log (INFO) every this many forward steps
 PAD_PAGE = 0  # SGLang writes padded (CUDA-graph) rows to slot 0: page 0 must stay allocated and raw
 
 
@@ -366,4 +367,17 @@ class ZipkvAllocator:
         if pages:
             self.pool.mark_full(pages)
         self.pool.end_step()
+        if self._forward_step % LOG_EVERY_STEPS == 0 and log.isEnabledFor(logging.INFO):
+            st = self.pool.stats()
+            log.info(
+                "zipkv pool step=%d compressed_pages=%d raw_pages=%d encoding_pages=%d ratio=%.4f "
+                "free_pages=%d live_pages=%d",
+                self._forward_step,
+                st.compressed_pages,
+                st.raw_pages,
+                st.encoding_pages,
+                st.compression_ratio,
+                st.free_pages,
+                self._live_pages,
+            )
         return len(pages)
