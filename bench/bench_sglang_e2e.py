@@ -18,10 +18,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import hashlib
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -177,7 +179,13 @@ def parent(args: argparse.Namespace) -> None:
         ]
         t0 = time.perf_counter()
         with open(log, "w") as f:
-            rc = subprocess.call(cmd, stdout=f, stderr=subprocess.STDOUT)
+            # Own process group: SGLang's scheduler and detokenizer processes die with it, even on a timeout,
+            # so the next system starts on a free GPU.
+            proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
+            rc = proc.wait()
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            time.sleep(2)
         entry = json.loads(js.read_text()) if js.exists() else {"system": system, "milestone": milestone}
         entry.update(
             rc=rc, process_s=round(time.perf_counter() - t0, 1), small=small, **parse_log(log.read_text())
