@@ -41,7 +41,10 @@ def make_store(cfg: RouterConfig) -> Store:
         from zipkv.controlplane.redis_store import RedisStore
 
         return RedisStore(cfg)
-    return MemoryStore(cfg.placement.expire_after_ms, cfg.placement.reservation_ttl_s)
+    pl = cfg.placement
+    return MemoryStore(
+        pl.expire_after_ms, pl.reservation_ttl_s, report_delay_bound_ms=pl.report_delay_bound_ms
+    )
 
 
 class Router:

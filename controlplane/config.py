@@ -57,7 +57,7 @@ class StateConfig(_Strict):
     redis_url: str | None = None
     key_prefix: str = "zipkv"
     refresh_ms: int = Field(default=50, gt=0, description="how often a router reloads the shared snapshot")
-    redis_timeout_ms: int = Field(default=200, gt=0)
+    redis_timeout_ms: int = Field(default=500, gt=0)
 
     @model_validator(mode="after")
     def _redis_needs_url(self) -> StateConfig:
@@ -77,6 +77,9 @@ class PlacementConfig(_Strict):
     )
     reservation_ttl_s: float = Field(
         default=900.0, gt=0, description="a crashed router's reservations expire"
+    )
+    report_delay_bound_ms: int = Field(
+        default=200, gt=0, description="longest a report takes from worker to router (reservation accounting)"
     )
     weight_headroom: float = Field(default=1.0, ge=0)
     weight_slo: float = Field(default=1.0, ge=0)

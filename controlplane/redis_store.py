@@ -24,12 +24,14 @@ from collections.abc import Callable
 
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
+from redis.exceptions import TimeoutError as RedisTimeout
 
 from zipkv.controlplane.config import RouterConfig
 from zipkv.controlplane.state import MemoryStore, Reservation, Snapshot, WorkerView, unseen_reserved
 
 log = logging.getLogger("zipkv.controlplane.redis")
 ERRORS = (RedisError, OSError, asyncio.TimeoutError)
+TIMEOUTS_TO_DEGRADE = 3
 
 PUT_REPORT = """
 local cur = redis.call('HMGET', KEYS[1], 'epoch', 'seq')
@@ -56,7 +58,7 @@ for i = 1, #all, 2 do
   t, st, ex = tonumber(t), tonumber(st), tonumber(ex)
   if ex <= now then
     redis.call('HDEL', KEYS[2], all[i])
-  elseif st == 0 or st >= recv then
+  elseif st == 0 or recv < st + tonumber(ARGV[6]) then
     used = used + t
   end
 end
@@ -100,11 +102,13 @@ class RedisStore:
         self._res_ttl_s = pl.reservation_ttl_s
         self._refresh_s = st.refresh_ms / 1000.0
         self._clock = clock
-        self._local = MemoryStore(pl.expire_after_ms, pl.reservation_ttl_s, clock)
+        self._delay_s = pl.report_delay_bound_ms / 1000.0
+        self._local = MemoryStore(pl.expire_after_ms, pl.reservation_ttl_s, clock, pl.report_delay_bound_ms)
         self._local_res: set[tuple[str, str]] = set()  # reservations made while degraded
         self._pending_release: list[tuple[str, str]] = []
         self._snap = Snapshot((), 0.0)
         self._degraded = False
+        self._timeouts = 0
         self._put = self._redis.register_script(PUT_REPORT)
         self._reserve = self._redis.register_script(RESERVE)
         self._started = self._redis.register_script(MARK_STARTED)
@@ -118,6 +122,16 @@ class RedisStore:
     @property
     def degraded(self) -> bool:
         return self._degraded
+
+    def _failed(self, exc: BaseException) -> None:
+        """A refused or reset connection means Redis is down: degrade at once. A timeout may be a busy
+        moment: degrade after `TIMEOUTS_TO_DEGRADE` in a row (a success resets the count)."""
+        if isinstance(exc, (RedisTimeout, asyncio.TimeoutError)):
+            self._timeouts += 1
+            if self._timeouts < TIMEOUTS_TO_DEGRADE:
+                log.info("redis call timed out", extra={"in_a_row": self._timeouts})
+                return
+        self._degrade(exc)
 
     def _degrade(self, exc: BaseException) -> None:
         if not self._degraded:
@@ -135,7 +149,7 @@ class RedisStore:
         try:
             cur = await self._put_shared(view)
         except ERRORS as exc:
-            self._degrade(exc)
+            self._failed(exc)
             return local
         if cur == "":
             return None
@@ -169,7 +183,7 @@ class RedisStore:
                 gone.append(wid)  # its report hash expired: the worker stopped reporting
                 continue
             view = WorkerView(**json.loads(data))
-            reserved = unseen_reserved(_parse_res(res), view.received_s, now)
+            reserved = unseen_reserved(_parse_res(res), view.received_s, now, self._delay_s)
             views.append(dataclasses.replace(view, reserved_tokens=reserved, pinned=False))
         if gone:
             await self._redis.srem(f"{self._p}:workers", *gone)
@@ -180,10 +194,12 @@ class RedisStore:
         while True:
             try:
                 await self.refresh()
+                self._timeouts = 0
+                await self._flush_releases()
                 if self._degraded:
                     await self._recover()
             except ERRORS as exc:
-                self._degrade(exc)
+                self._failed(exc)
             await asyncio.sleep(self._refresh_s)
 
     async def _recover(self) -> None:
@@ -191,12 +207,14 @@ class RedisStore:
         for view in self._local.views().values():
             if not view.pinned:
                 await self._put_shared(view)
+        self._degraded = False
+        self._local = MemoryStore(self._expire_ms, self._res_ttl_s, self._clock, int(self._delay_s * 1000))
+        log.info("redis reachable again; shared state restored")
+
+    async def _flush_releases(self) -> None:
         for wid, rid in list(self._pending_release):
             await self._redis.hdel(self._r(wid), rid)
             self._pending_release.remove((wid, rid))
-        self._degraded = False
-        self._local = MemoryStore(self._expire_ms, self._res_ttl_s, self._clock)
-        log.info("redis reachable again; shared state restored")
 
     async def reserve(self, worker_id: str, request_id: str, tokens: int, now_s: float) -> bool:
         if not self._degraded:
@@ -206,13 +224,18 @@ class RedisStore:
                 repr(now_s),
                 repr(now_s + self._res_ttl_s),
                 int(self._res_ttl_s * 1000),
+                repr(self._delay_s),
             ]
             try:
                 return bool(
                     await self._reserve(keys=[self._w(worker_id), self._r(worker_id)], args=args) == 1
                 )
             except ERRORS as exc:
-                self._degrade(exc)
+                self._failed(exc)
+                if not self._degraded:
+                    # It may have been applied before the timeout: undo it later, and do not use it.
+                    self._pending_release.append((worker_id, request_id))
+                    return False
         ok = await self._local.reserve(worker_id, request_id, tokens, now_s)
         if ok:
             self._local_res.add((worker_id, request_id))
@@ -225,7 +248,7 @@ class RedisStore:
         try:
             await self._started(keys=[self._r(worker_id)], args=[request_id, repr(now_s)])
         except ERRORS as exc:
-            self._degrade(exc)
+            self._failed(exc)  # the reservation keeps counting until released: the safe side
 
     async def release(self, worker_id: str, request_id: str) -> None:
         if (worker_id, request_id) in self._local_res:
@@ -235,8 +258,8 @@ class RedisStore:
         try:
             await self._redis.hdel(self._r(worker_id), request_id)
         except ERRORS as exc:
-            self._pending_release.append((worker_id, request_id))  # replayed on recovery
-            self._degrade(exc)
+            self._pending_release.append((worker_id, request_id))  # replayed by the refresh loop
+            self._failed(exc)
 
     async def close(self) -> None:
         await self._redis.aclose()

@@ -107,11 +107,13 @@ class Reservation:
     expires_s: float  # a router that died never releases; its reservations expire
 
 
-def unseen_reserved(reservations: list[Reservation], report_received_s: float, now_s: float) -> int:
+def unseen_reserved(
+    reservations: list[Reservation], report_received_s: float, now_s: float, delay_bound_s: float
+) -> int:
     return sum(
         r.tokens
         for r in reservations
-        if r.expires_s > now_s and (r.started_s == 0 or r.started_s >= report_received_s)
+        if r.expires_s > now_s and (r.started_s == 0 or report_received_s < r.started_s + delay_bound_s)
     )
 
 
@@ -144,9 +146,16 @@ class Store(Protocol):
 class MemoryStore:
     """State for one router process. All methods run on the event loop, so each is atomic."""
 
-    def __init__(self, expire_after_ms: int, reservation_ttl_s: float, clock: object = None) -> None:
+    def __init__(
+        self,
+        expire_after_ms: int,
+        reservation_ttl_s: float,
+        clock: object = None,
+        report_delay_bound_ms: int = 200,
+    ) -> None:
         import time
 
+        self._delay_s = report_delay_bound_ms / 1000.0
         self._expire_s = expire_after_ms / 1000.0
         self._res_ttl_s = reservation_ttl_s
         self._clock = clock if callable(clock) else time.time
@@ -188,7 +197,9 @@ class MemoryStore:
                 del self._views[wid]  # its reports stopped: forget it
                 continue
             res = list(self._res.get(wid, {}).values())
-            workers.append(replace(view, reserved_tokens=unseen_reserved(res, view.received_s, now)))
+            workers.append(
+                replace(view, reserved_tokens=unseen_reserved(res, view.received_s, now, self._delay_s))
+            )
         self._cache = Snapshot(workers=tuple(workers), taken_s=now)
         return self._cache
 
@@ -199,7 +210,10 @@ class MemoryStore:
         table = self._res.setdefault(worker_id, {})
         for rid in [k for k, r in table.items() if r.expires_s <= now_s]:
             del table[rid]
-        if view.free_tokens - unseen_reserved(list(table.values()), view.received_s, now_s) < tokens:
+        if (
+            view.free_tokens - unseen_reserved(list(table.values()), view.received_s, now_s, self._delay_s)
+            < tokens
+        ):
             return False
         table[request_id] = Reservation(tokens=tokens, started_s=0.0, expires_s=now_s + self._res_ttl_s)
         self._cache = None

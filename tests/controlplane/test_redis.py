@@ -25,7 +25,7 @@ def _router_process(tmp: Path, redis_url: str, name: str) -> tuple[subprocess.Po
     cfg.write_text(
         f"models: [{{name: {MODEL}, tokenizer: byte, max_context_tokens: 4096}}]\n"
         f"http: {{host: 127.0.0.1, port: {http}}}\ngrpc: {{host: 127.0.0.1, port: {grpc_port}}}\n"
-        f"state: {{backend: redis, redis_url: '{redis_url}', refresh_ms: 20}}\n"
+        f"state: {{backend: redis, redis_url: '{redis_url}', refresh_ms: 20, redis_timeout_ms: 2000}}\n"
         "placement: {stale_after_ms: 2000, expire_after_ms: 5000}\n"
     )
     env = {**os.environ, "ZIPKV_SECURITY__REPORT_TOKEN": TOKEN}

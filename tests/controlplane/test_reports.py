@@ -91,13 +91,19 @@ def test_reservation_accounting_never_over_commits() -> None:
         assert not await store.reserve("w", "r2", 600, 100.0)  # 1000 - 600 = 400 < 600
         assert store.snapshot().workers[0].headroom_tokens == 400
         await store.mark_started("w", "r1", 100.5)  # first token arrived at 100.5
-        # A report received at 100.6 was built after the worker admitted r1 (it reports 400 free):
-        # r1 no longer counts against it, or it would be counted twice.
+        # A report received at 100.6 may have been built before the worker admitted r1 (it can take up
+        # to report_delay_bound 200 ms to arrive): r1 still counts, 400 - 600 = -200 (conservative).
         now[0] = 100.6
         assert await store.put_report(_view(400, 100.6, seq=2)) is None
+        assert store.snapshot().workers[0].headroom_tokens == -200
+        # Received at 100.8 >= 100.5 + 0.2: built after the admission, so it already counts r1.
+        now[0] = 100.8
+        assert await store.put_report(_view(400, 100.8, seq=3)) is None
         assert store.snapshot().workers[0].headroom_tokens == 400
-        assert not await store.reserve("w", "r2", 600, 100.6)
+        assert not await store.reserve("w", "r2", 600, 100.8)
+        assert await store.reserve("w", "r2", 400, 100.8)
         await store.release("w", "r1")
+        await store.release("w", "r2")
         assert store.reserved_total("w") == 0
 
     asyncio.run(scenario())
