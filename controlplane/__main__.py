@@ -30,11 +30,17 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(exc, file=sys.stderr)
         return 2
+    from zipkv.controlplane.app import build_app
     from zipkv.controlplane.server import serve, setup_logging
 
     setup_logging(cfg.telemetry.log_level)
+    try:
+        app = build_app(cfg)  # loads every model's tokenizer: a bad path fails here, before serving
+    except (ValueError, OSError) as exc:
+        print(f"router start-up failed: {exc}", file=sys.stderr)
+        return 2
     with contextlib.suppress(KeyboardInterrupt), asyncio.Runner(loop_factory=_loop_factory()) as runner:
-        runner.run(serve(cfg))
+        runner.run(serve(cfg, app))
     return 0
 
 

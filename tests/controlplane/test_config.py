@@ -81,3 +81,16 @@ def test_check_command_exit_codes(tmp_path: Path) -> None:
     )
     assert bad.returncode != 0
     assert "invalid router config" in bad.stderr and "models" in bad.stderr
+
+
+def test_router_start_up_fails_loudly_on_a_bad_tokenizer(tmp_path: Path) -> None:
+    cfg = _write(tmp_path, "models: [{name: m, tokenizer: /nonexistent/tok}]\nsecurity: {report_token: x}\n")
+    out = subprocess.run(
+        [sys.executable, "-m", "zipkv.controlplane", "--config", cfg],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=60,
+    )
+    assert out.returncode == 2
+    assert "tokenizer.json" in out.stderr and "Traceback" not in out.stderr
