@@ -278,6 +278,12 @@ async def _drive(url: str, concurrency: int, tokens: int, duration_s: float) -> 
     }
 
 
+def _cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a process (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 async def bench_throughput(concurrency: int, tokens: int, duration_s: float) -> dict[str, Any]:
     tmp = Path(tempfile.mkdtemp())
     http_port, grpc_port = _free_port(), _free_port()
@@ -299,7 +305,17 @@ async def bench_throughput(concurrency: int, tokens: int, duration_s: float) -> 
         url = f"http://127.0.0.1:{http_port}"
         await _wait_ready(url)
         await _drive(url, concurrency, tokens, 2.0)  # warm-up
-        return await _drive(url, concurrency, tokens, duration_s)
+        cpu0 = _cpu_s(router.pid)
+        out = await _drive(url, concurrency, tokens, duration_s)
+        cpu = _cpu_s(router.pid) - cpu0
+        # The machine is shared: requests per CPU-second of the router process does not depend on how
+        # much of a core the other tenants left it.
+        out.update(
+            router_cpu_s=cpu,
+            router_cpu_share=cpu / out["seconds"],
+            requests_per_router_cpu_s=out["requests_ok"] / cpu,
+        )
+        return out
     finally:
         for p in (router, worker):
             p.terminate()
@@ -373,6 +389,10 @@ def main() -> int:
         ("direct gRPC -> worker p50 (ms)", f"{latency['direct_grpc_to_worker_p50_ms']:.2f}"),
         ("streamed requests/s (one router process)", f"{throughput['requests_per_s']:.0f}"),
         ("streamed tokens/s", f"{throughput['streamed_tokens_per_s']:.0f}"),
+        (
+            "router CPU share of one core / requests per router CPU-second",
+            f"{throughput['router_cpu_share']:.2f} / {throughput['requests_per_router_cpu_s']:.0f}",
+        ),
         ("errors", str(throughput["errors"])),
     ]
     for name, value in rows:
