@@ -21,7 +21,9 @@ _TINY = 1e-30
 
 def random_pages(num_pages: int, fmt: PageFormat, generator: torch.Generator, device: str) -> torch.Tensor:
     """bf16 ``[P, 2, H, 16, D]`` of random normal values whose every block is compressible."""
-    out = torch.empty(num_pages, 2, fmt.num_kv_heads, PAGE_TOKENS, fmt.head_dim, dtype=torch.bfloat16, device=device)
+    out = torch.empty(
+        num_pages, 2, fmt.num_kv_heads, PAGE_TOKENS, fmt.head_dim, dtype=torch.bfloat16, device=device
+    )
     chunk = 4096
     for p0 in range(0, num_pages, chunk):
         x = torch.randn(out[p0 : p0 + chunk].shape, generator=generator, device=device)
@@ -98,7 +100,9 @@ def encode_packed(pages: torch.Tensor, fmt: PageFormat, heap: torch.Tensor | Non
         cb = flat[comp]
         d_val = (((cb >> 7) & 0xFF) - base.view(-1)[comp][:, None, None]) >> 1
         sign = cb >> 15
-        code = (sign[..., :half] << 7) | (sign[..., half:] << 6) | (d_val[..., half:] << 3) | d_val[..., :half]
+        code = (
+            (sign[..., :half] << 7) | (sign[..., half:] << 6) | (d_val[..., half:] << 3) | d_val[..., :half]
+        )
         data = torch.cat([(cb & 0xFF).to(torch.uint8).view(-1, 512), code.to(torch.uint8).view(-1, 256)], 1)
         rows_c = start_row[comp]
         for i in range(3):

@@ -22,7 +22,7 @@ torch.cuda.synchronize()
 print("flashinfer warm")
 PY
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,power.draw --format=csv | tee "$OUT/gpu.txt"
-timeout 240 python3 -m pytest -q -p no:cacheprovider -n 8 tests/kernels/test_decode_attention.py 2>&1 | tail -15 | tee "$OUT/gpu_tests.log"
+timeout 90 python3 -m pytest -q -p no:cacheprovider -n 16 tests/kernels/test_decode_attention.py 2>&1 | tail -15 | tee "$OUT/gpu_tests.log"
 wait
 tail -2 "$OUT/flashinfer_warm.log"
 timeout "${BENCH_TIMEOUT:-400}" python3 bench/bench_decode_attention.py "$@" 2>&1 | tee "$OUT/bench.log"

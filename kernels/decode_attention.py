@@ -370,7 +370,7 @@ def decode_attention(
         HEAD_DIM=fmt.head_dim, BLOCK_N=plan.block_n, SPLIT=plan.max_splits > 1,
         META_WORDS=fmt.meta_bytes // 4, BLOCKS_PER_HEAD=fmt.blocks_per_page_head,
         COMPRESSED=compressed, USE_ASM=use_asm, FP32_DOT=interpret,
-        num_warps=plan.num_warps, num_stages=plan.num_stages,
+        num_warps=plan.num_warps, num_stages=plan.num_stages if compressed else plan.twin_num_stages,
     )  # fmt: skip
     if plan.max_splits > 1:
         _merge_kernel[(plan.batch_size, plan.num_q_heads)](

@@ -22,13 +22,16 @@ import torch
 
 from .layout import PAGE_TOKENS, PageFormat
 
-# Per head_dim: (tokens per tile, warps per program, software-pipeline stages, programs resident per
-# SM). Tuned on the H200 (docs/benchmarks.md, "Fused decode attention"); the residency (from the
-# compiled kernel's registers and shared memory) feeds the wave model above.
-KERNEL_CONFIGS: dict[int, tuple[int, int, int, int]] = {
-    64: (64, 4, 2, 2),
-    128: (64, 4, 2, 2),
-    256: (32, 4, 2, 2),
+# Per head_dim: (tokens per tile, warps per program, software-pipeline stages of the compressed kernel,
+# of the twin, programs resident per SM). Tuned on the H200 (docs/benchmarks.md, "Fused decode
+# attention"): pipelining masked byte loads through shared memory costs the compressed kernel more than
+# it hides, while the twin's plain bf16 tiles gain from it. The stage count changes only when loads are
+# issued, never the arithmetic, so the two stay bit-identical (checked on every benchmarked shape). The
+# residency (the compiled kernel's registers and shared memory) feeds the wave model above.
+KERNEL_CONFIGS: dict[int, tuple[int, int, int, int, int]] = {
+    64: (64, 4, 1, 2, 3),
+    128: (64, 4, 1, 2, 3),
+    256: (32, 4, 1, 2, 3),
 }
 MAX_SPLITS = 128
 MIN_SPLIT_TILES = 2  # a split reads at least this many tiles, so its fixed cost stays small
@@ -52,7 +55,8 @@ class DecodePlan:
     max_splits: int
     block_n: int
     num_warps: int
-    num_stages: int
+    num_stages: int  # compressed kernel
+    twin_num_stages: int  # the uncompressed twin
 
     @property
     def num_kv_heads(self) -> int:
@@ -92,11 +96,12 @@ def plan_decode(
     num_warps: int | None = None,
     ctas_per_sm: int | None = None,
     num_stages: int | None = None,
+    twin_num_stages: int | None = None,
 ) -> DecodePlan:
     """Build the step's plan. ``page_ids``/``page_indptr``/``kv_lens`` live on the KV device.
 
     Each request must hold ``ceil(kv_lens[b] / 16)`` pages (not checked on the device: that would sync).
-    ``max_splits``, ``block_n``, ``num_warps``, ``num_stages``, ``ctas_per_sm`` override the tuned defaults.
+    ``max_splits``, ``block_n``, ``num_warps``, ``num_stages``, ``twin_num_stages``, ``ctas_per_sm`` override the tuned defaults.
     """
     _check_int32("page_ids", page_ids, 1)
     _check_int32("page_indptr", page_indptr, 1)
@@ -113,10 +118,11 @@ def plan_decode(
             f"decode attention reads token-major blocks (512/head_dim tokens x head_dim channels); "
             f"this format has K {fmt.k_geometry.name}, V {fmt.v_geometry.name}"
         )
-    cfg_block_n, cfg_warps, cfg_stages, cfg_ctas = KERNEL_CONFIGS[fmt.head_dim]
+    cfg_block_n, cfg_warps, cfg_stages, cfg_twin_stages, cfg_ctas = KERNEL_CONFIGS[fmt.head_dim]
     block_n = block_n or cfg_block_n
     num_warps = num_warps or cfg_warps
     num_stages = num_stages or cfg_stages
+    twin_num_stages = twin_num_stages or cfg_twin_stages
     if block_n % PAGE_TOKENS != 0 or block_n & (block_n - 1):
         raise ValueError(f"block_n must be a power of two multiple of {PAGE_TOKENS}, got {block_n}")
     device = kv_lens.device
@@ -154,4 +160,5 @@ def plan_decode(
         block_n=block_n,
         num_warps=num_warps,
         num_stages=num_stages,
+        twin_num_stages=twin_num_stages,
     )
