@@ -175,16 +175,25 @@ class LocalStack:
         o = self.options
         os.environ["ZIPKV_REPORT_TOKEN"] = self.report_token  # inherited by the replicas
         self._say(f"starting Ray (local, {o.ray_num_cpus} CPUs); this takes 10-30 s")
-        ray.init(
-            num_cpus=o.ray_num_cpus,
-            include_dashboard=False,
-            logging_level=logging.ERROR,
-            log_to_driver=False,
-            configure_logging=True,
-            runtime_env={"env_vars": {"ZIPKV_REPORT_TOKEN": self.report_token, "OMP_NUM_THREADS": "1"}},
-        )
+        replica_env = {"ZIPKV_REPORT_TOKEN": self.report_token, "OMP_NUM_THREADS": "1"}
+        for attempt in (1, 2):
+            try:
+                ray.init(
+                    num_cpus=o.ray_num_cpus,
+                    include_dashboard=False,
+                    logging_level=logging.ERROR,
+                    log_to_driver=False,
+                    configure_logging=True,
+                    runtime_env={"env_vars": replica_env},
+                )
+                break
+            except Exception as exc:  # a busy machine can make Ray's node start time out once
+                ray.shutdown()
+                if attempt == 2:
+                    raise RuntimeError(f"Ray did not start ({exc}); is another Ray still stopping?") from exc
+                self._say(f"Ray did not start ({exc}); trying once more")
         self._ray_started = True
-        serve.start(http_options={"location": "NoServer"})
+        serve.start(proxy_location="Disabled")
         args = {
             "engine": "reference",
             "model": o.model_path or "",
