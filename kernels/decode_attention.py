@@ -119,7 +119,7 @@ def _row_starts(
         raw_before = tl.zeros_like(block)
         marker = tl.zeros_like(block)
         for i in tl.static_range(BLOCKS_PER_HEAD):
-            if i < 4:
+            if i < 4:  # noqa: SIM108 - i is a compile-time constant
                 m = (word0 >> (8 * i)) & 0xFF
             else:
                 m = (word1 >> (8 * (i - 4))) & 0xFF
@@ -323,7 +323,8 @@ def _check_inputs(
     want_meta = (page_loc.numel(), fmt.page_heads_per_page, fmt.meta_bytes)
     if page_meta.dtype != torch.uint8 or tuple(page_meta.shape) != want_meta or not page_meta.is_contiguous():
         raise ValueError(
-            f"page_meta_layer must be contiguous uint8 {list(want_meta)}, got {page_meta.dtype} {list(page_meta.shape)}"
+            f"page_meta_layer must be contiguous uint8 {list(want_meta)}, "
+            f"got {page_meta.dtype} {list(page_meta.shape)}"
         )
     devices = {t.device for t in (q, heap, page_loc, page_meta, plan.page_ids, plan.kv_lens)}
     if len(devices) != 1:

@@ -101,7 +101,8 @@ def plan_decode(
     """Build the step's plan. ``page_ids``/``page_indptr``/``kv_lens`` live on the KV device.
 
     Each request must hold ``ceil(kv_lens[b] / 16)`` pages (not checked on the device: that would sync).
-    ``max_splits``, ``block_n``, ``num_warps``, ``num_stages``, ``twin_num_stages``, ``ctas_per_sm`` override the tuned defaults.
+    ``max_splits``, ``block_n``, ``num_warps``, ``num_stages``, ``twin_num_stages``, ``ctas_per_sm``
+    override the tuned defaults.
     """
     _check_int32("page_ids", page_ids, 1)
     _check_int32("page_indptr", page_indptr, 1)
