@@ -79,10 +79,12 @@ def make_case(
     raw_meta = ref.raw_page_meta(fmt).expand(num_pages, -1, -1).contiguous()
     q = torch.randn(len(kv_lens), kv_heads * group, head_dim, generator=g).to(torch.bfloat16)
     moved = [t.to(device) for t in (q, pages, heap, loc, meta, raw_heap, raw_loc, raw_meta)]
-    i32 = dict(dtype=torch.int32, device=device)
-    indptr = torch.tensor([0, *torch.tensor(counts).cumsum(0).tolist()], **i32)
-    return Case(fmt, moved[0], moved[1], torch.tensor(ids, **i32), indptr, torch.tensor(kv_lens, **i32),
-                *moved[2:])  # fmt: skip
+
+    def i32(values: list[int]) -> torch.Tensor:
+        return torch.tensor(values, dtype=torch.int32, device=device)
+
+    indptr = i32([0, *torch.tensor(counts).cumsum(0).tolist()])
+    return Case(fmt, moved[0], moved[1], i32(ids), indptr, i32(kv_lens), *moved[2:])
 
 
 def run_both(case: Case, plan, **kw: object) -> tuple[torch.Tensor, torch.Tensor]:  # type: ignore[no-untyped-def]
