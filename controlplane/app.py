@@ -11,7 +11,7 @@ import contextlib
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -26,7 +26,7 @@ from zipkv.controlplane.dispatch import Dispatcher, DispatchError
 from zipkv.controlplane.metrics import RouterMetrics
 from zipkv.controlplane.openai_api import ChatRequest, CompletionRequest, ResponseShape, error_body
 from zipkv.controlplane.placement import RequestShape
-from zipkv.controlplane.relay import Relay, collect, stream_sse
+from zipkv.controlplane.relay import Outcome, Relay, collect, stream_sse
 from zipkv.controlplane.reports import ReportServicer, start_report_server
 from zipkv.controlplane.state import MemoryStore, Store
 from zipkv.controlplane.telemetry import make_tracer_provider, tracer
@@ -97,6 +97,9 @@ class Router:
 
     def _prompt_ids(self, req: ChatRequest | CompletionRequest, tok: Tokenizer) -> list[int]:
         if isinstance(req, ChatRequest):
+            limit = self.cfg.http.max_prompt_messages
+            if len(req.messages) > limit:
+                raise adm.bad_request(f"messages: {len(req.messages)} messages, at most {limit}", "messages")
             msgs = [{"role": m.role, "content": m.text()} for m in req.messages]
             try:
                 return tok.chat_ids(msgs)
@@ -200,7 +203,7 @@ class Router:
                 media_type="text/event-stream",
                 headers={"cache-control": "no-cache", "x-zipkv-worker": stream.worker_id},
             )
-        out = await collect(relay, self._done)
+        out = await _collect_unless_gone(request, relay, self._done)
         if out.error:
             self.metrics.rejections.labels("worker_failed").inc()
             return JSONResponse(
@@ -210,6 +213,19 @@ class Router:
             shape_out.full(out.text, out.finish_reason, out.prompt_tokens, out.completion_tokens),
             headers={"x-zipkv-worker": stream.worker_id},
         )
+
+
+async def _collect_unless_gone(request: Request, relay: Relay, on_done: Callable[[], None]) -> Outcome:
+    """Collect a non-streamed response; if the client goes away first, stop (the worker gets Abort)."""
+    task = asyncio.ensure_future(collect(relay, on_done))
+    while not task.done():
+        await asyncio.wait([task], timeout=0.25)
+        if not task.done() and await request.is_disconnected():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            raise adm.HttpError(499, "client closed the request", "invalid_request_error", "client_gone")
+    return task.result()
 
 
 def _error_response(exc: adm.HttpError) -> JSONResponse:

@@ -14,7 +14,7 @@ import contextlib
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
@@ -110,7 +110,10 @@ class Stream:
             if resp.HasField("chunk"):
                 if not started:
                     started = True
-                    await self._d.store.mark_started(self.worker_id, self.request_id, self._d.clock())
+                    # Off the token path: the first token goes out without waiting for the store.
+                    self._d.spawn(
+                        self._d.store.mark_started(self.worker_id, self.request_id, self._d.clock())
+                    )
                 yield Tokens(tuple(resp.chunk.token_ids))
             else:
                 f = resp.finish
@@ -148,8 +151,14 @@ class Dispatcher:
     ) -> None:
         self.cfg, self.store, self.metrics, self.tracer, self.clock = cfg, store, metrics, tracer, clock
         self._stubs: dict[str, tuple[grpc.aio.Channel, pb_grpc.WorkerStub]] = {}
+        self._tasks: set[asyncio.Future[None]] = set()
         # Candidates kept per decision: the retries plus room for reservations lost to other routers.
         self._top_k = cfg.dispatch.retries + 8
+
+    def spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)  # keep a reference until done
+        task.add_done_callback(self._tasks.discard)
 
     def _stub(self, address: str) -> tuple[grpc.aio.Channel, pb_grpc.WorkerStub]:
         if address not in self._stubs:
