@@ -78,6 +78,7 @@ class PagePool:
         self.encoder = encoder if encoder is not None else default_encoder(self.device)
         self.compaction_interval_steps = compaction_interval_steps
         self._steps = 0
+        self.compacted_pages = 0  # (layer, page) pairs moved by compaction so far
         self._raw_meta = raw_meta_row(fmt, self.device)
         self.heap = torch.zeros(budget_bytes, dtype=torch.uint8, device=self.device)
         self.page_loc = torch.zeros((num_layers, max_pages), dtype=torch.int64, device=self.device)
@@ -143,6 +144,7 @@ class PagePool:
             return 0
         self._launch_move(move)
         self.ledger.moved(move)
+        self.compacted_pages += int(move.pages.size)
         return int(move.pages.size)
 
     # ---- device work -------------------------------------------------------------------------------

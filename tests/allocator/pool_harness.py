@@ -1,0 +1,133 @@
+"""A small serving loop over a real PagePool on the CPU: requests append tokens, pages fill and are
+compressed by the torch reference encoder, and a shadow copy of every token checks what the heap holds."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from zipkv.allocator import PagePool
+from zipkv.kernels import reference
+from zipkv.kernels.layout import PAGE_TOKENS, PageFormat
+
+FMT = PageFormat(head_dim=64, num_kv_heads=1)  # raw page 4 KiB (16 units), 4 blocks
+CHUNK_BYTES = 4 * FMT.raw_page_bytes
+KINDS = ("smooth", "zeros", "wide")  # compressible / exact zeros force raw blocks / exponent spread > 16
+
+
+def make_pool(
+    layers: int = 2, chunks: int = 24, shared_pool: bool = True, compression: bool = True, **kw: object
+) -> PagePool:
+    return PagePool(
+        FMT,
+        layers,
+        chunks * CHUNK_BYTES + 256,
+        chunk_bytes=CHUNK_BYTES,
+        shared_pool=shared_pool,
+        compression=compression,
+        **kw,
+    )  # type: ignore[arg-type]
+
+
+def token_values(kind: str, seed: int, n: int) -> torch.Tensor:
+    """bf16 [n, 2, H, D] K and V of ``n`` tokens."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, 2, FMT.num_kv_heads, FMT.head_dim, generator=g)
+    if kind == "zeros":
+        x = torch.where(torch.rand(x.shape, generator=g) < 0.02, torch.zeros(()), x)
+    elif kind == "wide":
+        x = x * torch.exp2(torch.randint(-30, 30, x.shape, generator=g).float())
+    return x.to(torch.bfloat16)
+
+
+@dataclass
+class Request:
+    rid: str
+    max_tokens: int
+    kind: str
+    tokens: int = 0
+    pages: list[int] = field(default_factory=list)
+
+    @property
+    def max_pages(self) -> int:
+        return -(-self.max_tokens // PAGE_TOKENS)
+
+
+class Harness:
+    def __init__(self, pool: PagePool) -> None:
+        self.pool = pool
+        self.running: dict[str, Request] = {}
+        self.shadow: dict[tuple[int, int], torch.Tensor] = {}  # (layer, page) -> bf16 [16, 2, H, D]
+        self.count = 0
+
+    def admit(self, max_tokens: int, kind: str) -> Request | None:
+        """Admit if capacity says it fits (reserving its whole length), else None."""
+        req = Request(f"r{self.count}", max_tokens, kind)
+        if self.pool.new_pages_fit() < req.max_pages:
+            return None
+        self.pool.reserve(req.rid, req.max_pages)
+        self.count += 1
+        self.running[req.rid] = req
+        return req
+
+    def step(self, tokens: int) -> None:
+        """Every running request appends up to ``tokens`` tokens; finished ones leave; one end_step."""
+        slots, values, full = [], [], []
+        for req in list(self.running.values()):
+            n = min(tokens, req.max_tokens - req.tokens)
+            need = -(-(req.tokens + n) // PAGE_TOKENS) - len(req.pages)
+            if need:
+                req.pages += self.pool.allocate(need, req.rid)  # must never fail for an admitted request
+            vals = token_values(req.kind, hash((req.rid, req.tokens)) % 2**31, n)
+            for i in range(n):
+                pos = req.tokens + i
+                page = req.pages[pos // PAGE_TOKENS]
+                slots.append(page * PAGE_TOKENS + pos % PAGE_TOKENS)
+                values.append(vals[i])
+                for layer in range(self.pool.num_layers):
+                    shadow = self.shadow.setdefault(
+                        (layer, page), torch.zeros(PAGE_TOKENS, *vals.shape[1:], dtype=torch.bfloat16)
+                    )
+                    shadow[pos % PAGE_TOKENS] = vals[i] + layer  # layers hold different values
+                if pos % PAGE_TOKENS == PAGE_TOKENS - 1:
+                    full.append(page)
+            req.tokens += n
+        if slots:
+            slot_t = torch.tensor(slots, dtype=torch.int64)
+            kv = torch.stack(values)
+            for layer in range(self.pool.num_layers):
+                kv_l = (kv.float() + layer).to(torch.bfloat16)
+                reference.store_tokens(
+                    self.pool.heap, self.pool.page_loc[layer], slot_t, kv_l[:, 0], kv_l[:, 1], FMT
+                )
+        self.pool.mark_full(full)
+        for req in [r for r in self.running.values() if r.tokens == r.max_tokens]:
+            self.finish(req.rid)
+        self.pool.end_step()
+
+    def finish(self, rid: str) -> None:
+        req = self.running.pop(rid)
+        self.pool.free(req.pages)
+        self.pool.release(rid)
+        for page in req.pages:
+            for layer in range(self.pool.num_layers):
+                self.shadow.pop((layer, page), None)
+
+    def check_data(self) -> None:
+        """Every live page of every layer reads back (raw or compressed) exactly as written."""
+        for req in self.running.values():
+            if not req.pages:
+                continue
+            ids = torch.tensor(req.pages, dtype=torch.int64)
+            for layer in range(self.pool.num_layers):
+                got = reference.gather_pages(
+                    self.pool.heap, self.pool.page_loc[layer], self.pool.page_meta[layer], ids, FMT
+                )  # [n, 2, H, 16, D]
+                got = got.permute(0, 3, 1, 2, 4)  # [n, 16, 2, H, D]
+                for i, page in enumerate(req.pages):
+                    filled = min(PAGE_TOKENS, req.tokens - i * PAGE_TOKENS)
+                    want = self.shadow[(layer, page)][:filled]
+                    assert torch.equal(got[i, :filled].view(torch.int16), want.view(torch.int16)), (
+                        f"layer {layer} page {page} of {req.rid} does not read back"
+                    )
