@@ -32,6 +32,7 @@ RULES: dict[str, tuple[set[str], set[str]]] = {
             "fastapi",
             "starlette",
             "uvicorn",
+            "uvloop",
             "pydantic",
             "yaml",
             "redis",

@@ -20,7 +20,7 @@ from zipkv.controlplane.scripted_worker import Script
 
 class Receiver(tgrpc.TraceServiceServicer):
     def __init__(self) -> None:
-        self.spans: list[tuple[str, dict[str, object]]] = []
+        self.spans: list[tuple[str, dict[str, str | int]]] = []
 
     def Export(
         self, request: tpb.ExportTraceServiceRequest, context: object
