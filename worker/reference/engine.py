@@ -36,6 +36,7 @@ class ReferenceEngineConfig:
     max_queued_requests: int = 256
     max_prefill_tokens: int = 4096  # per step; a longer prompt still runs, alone
     chunk_bytes: int = 256 << 10
+    kernels: str = "auto"  # auto | triton | torch (see KVStore)
 
 
 @dataclass
@@ -67,7 +68,13 @@ class ReferenceEngine:
         self.device = torch.device(device)
         fmt = PageFormat(head_dim=loaded.head_dim, num_kv_heads=loaded.num_kv_heads)
         self.store = KVStore(
-            fmt, loaded.num_layers, config.kv_budget_bytes, device, config.compression, config.chunk_bytes
+            fmt,
+            loaded.num_layers,
+            config.kv_budget_bytes,
+            device,
+            config.compression,
+            config.chunk_bytes,
+            config.kernels,
         )
         self._queue: collections.deque[_Running] = collections.deque()
         self._running: dict[str, _Running] = {}

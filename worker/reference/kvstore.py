@@ -24,7 +24,12 @@ class KVStore:
         device: str,
         compression: bool,
         chunk_bytes: int = 256 << 10,
+        kernels: str = "auto",
     ) -> None:
+        """``kernels``: "auto" (Triton on CUDA, the torch reference elsewhere), "triton" (also on the CPU
+        under TRITON_INTERPRET=1, to test the GPU code path), or "torch"."""
+        if kernels not in ("auto", "triton", "torch"):
+            raise ValueError(f"kernels must be auto, triton or torch, got {kernels!r}")
         from zipkv.allocator import PagePool
 
         self.fmt = fmt
@@ -41,8 +46,8 @@ class KVStore:
             shared_pool=True,
             compression=compression,
         )
-        self._on_cuda = self.device.type == "cuda"
-        if self._on_cuda:
+        use_triton = kernels == "triton" or (kernels == "auto" and self.device.type == "cuda")
+        if use_triton:
             from zipkv.kernels import codec, decode_attention
 
             self._store_tokens: Any = codec.store_tokens
