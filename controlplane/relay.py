@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import anyio
+from fastapi.responses import StreamingResponse
 from opentelemetry import trace
 
 from zipkv.controlplane.dispatch import Failed, Finished, Stream, Tokens
@@ -75,6 +76,7 @@ class Relay:
         self.stops = StopMatcher(stops)
         self.outcome = Outcome(prompt_tokens=prompt_tokens)
         self._last_chunk_s = 0.0
+        self._finished = False
 
     def _timing(self) -> None:
         now = time.perf_counter()
@@ -116,7 +118,10 @@ class Relay:
                 return
 
     async def finish(self, on_done: Callable[[], None]) -> None:
-        """Release everything (shielded: runs even when the client went away and we were cancelled)."""
+        """Release everything, once (shielded: runs even when the client went away and we were cancelled)."""
+        if self._finished:
+            return
+        self._finished = True
         with anyio.CancelScope(shield=True):
             try:
                 await self.stream.close()
@@ -130,6 +135,23 @@ class Relay:
                     self.span.set_status(trace.Status(trace.StatusCode.ERROR, out.error))
                 self.span.end()
                 on_done()
+
+
+class RelayResponse(StreamingResponse):
+    """An SSE response that releases the request even when its body never starts (the client left
+    before the headers went out, so the body generator's own `finally` never runs)."""
+
+    def __init__(
+        self, relay: Relay, on_done: Callable[[], None], body: AsyncIterator[bytes], headers: dict[str, str]
+    ) -> None:
+        super().__init__(body, media_type="text/event-stream", headers=headers)
+        self._relay, self._on_done = relay, on_done
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            await self._relay.finish(self._on_done)
 
 
 async def stream_sse(

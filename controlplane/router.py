@@ -13,7 +13,7 @@ import uuid
 from collections.abc import Callable
 
 from fastapi import Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, Response
 from opentelemetry import trace
 
 from zipkv.controlplane import admission as adm
@@ -22,7 +22,7 @@ from zipkv.controlplane.dispatch import Dispatcher, DispatchError
 from zipkv.controlplane.metrics import RouterMetrics
 from zipkv.controlplane.openai_api import ChatRequest, CompletionRequest, ResponseShape, error_body
 from zipkv.controlplane.placement import RequestShape
-from zipkv.controlplane.relay import Outcome, Relay, collect, stream_sse
+from zipkv.controlplane.relay import Outcome, Relay, RelayResponse, collect, stream_sse
 from zipkv.controlplane.state import MemoryStore, Store
 from zipkv.controlplane.telemetry import tracer
 from zipkv.controlplane.tokenizer import Tokenizer, load_tokenizer
@@ -191,11 +191,8 @@ class Router:
         shape_out = ResponseShape("chat" if kind == "chat" else "text", model.name, uuid.uuid4().hex[:24])
         if req.stream:
             body = stream_sse(relay, shape_out, req.include_usage, self._done)
-            return StreamingResponse(
-                body,
-                media_type="text/event-stream",
-                headers={"cache-control": "no-cache", "x-zipkv-worker": stream.worker_id},
-            )
+            headers = {"cache-control": "no-cache", "x-zipkv-worker": stream.worker_id}
+            return RelayResponse(relay, self._done, body, headers)
         out = await _collect_unless_gone(request, relay, self._done)
         if out.error:
             self.metrics.rejections.labels("worker_failed").inc()

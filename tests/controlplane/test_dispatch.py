@@ -136,3 +136,44 @@ def test_trace_context_and_genai_spans() -> None:
     traceparent = w.seen.metadata[0]["traceparent"]
     assert traceparent.split("-")[1] == f"{root.context.trace_id:032x}"
     assert traceparent.split("-")[2] == f"{dispatch.context.span_id:016x}"
+
+
+def test_stream_released_when_the_client_leaves_before_the_headers() -> None:
+    import asyncio
+
+    from opentelemetry.trace import NonRecordingSpan, SpanContext
+
+    from zipkv.controlplane.metrics import RouterMetrics
+    from zipkv.controlplane.relay import Relay, RelayResponse
+    from zipkv.controlplane.tokenizer import ByteTokenizer
+
+    closed: list[bool] = []
+    done: list[bool] = []
+
+    class FakeStream:  # stands in for a dispatched Stream: only close() matters here
+        worker_id = "w"
+
+        async def close(self) -> None:
+            closed.append(True)
+
+    async def body():  # type: ignore[no-untyped-def]
+        yield b"data: x\n\n"
+
+    async def send(message: object) -> None:
+        raise OSError("client went away")
+
+    async def receive() -> dict[str, str]:
+        await asyncio.sleep(10)
+        return {"type": "http.disconnect"}
+
+    async def scenario() -> None:
+        span = NonRecordingSpan(SpanContext(0, 0, False))
+        relay = Relay(FakeStream(), ByteTokenizer(), [], 1, RouterMetrics(), MODEL, 0.0, span)  # type: ignore[arg-type]
+        resp = RelayResponse(relay, lambda: done.append(True), body(), {})
+        scope = {"type": "http", "asgi": {"spec_version": "2.4"}, "extensions": {}}
+        with pytest.raises(BaseException):  # noqa: B017 (whatever the server sees, cleanup must run)
+            await resp(scope, receive, send)
+        await relay.finish(lambda: done.append(True))  # idempotent: a second call does nothing
+
+    asyncio.run(scenario())
+    assert closed == [True] and done == [True]
