@@ -23,7 +23,8 @@ SCRIPT = textwrap.dedent(
         for i in range(2):
             g = torch.Generator().manual_seed(i)
             ids = [256] + torch.randint(0, 256, (31 + 17 * i,), generator=g).tolist()
-            engine.add_request(EngineRequest(f"r{i}", tuple(ids), SamplingOptions(max_new_tokens=6, ignore_eos=True)))
+            options = SamplingOptions(max_new_tokens=6, ignore_eos=True)
+            engine.add_request(EngineRequest(f"r{i}", tuple(ids), options))
         out, compressed, fused = {}, 0, 0
         while engine.has_work():
             decoding = bool(engine._running) and all(r.computed_tokens for r in engine._running.values())
