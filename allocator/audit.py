@@ -54,7 +54,8 @@ def check(led: Ledger) -> None:
     assert (free_listed[kind == ChunkKind.FREE] == 1).sum() == (kind == ChunkKind.FREE).sum() - unassigned, (
         "an empty chunk is not listed exactly once"
     )
-    assert len(led.draining) == (kind == ChunkKind.DRAINING).sum(), "draining list and chunk kinds differ"
+    draining = sum(chunks.size for _, chunks in led.draining)
+    assert draining == (kind == ChunkKind.DRAINING).sum(), "draining list and chunk kinds differ"
 
     start, length, layer, want = _intervals(led)
     order = np.argsort(start, kind="stable")

@@ -18,6 +18,7 @@ import numpy as np
 
 from zipkv.allocator.plans import (
     UNIT_BYTES,
+    ChunkKind,
     EncodeBatch,
     EncodePlan,
     Fence,
@@ -93,19 +94,34 @@ def _regions(led: Ledger, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         led.chunk_pending[tops] += 1
         return base, np.full(n_l, k, dtype=I64), tops
     bases, counts, chunks = [], [], []
-    for layer in range(n_l):
-        remaining = k
+    cu, raw, bump = led.cu, led.raw, led.chunk_bump
+    for layer in range(n_l):  # plain ints: a batch that spans chunks makes a few regions per layer
+        rooms, remaining = led.log_rooms[layer], k
         while remaining:
-            c = led.log_target(layer)
-            cnt = min(remaining, led.room_pages(c))
-            bases.append(c * led.cu + int(led.chunk_bump[c]))
-            counts.append(cnt)
-            chunks.append(c)
-            led.chunk_bump[c] += cnt * led.raw
-            led.chunk_live[c] += cnt * led.raw
-            led.chunk_pending[c] += 1
+            if rooms:
+                c = rooms[-1]
+                used = int(bump[c])
+            else:
+                c = led._take_chunk(layer, ChunkKind.LOG)
+                rooms.append(c)
+                led.in_rooms[c] = True
+                used = 0
+            room = (cu - used) // raw
+            cnt = min(remaining, room)
+            if cnt:
+                bases.append(c * cu + used)
+                counts.append(cnt)
+                chunks.append(c)
+                bump[c] = used + cnt * raw
+            if cnt == room:  # full: it comes back to the list if its refund leaves room
+                rooms.pop()
+                led.in_rooms[c] = False
             remaining -= cnt
-    return np.array(bases, dtype=I64), np.array(counts, dtype=I64), np.array(chunks, dtype=I64)
+    chunk = np.array(chunks, dtype=I64)
+    count = np.array(counts, dtype=I64)
+    led.chunk_live[chunk] += count * raw  # a chunk takes at most one region per launch
+    led.chunk_pending[chunk] += 1
+    return np.array(bases, dtype=I64), count, chunk
 
 
 def _place(led: Ledger, pages: np.ndarray) -> EncodePlan:

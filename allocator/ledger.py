@@ -87,7 +87,8 @@ class Ledger:
         # LOG chunks of each layer with room for at least one worst-case page; the top is used first
         self.log_rooms: list[list[int]] = [[] for _ in range(n_l)]
         self.in_rooms = np.zeros(n_c, dtype=bool)
-        self.draining: deque[tuple[Fence, int]] = deque()
+        self.draining: deque[tuple[Fence, np.ndarray]] = deque()
+        self.idle_raw: set[int] = set()  # empty RAW chunks kept back so that reservations stay covered
         self.batches: deque[EncodeBatch] = deque()
         self.page_state = np.zeros(n_p, dtype=np.int8)
         self.page_gen = np.zeros(n_p, dtype=I64)
@@ -155,7 +156,7 @@ class Ledger:
         self._fit = None
 
     # ---- chunks ------------------------------------------------------------------------------------
-    def _take_chunk(self, layer: int, kind: ChunkKind) -> int:
+    def _take_chunk(self, layer: int, kind: int) -> int:
         source = self.pool if self.cfg.shared_pool else self.private_empty[layer]
         if not source:  # callers check capacity first, so this is a bookkeeping bug
             raise OutOfPages(f"layer {layer} needs a chunk and none is free (internal: capacity was checked)")
@@ -171,22 +172,33 @@ class Ledger:
         """Chunks that hold nothing start draining: reusable once reads issued so far are done."""
         chunks = np.unique(chunks)
         kind = self.chunk_kind[chunks]
-        busy = (kind == ChunkKind.FREE) | (kind == ChunkKind.DRAINING)
-        empty = chunks[(self.chunk_live[chunks] == 0) & (self.chunk_pending[chunks] == 0) & ~busy]
+        in_use = (kind == ChunkKind.RAW) | (kind == ChunkKind.LOG)
+        empty = chunks[(self.chunk_live[chunks] == 0) & (self.chunk_pending[chunks] == 0) & in_use]
         if empty.size == 0:
             return
-        fence = self.new_fence()
-        for c in empty.tolist():
-            layer = int(self.chunk_owner[c])
-            if self.chunk_kind[c] == ChunkKind.RAW:
-                lo, hi = c * self.cu, (c + 1) * self.cu
-                self.slots[layer] = [s for s in self.slots[layer] if not lo <= s < hi]
-                self.free_slots[layer] -= self.slots_per_chunk
-            elif self.in_rooms[c]:
-                self.log_rooms[layer].remove(c)
-                self.in_rooms[c] = False
-            self.chunk_kind[c] = ChunkKind.DRAINING
-            self.draining.append((fence, c))
+        owners, kinds = self.chunk_owner[empty], self.chunk_kind[empty]
+        raw = kinds == ChunkKind.RAW
+        if raw.any():
+            # A RAW chunk's free slots count as capacity now and again once it has drained, but not while
+            # it drains: keep it (empty, in its layer) if that gap would break a reservation.
+            lost = np.bincount(owners[raw], minlength=self.cfg.num_layers) * self.cu
+            if not self._fits(self.reserved_pages, free_units=self.free_units() - lost):
+                self.idle_raw.update(empty[raw].tolist())
+                empty, owners, raw = empty[~raw], owners[~raw], raw[~raw]
+                if empty.size == 0:
+                    return
+            else:
+                self.idle_raw.difference_update(empty[raw].tolist())
+        for layer in np.unique(owners[raw]).tolist():
+            dead = set(empty[raw & (owners == layer)].tolist())
+            self.slots[layer] = [s for s in self.slots[layer] if s // self.cu not in dead]
+            self.free_slots[layer] -= self.slots_per_chunk * len(dead)
+        listed = empty[~raw & self.in_rooms[empty]]
+        for c, layer in zip(listed.tolist(), self.chunk_owner[listed].tolist(), strict=True):
+            self.log_rooms[layer].remove(c)
+        self.in_rooms[listed] = False
+        self.chunk_kind[empty] = ChunkKind.DRAINING
+        self.draining.append((self.new_fence(), empty))
         self._fit = None
 
     def room_pages(self, c: int) -> int:
@@ -206,20 +218,27 @@ class Ledger:
 
     def offer_room(self, chunks: np.ndarray) -> None:
         """LOG chunks whose bump pointer moved back: their tails take pages again."""
-        for c in chunks.tolist():
-            if not self.in_rooms[c] and self.chunk_kind[c] == ChunkKind.LOG and self.room_pages(c) > 0:
-                self.log_rooms[int(self.chunk_owner[c])].append(c)
-                self.in_rooms[c] = True
+        back = (self.chunk_kind[chunks] == ChunkKind.LOG) & (self.cu - self.chunk_bump[chunks] >= self.raw)
+        chunks = chunks[back & ~self.in_rooms[chunks]]
+        for c, layer in zip(chunks.tolist(), self.chunk_owner[chunks].tolist(), strict=True):
+            self.log_rooms[layer].append(c)
+        self.in_rooms[chunks] = True
 
     def _drain(self) -> None:
+        if self.idle_raw:
+            idle = np.fromiter(self.idle_raw, dtype=I64)
+            still = (self.chunk_kind[idle] == ChunkKind.RAW) & (self.chunk_live[idle] == 0)
+            self.idle_raw = set(idle[still].tolist())
+            self._retire_empty(idle[still])
         while self.draining and self.draining[0][0].done():
-            _, c = self.draining.popleft()
-            self.chunk_kind[c], self.chunk_bump[c] = ChunkKind.FREE, 0
+            _, chunks = self.draining.popleft()
+            self.chunk_kind[chunks], self.chunk_bump[chunks] = ChunkKind.FREE, 0
             if self.cfg.shared_pool:
-                self.chunk_owner[c] = -1
-                self.pool.append(c)
+                self.chunk_owner[chunks] = -1
+                self.pool.extend(chunks.tolist())
             else:
-                self.private_empty[int(self.chunk_owner[c])].append(c)
+                for c, layer in zip(chunks.tolist(), self.chunk_owner[chunks].tolist(), strict=True):
+                    self.private_empty[layer].append(c)
             self._fit = None
 
     # ---- pages -------------------------------------------------------------------------------------
@@ -277,16 +296,16 @@ class Ledger:
                 wants[rid] = wants.get(rid, 0) + 1
         return {rid: min(k, self.reservations.get(rid, 0)) for rid, k in wants.items()}
 
-    def _checked_ids(
-        self, page_ids: Sequence[int] | np.ndarray, allowed: tuple[PageState, ...]
-    ) -> np.ndarray:
+    def _checked_ids(self, page_ids: Sequence[int] | np.ndarray, allowed: tuple[int, ...]) -> np.ndarray:
         ids = np.unique(np.asarray(page_ids, dtype=I64).ravel())
         if ids.size and (ids[0] < 0 or ids[-1] >= self.cfg.max_pages):
             raise ValueError(f"page ids must lie in [0, {self.cfg.max_pages}), got {ids[0]}..{ids[-1]}")
         bad = ids[~np.isin(self.page_state[ids], allowed)]
         if bad.size:
-            states = [PageState(s).name for s in self.page_state[bad[:5]]]
-            raise ValueError(f"pages {bad[:5].tolist()} are {states}, expected {[s.name for s in allowed]}")
+            states = [PageState.NAMES[s] for s in self.page_state[bad[:5]]]
+            raise ValueError(
+                f"pages {bad[:5].tolist()} are {states}, expected {[PageState.NAMES[s] for s in allowed]}"
+            )
         return ids
 
     def free(self, page_ids: Sequence[int] | np.ndarray) -> None:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from enum import IntEnum
 from typing import Protocol
 
 import numpy as np
@@ -16,19 +15,24 @@ class OutOfPages(RuntimeError):
     """New pages do not fit (or a reservation cannot be honoured). Nothing was allocated."""
 
 
-class ChunkKind(IntEnum):
+class ChunkKind:
+    """What a chunk holds (plain ints, stored in an int8 array and compared in hot paths)."""
+
     FREE = 0  # empty: in the shared pool, or held privately by a layer when there is no pool
     RAW = 1  # fixed-size slots for uncompressed pages
     LOG = 2  # compressed pages, placed one after another (bump pointer)
     DRAINING = 3  # empty, waiting for reads in flight (its fence) before it can be reused
 
 
-class PageState(IntEnum):
+class PageState:
+    """Life of a page id (plain ints, stored in an int8 array)."""
+
     FREE = 0
     RAW = 1  # being written (uncompressed)
     FULL = 2  # filled, waiting for the next encode launch (still uncompressed)
     ENCODING = 3  # encode launched; its stored size arrives with the batch's fence
     COMPRESSED = 4
+    NAMES = ("FREE", "RAW", "FULL", "ENCODING", "COMPRESSED")
 
 
 class Fence(Protocol):
