@@ -219,11 +219,11 @@ def run_shape(args, timer, batch, ctx, fractions, configs, rows, checks, gen):  
             )
         expect = reference(q, pages, batch, ctx, scale) if args.check else None
         for cfg in configs:
-            block_n, warps, stages, twin_stages, ctas = cfg
+            block_n, warps, stages, twin_stages, ctas, prefetch = cfg
             plan = da.plan_decode(page_ids, indptr, lens, fmt, HQ, block_n=block_n, num_warps=warps,
                                   num_stages=stages, twin_num_stages=twin_stages,
-                                  ctas_per_sm=ctas)  # fmt: skip
-            tag = {} if len(configs) == 1 else {"config": f"{block_n}:{warps}:{stages}:{twin_stages}:{ctas}"}
+                                  ctas_per_sm=ctas, prefetch=bool(prefetch))  # fmt: skip
+            tag = {} if len(configs) == 1 else {"config": ":".join(map(str, cfg))}
             zip_fn = lambda: da.decode_attention(plan, q, stored.heap, stored.page_loc, stored.page_meta,
                                                  scale,
                                                  out=out)  # fmt: skip
@@ -320,7 +320,10 @@ def main() -> None:
     ap.add_argument(
         "--configs",
         default="",
-        help="tuning: block_n:warps:stages:twin_stages:ctas_per_sm list; default = tuned",
+        help="block_n:warps:stages:twin_stages:ctas_per_sm:prefetch list; default = tuned",
+    )
+    ap.add_argument(
+        "--tune-shapes", default="", help="BxL list: first pick the fastest of --configs on these shapes"
     )
     ap.add_argument("--no-check", dest="check", action="store_false")
     ap.add_argument("--target-s", type=float, default=0.12, help="timed seconds per measurement")
@@ -334,7 +337,8 @@ def main() -> None:
         ]
     fractions = [float(f) for f in args.fractions.split(",")]
     args.impls = set(args.impls.split(","))
-    default_cfg = da.plan_decode.__globals__["KERNEL_CONFIGS"][HEAD_DIM]
+    plan_globals = da.plan_decode.__globals__
+    default_cfg = (*plan_globals["KERNEL_CONFIGS"][HEAD_DIM], int(plan_globals["PREFETCH"][HEAD_DIM]))
     configs = [tuple(int(x) for x in c.split(":")) for c in args.configs.split(",")] if args.configs else [
         default_cfg]  # fmt: skip
     timer = Timer(args.target_s, 10, 200)
@@ -343,6 +347,28 @@ def main() -> None:
     checks: list[dict[str, object]] = []
     t0 = time.time()
     result: dict[str, object] = {}
+    tuning: list[dict[str, object]] = []
+    if args.tune_shapes and len(configs) > 1:
+        tune_args = argparse.Namespace(**{**vars(args), "impls": {"read_floor", "zipkv", "zipkv_twin"}})
+        tune_checks: list[dict[str, object]] = []
+        for shape in args.tune_shapes.split(","):
+            batch, ctx = (int(x) for x in shape.split("x"))
+            run_shape(tune_args, timer, batch, ctx, fractions[:1], configs, tuning, tune_checks, gen)
+        good = {str(c.get("config")) for c in tune_checks if c.get("bit_identical_to_twin")}
+        floor: dict[tuple[object, object], float] = {
+            (r["batch"], r["context"]): float(r["median_us"])  # type: ignore[arg-type]
+            for r in tuning
+                 if r["impl"] == "read_floor" and r.get("pages") != "raw"}  # fmt: skip
+
+        def score(cfg: tuple[int, ...]) -> float:  # mean fraction of the compressed read floor
+            tag = ":".join(map(str, cfg))
+            got = [floor[(r["batch"], r["context"])] / float(r["median_us"]) for r in tuning  # type: ignore[arg-type]
+                   if r["impl"] == "zipkv" and r.get("config") == tag]  # fmt: skip
+            return sum(got) / len(got) if tag in good and got else 0.0
+
+        configs = [max(configs, key=score)]
+        print(f"tuning picked {configs[0]}: " + ", ".join(f"{c}={score(c):.3f}" for c in
+              [tuple(int(x) for x in t.split(":")) for t in sorted(good)]), flush=True)  # fmt: skip
     for batch, ctx in shapes:
         run_shape(args, timer, batch, ctx, fractions, configs, rows, checks, gen)
         result = {  # written after every shape, so a cut-short run keeps what it measured
@@ -358,6 +384,8 @@ def main() -> None:
                 "layers": 1,
             },
             "configs": [list(c) for c in configs],
+            "config_fields": "block_n:warps:stages:twin_stages:ctas_per_sm:prefetch",
+            "tuning": tuning,
             "kernel_resources": kernel_resources(),
             "seconds": round(time.time() - t0, 1),
             "checks": checks,

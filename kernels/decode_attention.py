@@ -36,24 +36,34 @@ _MIN_DOT_ROWS = 16
 if PAGE_TOKENS != 16 or RAW_MARKER != 0xFF:
     raise ImportError("decode_attention hard-codes 16-token pages and the 0xFF raw marker (layout.py)")
 
-# Four values per call: $4/$5 low bytes of channels k and k + D/2, $6 their code bytes, $7 b/2 per value.
-# high = (d + b/2) | sign, four bytes at once (no carries: b/2 + d <= 127); prmt interleaves low and
-# high bytes into bf16 pairs ($0/$1: channels k..k+3, $2/$3: channels k + D/2 ..).
+# Four values per call: $4/$5 low bytes of channels k and k + D/2, $6 their code bytes, $7 each value's
+# block marker (b/2, or 0xFF for a raw block), $8-$11 the same values read as raw bf16 (pairs).
+# high = (d + b/2) | sign, four bytes at once (no carries: b/2 + d <= 127, and the marker is masked to 7
+# bits first); prmt interleaves low and high bytes into bf16 pairs; a raw block's marker has its top bit
+# set, which prmt's sign-replicate mode spreads into a 16-bit mask per value that selects the raw pair.
+# Outputs: $0/$1 channels k..k+3, $2/$3 channels k + D/2 ...
 _RESTORE_PTX = tl.constexpr("""
 {
-.reg .b32 t, u, h;
+.reg .b32 t, u, h, hb, m0, m1;
+prmt.b32 m0, $7, 0, 0x9988;
+prmt.b32 m1, $7, 0, 0xBBAA;
+and.b32 hb, $7, 0x7F7F7F7F;
 and.b32 t, $6, 0x07070707;
-add.u32 t, t, $7;
+add.u32 t, t, hb;
 lop3.b32 h, t, $6, 0x80808080, 0xF8;
 prmt.b32 $0, $4, h, 0x5140;
 prmt.b32 $1, $4, h, 0x7362;
+lop3.b32 $0, $0, $8, m0, 0xD8;
+lop3.b32 $1, $1, $9, m1, 0xD8;
 shr.b32 t, $6, 3;
 and.b32 t, t, 0x07070707;
-add.u32 t, t, $7;
+add.u32 t, t, hb;
 shl.b32 u, $6, 1;
 lop3.b32 h, t, u, 0x80808080, 0xF8;
 prmt.b32 $2, $5, h, 0x5140;
 prmt.b32 $3, $5, h, 0x7362;
+lop3.b32 $2, $2, $10, m0, 0xD8;
+lop3.b32 $3, $3, $11, m1, 0xD8;
 }
 """)
 
@@ -75,26 +85,30 @@ def _bf16_boundary(x, INTERPRET: tl.constexpr):
 
 
 @triton.jit
-def _restore(low_a, low_b, code, half_b, USE_ASM: tl.constexpr, INTERPRET: tl.constexpr):
-    """uint8 [N, D/2] low bytes of both halves, their code bytes, b/2 -> two bf16 [N, D/2] tiles."""
+def _restore(low_a, low_b, code, marker, raw_a, raw_b, USE_ASM: tl.constexpr, INTERPRET: tl.constexpr):
+    """Both bf16 [N, D/2] halves of a tile: restored from low bytes + codes (uint8 [N, D/2]) where the
+    row's block marker (uint8 [N, 1]) is b/2, taken from ``raw_a``/``raw_b`` where it is 0xFF."""
     if USE_ASM:
         out_a, out_b = tl.inline_asm_elementwise(
             _RESTORE_PTX,
-            "=r,=r,=r,=r,r,r,r,r",
-            [low_a, low_b, code, half_b],
+            "=r,=r,=r,=r,r,r,r,r,r,r,r,r",
+            [low_a, low_b, code, marker, raw_a, raw_b],
             dtype=(tl.bfloat16, tl.bfloat16),
             is_pure=False,  # see _bf16_boundary: the dots must see a 16-bit origin, as in the twin
             pack=4,
         )
     else:
         c = code.to(tl.int32)
-        hb = half_b.to(tl.int32)
+        hb = marker.to(tl.int32) & 0x7F
         high_a = ((c & 0x07) + hb) | (c & 0x80)
         high_b = (((c >> 3) & 0x07) + hb) | ((c << 1) & 0x80)
         bits_a = (high_a << 8) | low_a.to(tl.int32)
         bits_b = (high_b << 8) | low_b.to(tl.int32)
-        out_a = _bf16_boundary(bits_a.to(tl.int16).to(tl.bfloat16, bitcast=True), INTERPRET)
-        out_b = _bf16_boundary(bits_b.to(tl.int16).to(tl.bfloat16, bitcast=True), INTERPRET)
+        is_raw = marker == 0xFF
+        out_a = tl.where(is_raw, raw_a, bits_a.to(tl.int16).to(tl.bfloat16, bitcast=True))
+        out_b = tl.where(is_raw, raw_b, bits_b.to(tl.int16).to(tl.bfloat16, bitcast=True))
+        out_a = _bf16_boundary(out_a, INTERPRET)
+        out_b = _bf16_boundary(out_b, INTERPRET)
     return out_a, out_b
 
 
@@ -133,35 +147,89 @@ def _row_starts(
 
 
 @triton.jit
+def _tile_loads(
+    heap_u8, heap_bf16, start, marker, tok, valid, HEAD_DIM: tl.constexpr, ZERO_FILL: tl.constexpr,
+):  # fmt: skip
+    """Issue a compressed-page tile's loads: low bytes and codes of compressed rows, bf16 of raw rows.
+
+    Masked-off lanes keep whatever the registers held (no zero fill): the restore's select drops them,
+    and rows past the context are raw rows whose V reads are zero-filled (ZERO_FILL) so p @ V stays
+    finite; K there only feeds scores that are masked to -inf.
+    """
+    HALF: tl.constexpr = HEAD_DIM // 2
+    ch = tl.arange(0, HALF)[None, :]
+    t = (tok % 16) % (512 // HEAD_DIM)  # token row inside its block
+    is_raw = marker == 0xFF
+    comp = (valid & ~is_raw)[:, None]
+    raw = (valid & is_raw)[:, None]
+    low_row = tl.multiple_of(start + t * HEAD_DIM, 64)[:, None]
+    code_row = tl.multiple_of(start + 512 + t * HALF, 32)[:, None]
+    raw_row = tl.multiple_of((start + t * (2 * HEAD_DIM)) // 2, 64)[:, None]
+    low_a = tl.load(heap_u8 + low_row + ch, mask=comp)
+    low_b = tl.load(heap_u8 + low_row + HALF + ch, mask=comp)
+    code = tl.load(heap_u8 + code_row + ch, mask=comp)
+    if ZERO_FILL:
+        raw_a = tl.load(heap_bf16 + raw_row + ch, mask=raw, other=0.0)
+        raw_b = tl.load(heap_bf16 + raw_row + HALF + ch, mask=raw, other=0.0)
+    else:
+        raw_a = tl.load(heap_bf16 + raw_row + ch, mask=raw)
+        raw_b = tl.load(heap_bf16 + raw_row + HALF + ch, mask=raw)
+    return low_a, low_b, code, raw_a, raw_b
+
+
+@triton.jit
 def _load_tile(
     heap_u8, heap_bf16, start, marker, tok, valid,
     HEAD_DIM: tl.constexpr, COMPRESSED: tl.constexpr, USE_ASM: tl.constexpr, INTERPRET: tl.constexpr,
+    ZERO_FILL: tl.constexpr,
 ):  # fmt: skip
     """The two bf16 [N, D/2] halves of a K or V tile, restored in registers where compressed."""
     HALF: tl.constexpr = HEAD_DIM // 2
     ch = tl.arange(0, HALF)[None, :]
     if COMPRESSED:
-        t = (tok % 16) % (512 // HEAD_DIM)  # token row inside its block
-        is_raw = marker == 0xFF
-        comp = (valid & ~is_raw)[:, None]
-        raw = (valid & is_raw)[:, None]
-        low_row = tl.multiple_of(start + t * HEAD_DIM, 64)[:, None]
-        code_row = tl.multiple_of(start + 512 + t * HALF, 32)[:, None]
-        raw_row = tl.multiple_of((start + t * (2 * HEAD_DIM)) // 2, 64)[:, None]
-        low_a = tl.load(heap_u8 + low_row + ch, mask=comp, other=0)
-        low_b = tl.load(heap_u8 + low_row + HALF + ch, mask=comp, other=0)
-        code = tl.load(heap_u8 + code_row + ch, mask=comp, other=0)
-        raw_a = tl.load(heap_bf16 + raw_row + ch, mask=raw, other=0.0)
-        raw_b = tl.load(heap_bf16 + raw_row + HALF + ch, mask=raw, other=0.0)
-        half_b = marker.to(tl.uint8)[:, None]
-        out_a, out_b = _restore(low_a, low_b, code, half_b, USE_ASM, INTERPRET)
-        out_a = tl.where(is_raw[:, None], raw_a, out_a)
-        out_b = tl.where(is_raw[:, None], raw_b, out_b)
+        low_a, low_b, code, raw_a, raw_b = _tile_loads(
+            heap_u8, heap_bf16, start, marker, tok, valid, HEAD_DIM, ZERO_FILL
+        )
+        out_a, out_b = _restore(
+            low_a, low_b, code, marker.to(tl.uint8)[:, None], raw_a, raw_b, USE_ASM, INTERPRET
+        )
     else:
         raw_row = tl.multiple_of(start // 2, 64)[:, None]
-        out_a = tl.load(heap_bf16 + raw_row + ch, mask=valid[:, None], other=0.0)
-        out_b = tl.load(heap_bf16 + raw_row + HALF + ch, mask=valid[:, None], other=0.0)
+        if ZERO_FILL:
+            out_a = tl.load(heap_bf16 + raw_row + ch, mask=valid[:, None], other=0.0)
+            out_b = tl.load(heap_bf16 + raw_row + HALF + ch, mask=valid[:, None], other=0.0)
+        else:
+            out_a = tl.load(heap_bf16 + raw_row + ch, mask=valid[:, None])
+            out_b = tl.load(heap_bf16 + raw_row + HALF + ch, mask=valid[:, None])
     return out_a, out_b
+
+
+@triton.jit
+def _attend_tile(
+    q_a, q_b, k_a, k_b, v_a, v_b, valid, m_i, l_i, acc_a, acc_b, qk_scale, FP32_DOT: tl.constexpr
+):  # fmt: skip
+    """One online-softmax step over a tile: scores, running max and sum, rescaled P @ V."""
+    if FP32_DOT:
+        s = tl.dot(q_a, tl.trans(k_a.to(tl.float32)))
+        s = tl.dot(q_b, tl.trans(k_b.to(tl.float32)), s)
+    else:
+        s = tl.dot(q_a, tl.trans(k_a))
+        s = tl.dot(q_b, tl.trans(k_b), s)
+    s = tl.where(valid[None, :], s * qk_scale, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    alpha = tl.exp2(m_i - m_new)
+    p = tl.exp2(s - m_new[:, None])
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc_a = acc_a * alpha[:, None]
+    acc_b = acc_b * alpha[:, None]
+    if FP32_DOT:
+        acc_a = tl.dot(p, v_a.to(tl.float32), acc_a)
+        acc_b = tl.dot(p, v_b.to(tl.float32), acc_b)
+    else:
+        p16 = p.to(tl.bfloat16)
+        acc_a = tl.dot(p16, v_a, acc_a)
+        acc_b = tl.dot(p16, v_b, acc_b)
+    return m_new, l_i, acc_a, acc_b
 
 
 @triton.jit
@@ -173,7 +241,7 @@ def _decode_kernel(
     NUM_KV_HEADS: tl.constexpr, GROUP: tl.constexpr, G_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
     BLOCK_N: tl.constexpr, SPLIT: tl.constexpr, META_WORDS: tl.constexpr,
     BLOCKS_PER_HEAD: tl.constexpr, COMPRESSED: tl.constexpr, USE_ASM: tl.constexpr,
-    FP32_DOT: tl.constexpr,
+    FP32_DOT: tl.constexpr, PREFETCH: tl.constexpr,
 ):  # fmt: skip
     HALF: tl.constexpr = HEAD_DIM // 2
     pid = tl.program_id(0)
@@ -216,46 +284,95 @@ def _decode_kernel(
             tok, valid, page_base, page_ids_ptr, page_loc_ptr, meta32_ptr, NUM_KV_HEADS + head,
             NUM_KV_HEADS, HEAD_DIM, META_WORDS, BLOCKS_PER_HEAD, COMPRESSED,
         )  # fmt: skip
-        for tile in range(first, end, BLOCK_N):
-            tok = tile + offs_n
-            valid = tok < end
-            k_a, k_b = _load_tile(
-                heap_u8, heap_bf16, k_start, k_marker, tok, valid, HEAD_DIM, COMPRESSED, USE_ASM, FP32_DOT
+        if PREFETCH and COMPRESSED:
+            # Register double-buffering: the next tile's loads are in flight while this one computes.
+            kl_a, kl_b, k_code, kr_a, kr_b = _tile_loads(
+                heap_u8, heap_bf16, k_start, k_marker, tok, valid, HEAD_DIM, False
             )
-            v_a, v_b = _load_tile(
-                heap_u8, heap_bf16, v_start, v_marker, tok, valid, HEAD_DIM, COMPRESSED, USE_ASM, FP32_DOT
+            vl_a, vl_b, v_code, vr_a, vr_b = _tile_loads(
+                heap_u8, heap_bf16, v_start, v_marker, tok, valid, HEAD_DIM, True
             )
+            k_mark = k_marker
+            v_mark = v_marker
             nxt = tok + BLOCK_N
-            nxt_valid = nxt < end
             k_start, k_marker = _row_starts(
-                nxt, nxt_valid, page_base, page_ids_ptr, page_loc_ptr, meta32_ptr, head,
+                nxt, nxt < end, page_base, page_ids_ptr, page_loc_ptr, meta32_ptr, head,
                 NUM_KV_HEADS, HEAD_DIM, META_WORDS, BLOCKS_PER_HEAD, COMPRESSED,
             )  # fmt: skip
             v_start, v_marker = _row_starts(
-                nxt, nxt_valid, page_base, page_ids_ptr, page_loc_ptr, meta32_ptr, NUM_KV_HEADS + head,
+                nxt, nxt < end, page_base, page_ids_ptr, page_loc_ptr, meta32_ptr, NUM_KV_HEADS + head,
                 NUM_KV_HEADS, HEAD_DIM, META_WORDS, BLOCKS_PER_HEAD, COMPRESSED,
             )  # fmt: skip
-            if FP32_DOT:
-                s = tl.dot(q_a, tl.trans(k_a.to(tl.float32)))
-                s = tl.dot(q_b, tl.trans(k_b.to(tl.float32)), s)
-            else:
-                s = tl.dot(q_a, tl.trans(k_a))
-                s = tl.dot(q_b, tl.trans(k_b), s)
-            s = tl.where(valid[None, :], s * qk_scale, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(s, 1))
-            alpha = tl.exp2(m_i - m_new)
-            p = tl.exp2(s - m_new[:, None])
-            l_i = l_i * alpha + tl.sum(p, 1)
-            acc_a = acc_a * alpha[:, None]
-            acc_b = acc_b * alpha[:, None]
-            if FP32_DOT:
-                acc_a = tl.dot(p, v_a.to(tl.float32), acc_a)
-                acc_b = tl.dot(p, v_b.to(tl.float32), acc_b)
-            else:
-                p16 = p.to(tl.bfloat16)
-                acc_a = tl.dot(p16, v_a, acc_a)
-                acc_b = tl.dot(p16, v_b, acc_b)
-            m_i = m_new
+            for tile in range(first, end, BLOCK_N):
+                tok = tile + offs_n
+                valid = tok < end
+                c_kl_a, c_kl_b, c_k_code, c_kr_a, c_kr_b, c_k_mark = kl_a, kl_b, k_code, kr_a, kr_b, k_mark
+                c_vl_a, c_vl_b, c_v_code, c_vr_a, c_vr_b, c_v_mark = vl_a, vl_b, v_code, vr_a, vr_b, v_mark
+                nxt = tok + BLOCK_N
+                kl_a, kl_b, k_code, kr_a, kr_b = _tile_loads(
+                    heap_u8, heap_bf16, k_start, k_marker, nxt, nxt < end, HEAD_DIM, False
+                )
+                vl_a, vl_b, v_code, vr_a, vr_b = _tile_loads(
+                    heap_u8, heap_bf16, v_start, v_marker, nxt, nxt < end, HEAD_DIM, True
+                )
+                k_mark = k_marker
+                v_mark = v_marker
+                nn = nxt + BLOCK_N
+                k_start, k_marker = _row_starts(
+                    nn, nn < end, page_base, page_ids_ptr, page_loc_ptr, meta32_ptr, head,
+                    NUM_KV_HEADS, HEAD_DIM, META_WORDS, BLOCKS_PER_HEAD, COMPRESSED,
+                )  # fmt: skip
+                v_start, v_marker = _row_starts(
+                    nn, nn < end, page_base, page_ids_ptr, page_loc_ptr, meta32_ptr, NUM_KV_HEADS + head,
+                    NUM_KV_HEADS, HEAD_DIM, META_WORDS, BLOCKS_PER_HEAD, COMPRESSED,
+                )  # fmt: skip
+                k_a, k_b = _restore(
+                    c_kl_a,
+                    c_kl_b,
+                    c_k_code,
+                    c_k_mark.to(tl.uint8)[:, None],
+                    c_kr_a,
+                    c_kr_b,
+                    USE_ASM,
+                    FP32_DOT,
+                )
+                v_a, v_b = _restore(
+                    c_vl_a,
+                    c_vl_b,
+                    c_v_code,
+                    c_v_mark.to(tl.uint8)[:, None],
+                    c_vr_a,
+                    c_vr_b,
+                    USE_ASM,
+                    FP32_DOT,
+                )
+                m_i, l_i, acc_a, acc_b = _attend_tile(
+                    q_a, q_b, k_a, k_b, v_a, v_b, valid, m_i, l_i, acc_a, acc_b, qk_scale, FP32_DOT
+                )
+        else:
+            for tile in range(first, end, BLOCK_N):
+                tok = tile + offs_n
+                valid = tok < end
+                k_a, k_b = _load_tile(
+                    heap_u8, heap_bf16, k_start, k_marker, tok, valid, HEAD_DIM, COMPRESSED, USE_ASM, FP32_DOT,
+                    False,
+                )  # fmt: skip
+                v_a, v_b = _load_tile(
+                    heap_u8, heap_bf16, v_start, v_marker, tok, valid, HEAD_DIM, COMPRESSED, USE_ASM, FP32_DOT,
+                    True,
+                )  # fmt: skip
+                nxt = tok + BLOCK_N
+                k_start, k_marker = _row_starts(
+                    nxt, nxt < end, page_base, page_ids_ptr, page_loc_ptr, meta32_ptr, head,
+                    NUM_KV_HEADS, HEAD_DIM, META_WORDS, BLOCKS_PER_HEAD, COMPRESSED,
+                )  # fmt: skip
+                v_start, v_marker = _row_starts(
+                    nxt, nxt < end, page_base, page_ids_ptr, page_loc_ptr, meta32_ptr, NUM_KV_HEADS + head,
+                    NUM_KV_HEADS, HEAD_DIM, META_WORDS, BLOCKS_PER_HEAD, COMPRESSED,
+                )  # fmt: skip
+                m_i, l_i, acc_a, acc_b = _attend_tile(
+                    q_a, q_b, k_a, k_b, v_a, v_b, valid, m_i, l_i, acc_a, acc_b, qk_scale, FP32_DOT
+                )
 
         out_a = acc_a / l_i[:, None]
         out_b = acc_b / l_i[:, None]
@@ -370,7 +487,7 @@ def decode_attention(
         NUM_KV_HEADS=fmt.num_kv_heads, GROUP=group, G_PAD=max(_MIN_DOT_ROWS, triton.next_power_of_2(group)),
         HEAD_DIM=fmt.head_dim, BLOCK_N=plan.block_n, SPLIT=plan.max_splits > 1,
         META_WORDS=fmt.meta_bytes // 4, BLOCKS_PER_HEAD=fmt.blocks_per_page_head,
-        COMPRESSED=compressed, USE_ASM=use_asm, FP32_DOT=interpret,
+        COMPRESSED=compressed, USE_ASM=use_asm, FP32_DOT=interpret, PREFETCH=plan.prefetch,
         num_warps=plan.num_warps, num_stages=plan.num_stages if compressed else plan.twin_num_stages,
     )  # fmt: skip
     if plan.max_splits > 1:

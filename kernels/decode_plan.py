@@ -33,6 +33,8 @@ KERNEL_CONFIGS: dict[int, tuple[int, int, int, int, int]] = {
     128: (64, 4, 1, 2, 3),
     256: (32, 4, 1, 2, 3),
 }
+# Per head_dim: whether the compressed kernel double-buffers its tile loads in registers.
+PREFETCH: dict[int, bool] = {64: False, 128: False, 256: False}
 MAX_SPLITS = 128
 MIN_SPLIT_TILES = 2  # a split reads at least this many tiles, so its fixed cost stays small
 CPU_NUM_SMS = 4  # the Triton interpreter: keep grids small
@@ -57,6 +59,7 @@ class DecodePlan:
     num_warps: int
     num_stages: int  # compressed kernel
     twin_num_stages: int  # the uncompressed twin
+    prefetch: bool  # compressed kernel: double-buffer tile loads in registers
 
     @property
     def num_kv_heads(self) -> int:
@@ -97,6 +100,7 @@ def plan_decode(
     ctas_per_sm: int | None = None,
     num_stages: int | None = None,
     twin_num_stages: int | None = None,
+    prefetch: bool | None = None,
 ) -> DecodePlan:
     """Build the step's plan. ``page_ids``/``page_indptr``/``kv_lens`` live on the KV device.
 
@@ -162,4 +166,5 @@ def plan_decode(
         num_warps=num_warps,
         num_stages=num_stages,
         twin_num_stages=twin_num_stages,
+        prefetch=PREFETCH[fmt.head_dim] if prefetch is None else prefetch,
     )

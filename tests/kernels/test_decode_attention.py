@@ -103,15 +103,16 @@ def rel_err(case: Case, out: torch.Tensor) -> float:
 
 
 @pytest.mark.parametrize(
-    ("head_dim", "group", "kv_lens", "splits"),
-    [(128, 4, [1, 37, 70], None), (128, 4, [130, 16], 1), (64, 8, [50, 33], None), (256, 1, [40], 3),
-     (128, 1, [21, 64], None), (64, 4, [17], 1), (256, 8, [35, 2], None)],
+    ("head_dim", "group", "kv_lens", "splits", "prefetch"),
+    [(128, 4, [1, 37, 70], None, False), (128, 4, [130, 16], 1, True), (64, 8, [50, 33], None, False),
+     (256, 1, [40], 3, True), (128, 1, [21, 64], None, True), (64, 4, [17], 1, False),
+     (256, 8, [35, 2], None, False)],
 )  # fmt: skip
-def test_compressed_equals_twin_and_reference(head_dim, group, kv_lens, splits, device) -> None:  # type: ignore[no-untyped-def]
+def test_compressed_equals_twin_and_reference(head_dim, group, kv_lens, splits, prefetch, device) -> None:  # type: ignore[no-untyped-def]
     case = make_case(head_dim, 2, group, kv_lens, device)
     markers = ref.unpack_meta(case.meta.cpu(), case.fmt)[1]
     assert (markers == 0xFF).any() and (markers != 0xFF).any(), "the case must mix raw and compressed blocks"
-    plan = case.plan(block_n=32, max_splits=splits, num_sms=2)
+    plan = case.plan(block_n=32, max_splits=splits, num_sms=2, prefetch=prefetch)
     packed, twin = run_both(case, plan)
     assert torch.isfinite(packed.float()).all()
     assert torch.equal(packed.view(torch.int16), twin.view(torch.int16))
@@ -174,8 +175,8 @@ def test_bad_inputs_get_clear_errors() -> None:
 @pytest.mark.parametrize("group", [1, 4, 8])
 def test_gpu_ptx_restore_equals_integer_restore_and_twin(head_dim: int, group: int) -> None:
     case = make_case(head_dim, 4, group, [1, 300, 1000, 77], "cuda", raw_fraction=0.1, seed=head_dim + group)
-    for splits in (1, None):
-        plan = case.plan(max_splits=splits)
+    for splits, prefetch in ((1, False), (None, True)):
+        plan = case.plan(max_splits=splits, prefetch=prefetch)
         packed, twin = run_both(case, plan)
         plain = decode_attention(plan, case.q, case.heap, case.loc, case.meta, head_dim**-0.5, use_asm=False)
         assert torch.equal(packed.view(torch.int16), twin.view(torch.int16))
