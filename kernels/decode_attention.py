@@ -354,12 +354,12 @@ def _decode_kernel(
                 tok = tile + offs_n
                 valid = tok < end
                 k_a, k_b = _load_tile(
-                    heap_u8, heap_bf16, k_start, k_marker, tok, valid, HEAD_DIM, COMPRESSED, USE_ASM, FP32_DOT,
-                    False,
+                    heap_u8, heap_bf16, k_start, k_marker, tok, valid, HEAD_DIM, COMPRESSED, USE_ASM,
+                    FP32_DOT, False,
                 )  # fmt: skip
                 v_a, v_b = _load_tile(
-                    heap_u8, heap_bf16, v_start, v_marker, tok, valid, HEAD_DIM, COMPRESSED, USE_ASM, FP32_DOT,
-                    True,
+                    heap_u8, heap_bf16, v_start, v_marker, tok, valid, HEAD_DIM, COMPRESSED, USE_ASM,
+                    FP32_DOT, True,
                 )  # fmt: skip
                 nxt = tok + BLOCK_N
                 k_start, k_marker = _row_starts(
