@@ -102,7 +102,7 @@ def extend_slots(
 ) -> torch.Tensor:
     """Slots of the new tokens, in batch order (torch twin of SGLang's ``alloc_extend_kernel``).
 
-    ``last_loc``: int64 [B] (device), slot of each request's last prefix token (-1 when none);
+    ``last_loc``: int32/int64 [B] (device), slot of each request's last prefix token (-1 when none);
     ``new_pages``: int64 [num_new_pages] (device), the new page ids in batch order.
     Returns int64 [N] (device).
     """
@@ -119,7 +119,7 @@ def extend_slots(
     in_tail = t < first_new * PAGE_TOKENS  # goes into the partially filled last prefix page
     new_index = (new_start[r] + t // PAGE_TOKENS - first_new).clamp(0, max(new_pages.numel() - 1, 0))
     r_d, t_d = r.to(device), t.to(device)
-    tail_slot = last_loc[r_d] + 1 + (t_d - prefix.to(device))
+    tail_slot = last_loc.to(torch.int64)[r_d] + 1 + (t_d - prefix.to(device))
     if new_pages.numel() == 0:
         return tail_slot
     new_slot = new_pages[new_index.to(device)] * PAGE_TOKENS + t_d % PAGE_TOKENS
@@ -129,7 +129,7 @@ def extend_slots(
 def decode_slots(seq_lens_cpu: list[int], last_loc: torch.Tensor, new_pages: torch.Tensor) -> torch.Tensor:
     """Slot of each request's next token: a new page where ``seq_len % 16 == 1``, else ``last_loc + 1``."""
     starts = [i for i, s in enumerate(seq_lens_cpu) if s % PAGE_TOKENS == 1]
-    out = last_loc + 1
+    out = last_loc.to(torch.int64) + 1  # SGLang's last_loc comes from req_to_token (int32); slots are int64
     if starts:
         idx = to_device(starts, last_loc.device)
         out = out.index_put((idx,), new_pages * PAGE_TOKENS)

@@ -124,7 +124,7 @@ def test_extend_reads_a_compressed_prefix() -> None:
     )
     q = torch.randn(new, HQ * FMT.head_dim, generator=gen).to(torch.bfloat16)
     out = alloc.alloc_extend(torch.tensor([32]), torch.tensor([32]), torch.tensor([37]), torch.tensor([37]),
-                             r2t[1, 31:32].to(torch.int64), new)  # fmt: skip
+                             r2t[1, 31:32], new)  # fmt: skip
     r2t[1, 32:37] = out.to(torch.int32)
     attn = ZipkvAttention(kv, alloc, r2t, HQ, True, extend_twin)
     view = BatchView(False, False, 1, torch.tensor([1]), torch.tensor([37]), [37], [32], [new])

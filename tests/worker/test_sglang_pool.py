@@ -76,13 +76,16 @@ def test_extend_slots_match_a_token_by_token_walk() -> None:
         last = [rng.randint(1, 99) * PAGE_TOKENS + (p - 1) % PAGE_TOKENS if p else -1 for p in prefix]
         n_new = plan_extend(prefix, seq).num_new_pages
         new_pages = rng.sample(range(100, 1000), n_new)
-        got = extend_slots(prefix, seq, torch.tensor(last), torch.tensor(new_pages, dtype=torch.int64))
+        last_loc = torch.tensor(last, dtype=torch.int32)  # as SGLang passes it (read from req_to_token)
+        got = extend_slots(prefix, seq, last_loc, torch.tensor(new_pages, dtype=torch.int64))
+        assert got.dtype == torch.int64
         assert got.tolist() == reference_extend_slots(prefix, seq, last, new_pages)
 
 
 def test_decode_slots_start_a_page_only_at_a_boundary() -> None:
-    got = decode_slots([17, 18, 1, 32], torch.tensor([160, 161, -1, 334]), torch.tensor([7, 9]))
-    assert got.tolist() == [7 * 16, 162, 9 * 16, 335]
+    last_loc = torch.tensor([160, 161, -1, 334], dtype=torch.int32)  # int32, as read from req_to_token
+    got = decode_slots([17, 18, 1, 32], last_loc, torch.tensor([7, 9]))
+    assert got.dtype == torch.int64 and got.tolist() == [7 * 16, 162, 9 * 16, 335]
 
 
 def fill(alloc: ZipkvAllocator, slots: torch.Tensor, seed: int = 0) -> None:
@@ -136,7 +139,8 @@ def test_decode_fill_is_found_on_the_device_and_marked_next_step() -> None:
     assert out is not None
     alloc.compress_step()
     fill(alloc, out)
-    slot = alloc.alloc_decode(torch.tensor([16]), torch.tensor([16]), out[-1:])  # 16th token fills the page
+    last_loc = out[-1:].to(torch.int32)  # SGLang reads it from req_to_token (int32)
+    slot = alloc.alloc_decode(torch.tensor([16]), torch.tensor([16]), last_loc)  # 16th token fills the page
     assert slot is not None and slot.tolist() == [out[-1].item() + 1]
     alloc.compress_step()  # the decode step writing token 16
     fill(alloc, slot, seed=1)
