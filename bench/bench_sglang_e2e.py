@@ -121,8 +121,12 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
 
 def parse_log(text: str) -> dict[str, Any]:
     """Peak running requests (SGLang's scheduler log) and zipkv's last pool line."""
-    running = [int(x) for x in re.findall(r"#running-req: (\d+)", text)]
-    out: dict[str, Any] = {"max_running_requests": max(running) if running else None}
+    running = [int(x) for x in re.findall(r"Decode batch, #running-req: (\d+)", text)]
+    gen = [float(x) for x in re.findall(r"gen throughput \(token/s\): ([0-9.]+)", text)]
+    out: dict[str, Any] = {
+        "max_running_requests": max(running) if running else None,
+        "peak_gen_tok_s": max(gen) if gen else None,
+    }
     pool = re.findall(r"zipkv pool step=\d+ (.*)", text)
     if pool:
         out["zipkv_pool_last"] = dict(kv.split("=") for kv in pool[-1].split())
