@@ -25,7 +25,8 @@ import torch
 from zipkv.allocator import PagePool
 from zipkv.kernels.layout import PAGE_TOKENS, PageFormat
 
-from .sglang_pool import ZipkvAllocator, to_device
+from .sglang_pool import ZipkvAllocator
+from .sglang_slots import to_device
 
 
 @dataclass(frozen=True)

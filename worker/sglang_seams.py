@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -169,7 +169,8 @@ def _classes() -> dict[str, type]:
     from zipkv.kernels.layout import PageFormat
 
     from .sglang_backend import BatchView, ZipkvAttention, ZipkvKV
-    from .sglang_pool import ZipkvAllocator, budget_bytes_for_tokens, virtual_pages_for_budget
+    from .sglang_pool import ZipkvAllocator
+    from .sglang_slots import budget_bytes_for_tokens, virtual_pages_for_budget
 
     class ZipkvKVCache(KVCache):
         """SGLang's KV pool over a PagePool heap; ``size`` counts virtual slots."""
@@ -398,8 +399,7 @@ def install() -> None:
         allocator = self.token_to_kv_pool_allocator
         if not (_CLASSES and isinstance(allocator, _CLASSES["allocator"])):
             return check_full_pool(self, ps, uncached)
-        return idle_check(
-            allocator,
+        return cast(Any, allocator).idle_check(
             self.tree_cache.evictable_size(),
             self.tree_cache.protected_size(),
             self.pool_stats_observer.session_held_tokens(),
@@ -411,24 +411,6 @@ def install() -> None:
     SchedulerInvariantChecker._check_full_pool = _check_full_pool
     _INSTALLED.append(True)
     log.info("zipkv installed into sglang %s: backends %s", SGLANG_VERSION, ", ".join(BACKEND_NAMES))
-
-
-def idle_check(
-    allocator: Any, evictable: int, protected: int, session_held: int, uncached: int
-) -> tuple[bool, str]:
-    """zipkv's idle memory invariant: every held page id is owned by the prefix cache or a request, and the
-    PagePool holds exactly those pages (plus the pad page). Returns (leak, message) like SGLang's check."""
-    held = allocator.held_tokens()
-    owned = evictable + protected + session_held + uncached
-    stats = allocator.pool.stats()
-    pool_pages = int(getattr(stats, "used_pages", allocator._live_pages + 1))
-    leak = held != owned or pool_pages != allocator._live_pages + 1
-    msg = (
-        f"[zipkv] held_tokens={held}, evictable={evictable}, protected={protected}, "
-        f"session_held={session_held}, uncached={uncached}, pool_used_pages={pool_pages}, "
-        f"available_tokens={allocator.available_size()}"
-    )
-    return leak, msg
 
 
 # ---- the parent-process surface the engine adapter uses (sglang.Engine) -------------------------------

@@ -13,8 +13,8 @@ import torch
 from zipkv.allocator import PagePool
 from zipkv.kernels import reference
 from zipkv.kernels.layout import PAGE_TOKENS, PageFormat
-from zipkv.worker.sglang_pool import (
-    ZipkvAllocator,
+from zipkv.worker.sglang_pool import ZipkvAllocator
+from zipkv.worker.sglang_slots import (
     budget_bytes_for_tokens,
     decode_slots,
     extend_slots,
@@ -22,7 +22,6 @@ from zipkv.worker.sglang_pool import (
     raw_bytes_per_token,
     virtual_pages_for_budget,
 )
-from zipkv.worker.sglang_seams import idle_check
 
 FMT = PageFormat(head_dim=64, num_kv_heads=1)  # raw page 4096 B
 LAYERS = 2
@@ -106,7 +105,7 @@ def test_extend_allocates_pool_pages_and_available_size_follows() -> None:
     assert alloc.available_size() == before - 4 * PAGE_TOKENS
     alloc.free(out)
     assert alloc.available_size() == before
-    assert idle_check(alloc, 0, 0, 0, 0)[0] is False
+    assert alloc.idle_check(0, 0, 0, 0)[0] is False
 
 
 def test_pages_compress_one_step_after_they_fill_and_capacity_grows() -> None:
@@ -129,7 +128,7 @@ def test_pages_compress_one_step_after_they_fill_and_capacity_grows() -> None:
     # the raw copies went back and the compressed ones take fewer bytes: more new pages fit than before
     assert alloc.available_size() > before - n
     alloc.free(out)
-    assert idle_check(alloc, 0, 0, 0, 0)[0] is False
+    assert alloc.idle_check(0, 0, 0, 0)[0] is False
 
 
 def test_decode_fill_is_found_on_the_device_and_marked_next_step() -> None:
@@ -176,9 +175,9 @@ def test_idle_check_reports_a_leaked_page() -> None:
     alloc = make()
     out = alloc.alloc(2 * PAGE_TOKENS)
     assert out is not None
-    leak, msg = idle_check(alloc, 0, 0, 0, 0)  # nobody owns the two pages
+    leak, msg = alloc.idle_check(0, 0, 0, 0)  # nobody owns the two pages
     assert leak and "held_tokens=32" in msg
-    assert idle_check(alloc, 32, 0, 0, 0)[0] is False  # the prefix cache owns them
+    assert alloc.idle_check(32, 0, 0, 0)[0] is False  # the prefix cache owns them
     with pytest.raises(ValueError, match="whole number"):
         alloc.alloc(5)
 
@@ -195,4 +194,4 @@ def test_free_segment_frees_each_page_once() -> None:
     assert alloc.available_size() == before - PAGE_TOKENS  # page 0 still held
     alloc.free_segment(out[:16], start_pos=0)
     assert alloc.available_size() == before
-    assert idle_check(alloc, 0, 0, 0, 0)[0] is False
+    assert alloc.idle_check(0, 0, 0, 0)[0] is False
