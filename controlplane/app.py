@@ -55,17 +55,21 @@ def build_app(
         try:
             yield
         finally:
+            log.info("router stopping")
             if refresher is not None:
+                # The flag ends the loop even if a client library swallows the cancellation.
+                getattr(router.store, "stop", lambda: None)()
                 refresher.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await refresher
+                await asyncio.wait({refresher}, timeout=2.0)
             await server.stop(1.0)
+            log.info("report server stopped")
             await router.dispatcher.close()
             closer = getattr(router.store, "close", None)
             if closer is not None:
                 await closer()
             if isinstance(provider, TracerProvider) and tracer_provider is None:
                 provider.shutdown()
+            log.info("router stopped")
 
     app = FastAPI(title="zipkv router", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.router = router

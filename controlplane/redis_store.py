@@ -109,6 +109,7 @@ class RedisStore:
         self._snap = Snapshot((), 0.0)
         self._degraded = False
         self._timeouts = 0
+        self._stopping = False
         self._put = self._redis.register_script(PUT_REPORT)
         self._reserve = self._redis.register_script(RESERVE)
         self._started = self._redis.register_script(MARK_STARTED)
@@ -191,7 +192,7 @@ class RedisStore:
 
     async def run(self) -> None:
         """Refresh the snapshot every refresh_ms; detect outages and recover from them."""
-        while True:
+        while not self._stopping:
             try:
                 await self.refresh()
                 self._timeouts = 0
@@ -260,6 +261,9 @@ class RedisStore:
         except ERRORS as exc:
             self._pending_release.append((worker_id, request_id))  # replayed by the refresh loop
             self._failed(exc)
+
+    def stop(self) -> None:
+        self._stopping = True
 
     async def close(self) -> None:
         await self._redis.aclose()

@@ -8,8 +8,8 @@ from collections.abc import Iterator
 import httpx
 import openai
 import pytest
+from router_harness import MODEL, Stack, stack
 
-from tests.controlplane.harness import MODEL, Stack, stack
 from zipkv.controlplane.scripted_worker import Script
 
 

@@ -10,8 +10,8 @@ from typing import Any
 import grpc
 import httpx
 import pytest
+from router_harness import TOKEN, stack
 
-from tests.controlplane.harness import TOKEN, stack
 from zipkv.controlplane.scripted_worker import ScriptedWorker
 from zipkv.controlplane.state import MemoryStore, WorkerView
 

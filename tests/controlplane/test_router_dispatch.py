@@ -12,8 +12,8 @@ import pytest
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from router_harness import MODEL, Stack, stack
 
-from tests.controlplane.harness import MODEL, Stack, stack
 from zipkv.controlplane.scripted_worker import Script
 
 BODY = {"model": MODEL, "prompt": "x", "max_tokens": 4}

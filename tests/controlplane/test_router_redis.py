@@ -13,9 +13,8 @@ from pathlib import Path
 
 import httpx
 import pytest
+from router_harness import MODEL, TOKEN, LoopThread, free_port, stack, start_redis
 
-from tests.conftest import free_port, start_redis
-from tests.controlplane.harness import MODEL, TOKEN, LoopThread, stack
 from zipkv.controlplane.scripted_worker import Script, ScriptedWorker, report_forever
 
 
