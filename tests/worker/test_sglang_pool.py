@@ -29,8 +29,14 @@ LAYERS = 2
 
 def make(raw_tokens: int = 64 * PAGE_TOKENS, compression: bool = True) -> ZipkvAllocator:
     budget = budget_bytes_for_tokens(raw_tokens, FMT, LAYERS) + 4 * FMT.raw_page_bytes
-    pool = PagePool(FMT, LAYERS, budget, chunk_bytes=4 * FMT.raw_page_bytes, compression=compression,
-                    max_pages=virtual_pages_for_budget(budget, FMT, LAYERS, compression))  # fmt: skip
+    pool = PagePool(
+        FMT,
+        LAYERS,
+        budget,
+        chunk_bytes=4 * FMT.raw_page_bytes,
+        compression=compression,
+        max_pages=virtual_pages_for_budget(budget, FMT, LAYERS, compression),
+    )
     return ZipkvAllocator(pool, "cpu", compression)
 
 
@@ -97,8 +103,14 @@ def fill(alloc: ZipkvAllocator, slots: torch.Tensor, seed: int = 0) -> None:
 def test_extend_allocates_pool_pages_and_available_size_follows() -> None:
     alloc = make()
     before = alloc.available_size()
-    out = alloc.alloc_extend(torch.tensor([0, 0]), torch.tensor([0, 0]), torch.tensor([40, 16]),
-                             torch.tensor([40, 16]), torch.tensor([-1, -1]), 56)  # fmt: skip
+    out = alloc.alloc_extend(
+        torch.tensor([0, 0]),
+        torch.tensor([0, 0]),
+        torch.tensor([40, 16]),
+        torch.tensor([40, 16]),
+        torch.tensor([-1, -1]),
+        56,
+    )
     assert out is not None and out.numel() == 56 and len(set(out.tolist())) == 56
     pages = sorted(set((out // PAGE_TOKENS).tolist()))
     assert len(pages) == 4 and 0 not in pages  # page 0 stays the padding page
@@ -112,8 +124,9 @@ def test_pages_compress_one_step_after_they_fill_and_capacity_grows() -> None:
     alloc = make()
     before = alloc.available_size()
     n = 48 * PAGE_TOKENS
-    out = alloc.alloc_extend(torch.tensor([0]), torch.tensor([0]), torch.tensor([n]), torch.tensor([n]),
-                             torch.tensor([-1]), n)  # fmt: skip
+    out = alloc.alloc_extend(
+        torch.tensor([0]), torch.tensor([0]), torch.tensor([n]), torch.tensor([n]), torch.tensor([-1]), n
+    )
     assert out is not None
     alloc.compress_step()  # forward step 1 starts: its pages are being written, not compressed yet
     assert alloc.pool.stats().compressed_pages + alloc.pool.stats().encoding_pages == 0
@@ -133,8 +146,9 @@ def test_pages_compress_one_step_after_they_fill_and_capacity_grows() -> None:
 
 def test_decode_fill_is_found_on_the_device_and_marked_next_step() -> None:
     alloc = make()
-    out = alloc.alloc_extend(torch.tensor([0]), torch.tensor([0]), torch.tensor([15]), torch.tensor([15]),
-                             torch.tensor([-1]), 15)  # fmt: skip
+    out = alloc.alloc_extend(
+        torch.tensor([0]), torch.tensor([0]), torch.tensor([15]), torch.tensor([15]), torch.tensor([-1]), 15
+    )
     assert out is not None
     alloc.compress_step()
     fill(alloc, out)
@@ -150,13 +164,15 @@ def test_decode_fill_is_found_on_the_device_and_marked_next_step() -> None:
 
 def test_a_page_freed_before_its_step_ends_is_never_marked() -> None:
     alloc = make()
-    out = alloc.alloc_extend(torch.tensor([0]), torch.tensor([0]), torch.tensor([32]), torch.tensor([32]),
-                             torch.tensor([-1]), 32)  # fmt: skip
+    out = alloc.alloc_extend(
+        torch.tensor([0]), torch.tensor([0]), torch.tensor([32]), torch.tensor([32]), torch.tensor([-1]), 32
+    )
     assert out is not None
     alloc.compress_step()
     alloc.free(out)  # e.g. aborted: freed (and reusable) before the fill would be marked
-    again = alloc.alloc_extend(torch.tensor([0]), torch.tensor([0]), torch.tensor([8]), torch.tensor([8]),
-                               torch.tensor([-1]), 8)  # fmt: skip
+    again = alloc.alloc_extend(
+        torch.tensor([0]), torch.tensor([0]), torch.tensor([8]), torch.tensor([8]), torch.tensor([-1]), 8
+    )
     assert again is not None
     assert alloc.compress_step() == 0  # the reused page is half written: it must not be compressed
     assert alloc.pool.stats().encoding_pages == 0
@@ -166,8 +182,12 @@ def test_out_of_pages_returns_none_and_keeps_state() -> None:
     alloc = make(raw_tokens=8 * PAGE_TOKENS, compression=False)
     fit = alloc.available_size() // PAGE_TOKENS
     n = (fit + 1) * PAGE_TOKENS
-    assert alloc.alloc_extend(torch.tensor([0]), torch.tensor([0]), torch.tensor([n]), torch.tensor([n]),
-                              torch.tensor([-1]), n) is None  # fmt: skip
+    assert (
+        alloc.alloc_extend(
+            torch.tensor([0]), torch.tensor([0]), torch.tensor([n]), torch.tensor([n]), torch.tensor([-1]), n
+        )
+        is None
+    )
     assert alloc.available_size() == fit * PAGE_TOKENS
 
 
@@ -185,8 +205,9 @@ def test_idle_check_reports_a_leaked_page() -> None:
 def test_free_segment_frees_each_page_once() -> None:
     alloc = make()
     before = alloc.available_size()
-    out = alloc.alloc_extend(torch.tensor([0]), torch.tensor([0]), torch.tensor([48]), torch.tensor([48]),
-                             torch.tensor([-1]), 48)  # fmt: skip
+    out = alloc.alloc_extend(
+        torch.tensor([0]), torch.tensor([0]), torch.tensor([48]), torch.tensor([48]), torch.tensor([-1]), 48
+    )
     assert out is not None
     alloc.free_group_begin()
     alloc.free_segment(out[20:], start_pos=20)  # pages 1 and 2, one representative slot each
@@ -195,3 +216,22 @@ def test_free_segment_frees_each_page_once() -> None:
     alloc.free_segment(out[:16], start_pos=0)
     assert alloc.available_size() == before
     assert alloc.idle_check(0, 0, 0, 0)[0] is False
+
+
+def test_chunked_prefill_completes_the_partial_page_of_the_previous_chunk() -> None:
+    alloc = make()
+    z = torch.tensor([0])
+    first = alloc.alloc_extend(z, z, torch.tensor([20]), torch.tensor([20]), z - 1, 20)  # page A full, B 4/16
+    assert first is not None
+    assert alloc.compress_step() == 0  # chunk 1 is being written
+    fill(alloc, first)
+    last_loc = first[-1:].to(torch.int32)
+    second = alloc.alloc_extend(
+        torch.tensor([20]), torch.tensor([20]), torch.tensor([40]), torch.tensor([40]), last_loc, 20
+    )
+    assert second is not None
+    assert second[:12].tolist() == list(range(int(first[-1]) + 1, int(first[-1]) + 13))  # B's 12 free slots
+    assert alloc.compress_step() == 1  # page A, filled by chunk 1
+    fill(alloc, second, seed=2)
+    assert alloc.compress_step() == 1  # page B, completed by chunk 2 (found on the device from last_loc)
+    assert alloc.compress_step() == 0  # page C holds 8 tokens: not full
