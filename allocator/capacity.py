@@ -49,6 +49,29 @@ def fits(
     return pool_chunks_needed(free_units, total_pages, raw_page_units, chunk_units) <= pool_chunks
 
 
+def _fits_many(
+    free: np.ndarray, totals: np.ndarray, raw_page_units: int, chunk_units: int, pool_chunks: int
+) -> np.ndarray:
+    """``fits`` (with the pool) for many page counts at once: bool [len(totals)]."""
+    deficit = np.maximum(totals[:, None] * raw_page_units - free[None, :], 0)
+    return (-(-deficit // chunk_units)).sum(axis=1) <= pool_chunks
+
+
+def _fluid_max(free: np.ndarray, budget_units: int, raw_page_units: int) -> int:
+    """About the largest T with sum(max(0, T * raw - free)) <= budget_units: the need without rounding
+    to chunks, inverted segment by segment over the sorted free space (an estimate: callers verify it)."""
+    if budget_units < 0:
+        return 0
+    s = sorted(free.tolist())
+    total = 0
+    for k in range(1, len(s) + 1):
+        total += s[k - 1]
+        t = (budget_units + total) // (k * raw_page_units)
+        if k == len(s) or t * raw_page_units <= s[k]:
+            return int(t)
+    return 0
+
+
 def pages_fit(
     free_units: Sequence[int] | np.ndarray,
     raw_page_units: int,
@@ -68,14 +91,25 @@ def pages_fit(
         raise ValueError(f"free_units must be a non-empty 1-D sequence, got shape {free.shape}")
     if not shared_pool:
         return max(0, int(free.min() // raw_page_units) - reserved_pages)
-    # The fluid bound (every unit usable by any layer) is an upper bound; the need in whole pool chunks is
-    # monotone in the page count, so a binary search between 0 and that bound finds the exact answer.
-    hi = int((free.sum() + pool_chunks * chunk_units) // (free.size * raw_page_units))
-    lo = 0
+    # Bracket the answer with the fluid need f (every unit usable, no rounding to whole chunks): the chunk
+    # need g satisfies f <= g < f + L, so the answer lies between the fluid answers for budgets of
+    # (pool - L) and pool chunks, a chunk's worth of pages apart when every layer is short. Both ends are
+    # verified (and widened to the safe bounds if an estimate is off); then 64 candidates are tested at once.
+    top = int((free.sum() + pool_chunks * chunk_units) // (free.size * raw_page_units))  # nothing beyond
+    lo = max(0, _fluid_max(free, (pool_chunks - free.size) * chunk_units, raw_page_units) - 1)
+    hi = min(top, _fluid_max(free, pool_chunks * chunk_units, raw_page_units) + 1)
+    ends = _fits_many(free, np.array([lo, hi + 1], dtype=np.int64), raw_page_units, chunk_units, pool_chunks)
+    if not ends[0]:
+        lo = 0
+    if ends[1] or hi < lo:
+        hi = top
     while lo < hi:
-        mid = (lo + hi + 1) // 2
-        if fits(free, mid, raw_page_units, chunk_units, pool_chunks, True):
-            lo = mid
-        else:
-            hi = mid - 1
+        totals = np.unique(np.linspace(lo, hi, num=min(64, hi - lo + 1)).round().astype(np.int64))
+        ok = _fits_many(free, totals, raw_page_units, chunk_units, pool_chunks)
+        last = int(np.flatnonzero(ok)[-1]) if ok.any() else -1
+        if last == totals.size - 1:
+            lo = int(totals[-1])
+            break
+        lo = int(totals[last]) if last >= 0 else lo
+        hi = int(totals[last + 1]) - 1
     return max(0, lo - reserved_pages)

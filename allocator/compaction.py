@@ -44,8 +44,9 @@ def _select(led: Ledger, layer: int, chunks: np.ndarray) -> tuple[np.ndarray, in
     return chunks[: best + 1], int(need[best])
 
 
-def plan_compaction(led: Ledger, max_pages: int) -> MovePlan | None:
-    """Plan moves for at most ``max_pages`` (layer, page) pairs; updates the host tables at once.
+def plan_compaction(led: Ledger, max_pages: int, max_layers: int) -> MovePlan | None:
+    """Plan moves for at most ``max_pages`` (layer, page) pairs in at most ``max_layers`` layers (those with
+    the most candidate chunks first); updates the host tables at once.
 
     The caller copies the bytes on the device and then calls ``Ledger.moved`` so that the emptied chunks
     start draining behind the copy.
@@ -57,7 +58,9 @@ def plan_compaction(led: Ledger, max_pages: int) -> MovePlan | None:
     parts: list[tuple[int, np.ndarray, np.ndarray, np.ndarray]] = []
     emptied: list[np.ndarray] = []
     budget = max_pages
-    for layer in np.unique(led.chunk_owner[cands]).tolist():
+    layers, per_layer = np.unique(led.chunk_owner[cands], return_counts=True)
+    selected = np.zeros(led.cfg.num_chunks + 1, dtype=bool)  # the extra entry answers page_chunk == -1
+    for layer in layers[np.argsort(-per_layer, kind="stable")][:max_layers].tolist():
         chunks, new_chunks = _select(led, layer, cands[led.chunk_owner[cands] == layer])
         if chunks.size == 0:
             continue
@@ -65,7 +68,9 @@ def plan_compaction(led: Ledger, max_pages: int) -> MovePlan | None:
         need[layer] = new_chunks
         if not chunks_affordable(led, need):
             continue
-        pages = np.flatnonzero(np.isin(led.page_chunk[layer], chunks))
+        selected[chunks] = True
+        pages = np.flatnonzero(selected[led.page_chunk[layer]])
+        selected[chunks] = False
         if pages.size > budget:
             break
         budget -= pages.size

@@ -24,6 +24,7 @@ from zipkv.allocator.plans import (
     Fence,
     PageState,
     packed_units,
+    unique_sorted,
 )
 
 if TYPE_CHECKING:
@@ -41,7 +42,9 @@ def log_chunks_needed(led: Ledger, pages: int) -> np.ndarray:
     tops = _tops(led)
     if (tops >= 0).all() and ((led.cu - led.chunk_bump[tops]) // led.raw >= pages).all():
         return np.zeros(led.cfg.num_layers, dtype=I64)
-    room = np.array([sum(led.room_pages(c) for c in r) for r in led.log_rooms], dtype=I64)
+    listed = np.fromiter((c for r in led.log_rooms for c in r), dtype=I64)
+    owners = led.chunk_owner[listed]
+    room = np.bincount(owners, (led.cu - led.chunk_bump[listed]) // led.raw, led.cfg.num_layers).astype(I64)
     return -(-np.maximum(pages - room, 0) // led.slots_per_chunk)
 
 
@@ -74,7 +77,7 @@ def plan_encode(led: Ledger) -> EncodePlan | None:
     """Take the queued full pages (as many as fit now) and give each a worst-case place per layer."""
     if not led.full_queue:
         return None
-    queue = np.unique(np.asarray(led.full_queue, dtype=I64))
+    queue = unique_sorted(np.asarray(led.full_queue, dtype=I64))
     queue = queue[led.page_state[queue] == PageState.FULL]
     k = _encodable(led, int(queue.size))
     led.full_queue = queue[k:].tolist()  # the rest waits for room (they stay valid raw pages)

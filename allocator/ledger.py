@@ -28,6 +28,7 @@ from zipkv.allocator.plans import (
     MovePlan,
     OutOfPages,
     PageState,
+    unique_sorted,
 )
 
 I64 = np.int64
@@ -170,7 +171,7 @@ class Ledger:
 
     def _retire_empty(self, chunks: np.ndarray) -> None:
         """Chunks that hold nothing start draining: reusable once reads issued so far are done."""
-        chunks = np.unique(chunks)
+        chunks = unique_sorted(chunks)
         kind = self.chunk_kind[chunks]
         in_use = (kind == ChunkKind.RAW) | (kind == ChunkKind.LOG)
         empty = chunks[(self.chunk_live[chunks] == 0) & (self.chunk_pending[chunks] == 0) & in_use]
@@ -221,7 +222,7 @@ class Ledger:
         back = (self.chunk_kind[chunks] == ChunkKind.LOG) & (self.cu - self.chunk_bump[chunks] >= self.raw)
         chunks = chunks[back & ~self.in_rooms[chunks]]
         for c, layer in zip(chunks.tolist(), self.chunk_owner[chunks].tolist(), strict=True):
-            self.log_rooms[layer].append(c)
+            self.log_rooms[layer].insert(0, c)  # under the chunk being filled: used once it is full
         self.in_rooms[chunks] = True
 
     def _drain(self) -> None:
@@ -297,10 +298,12 @@ class Ledger:
         return {rid: min(k, self.reservations.get(rid, 0)) for rid, k in wants.items()}
 
     def _checked_ids(self, page_ids: Sequence[int] | np.ndarray, allowed: tuple[int, ...]) -> np.ndarray:
-        ids = np.unique(np.asarray(page_ids, dtype=I64).ravel())
+        ids = unique_sorted(np.asarray(page_ids, dtype=I64).ravel())
         if ids.size and (ids[0] < 0 or ids[-1] >= self.cfg.max_pages):
             raise ValueError(f"page ids must lie in [0, {self.cfg.max_pages}), got {ids[0]}..{ids[-1]}")
-        bad = ids[~np.isin(self.page_state[ids], allowed)]
+        ok = np.zeros(len(PageState.NAMES), dtype=bool)
+        ok[list(allowed)] = True
+        bad = ids[~ok[self.page_state[ids]]]
         if bad.size:
             states = [PageState.NAMES[s] for s in self.page_state[bad[:5]]]
             raise ValueError(
@@ -355,8 +358,8 @@ class Ledger:
         """Apply encode batches and release draining chunks whose fences are done (never blocks)."""
         encode.poll(self)
 
-    def plan_compaction(self, max_pages: int = 4096) -> MovePlan | None:
-        return compaction.plan_compaction(self, max_pages)
+    def plan_compaction(self, max_pages: int = 4096, max_layers: int = 2) -> MovePlan | None:
+        return compaction.plan_compaction(self, max_pages, max_layers)
 
     def moved(self, plan: MovePlan) -> None:
         compaction.moved(self, plan)

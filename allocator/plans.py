@@ -94,6 +94,14 @@ class MovePlan:
     emptied_chunks: np.ndarray  # int64 [k]: chunks that hold nothing once the move is done
 
 
+def unique_sorted(values: np.ndarray) -> np.ndarray:
+    """``np.unique`` for the small int64 arrays of a step (sort and compare: cheaper than hashing)."""
+    out = np.sort(values, kind="stable")
+    if out.size > 1:
+        out = out[np.concatenate(([True], out[1:] != out[:-1]))]
+    return out
+
+
 def packed_units(
     size_units: np.ndarray, segments: np.ndarray, region_first: np.ndarray, region_base_units: np.ndarray
 ) -> np.ndarray:

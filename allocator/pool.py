@@ -32,6 +32,8 @@ PACK_TEMP_BYTES = 64 * MiB  # bound on the temporary copy the pack and move step
 
 
 class PagePool:
+    DEFAULT_COMPACTION_INTERVAL_STEPS = 2
+
     def __init__(
         self,
         fmt: PageFormat,
@@ -44,7 +46,7 @@ class PagePool:
         max_pages: int | None = None,
         encoder: PageEncoder | None = None,
         compaction_live_fraction: float = 0.5,
-        compaction_interval_steps: int = 8,
+        compaction_interval_steps: int = DEFAULT_COMPACTION_INTERVAL_STEPS,
     ) -> None:
         if chunk_bytes <= 0 or chunk_bytes % fmt.raw_page_bytes != 0:
             raise ValueError(

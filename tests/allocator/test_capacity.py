@@ -93,7 +93,7 @@ def _brute_force(free: list[int], raw: int, chunk: int, pool: int, shared: bool)
     return best
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=300, deadline=None)
 @given(
     free=st.lists(st.integers(0, 60), min_size=1, max_size=5),
     raw=st.integers(1, 6),
@@ -108,3 +108,18 @@ def test_pages_fit_matches_brute_force(
     assert pages_fit(free, raw, chunk, pool if shared else 0, 0, shared) == _brute_force(
         free, raw, chunk, pool if shared else 0, shared
     )
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    slots=st.lists(st.integers(0, 200), min_size=1, max_size=32),
+    per_chunk=st.sampled_from([1, 2, 8, 32]),
+    pool=st.integers(0, 3000),
+)
+def test_pages_fit_is_the_largest_that_fits(slots: list[int], per_chunk: int, pool: int) -> None:
+    """Pool-sized cases (up to 32 layers, thousands of chunks): the answer fits and one more does not."""
+    raw = 256
+    free = np.array(slots, dtype=np.int64) * raw
+    n = pages_fit(free, raw, raw * per_chunk, pool, 0, True)
+    assert fits(free, n, raw, raw * per_chunk, pool, True)
+    assert not fits(free, n + 1, raw, raw * per_chunk, pool, True)
