@@ -39,8 +39,7 @@ class WorkerSettings:
             raise ValueError(f"kv_budget_bytes must be > 0, got {self.kv_budget_bytes}")
         if not 0 <= self.port <= 65535:
             raise ValueError(f"port must be within 0..65535, got {self.port}")
-        if self.model_path is not None and not os.path.isdir(self.model_path):
-            raise ValueError(f"model path {self.model_path} is not a directory on this machine")
+        # The model path is checked where the model loads (the replica's machine), not here.
 
     def report_addresses(self) -> list[str]:
         return [a.strip() for a in (self.router_address or "").split(",") if a.strip()]
