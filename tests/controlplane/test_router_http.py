@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import openai
@@ -197,3 +198,24 @@ def test_503_with_retry_after_when_no_worker_fits() -> None:
         r = _post(st, {"model": MODEL, "prompt": "x", "max_tokens": 200})  # needs 202 > 100 free
         assert r.status_code == 503 and "1 headroom" in r.json()["error"]["message"]
         assert _post(st, {"model": MODEL, "prompt": "x", "max_tokens": 20}).status_code == 200
+
+
+def test_chat_uses_the_models_own_template(tmp_path: Path) -> None:
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    vocab = {"[UNK]": 0, "<s>": 1, "</s>": 2, "user": 3, "hello": 4, "|": 5}
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.add_special_tokens(["<s>", "</s>"])  # matched before pre-tokenising, as in real tokenizers
+    tok.save(str(tmp_path / "tokenizer.json"))
+    template = "{{ bos_token }}{% for m in messages %}{{ m['role'] }} | {{ m['content'] }} {% endfor %}"
+    config = {"chat_template": template, "bos_token": "<s>", "eos_token": "</s>"}
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(config))
+    with stack(models=[{"name": "local", "tokenizer": str(tmp_path), "max_context_tokens": 64}]) as st:
+        w = st.add_worker(model="local")
+        body = {"model": "local", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 2}
+        r = httpx.post(st.url + "/v1/chat/completions", json=body)
+        assert r.status_code == 200, r.text
+        # "<s>user | hello " -> <s>=1 user=3 |=5 hello=4; the template placed BOS, none is added.
+        assert list(w.seen.requests[0].prompt_token_ids) == [1, 3, 5, 4]
+        assert list(w.seen.requests[0].sampling.stop_token_ids) == [2]  # the tokenizer's EOS
