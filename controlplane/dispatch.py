@@ -216,9 +216,10 @@ class Dispatcher:
             except grpc.aio.AioRpcError as exc:
                 await self.release(w.worker_id, rid)
                 if exc.code() not in RETRYABLE:
+                    timed_out = exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED
                     raise DispatchError(
-                        502,
-                        "worker_error",
+                        504 if timed_out else 502,
+                        "worker_timeout" if timed_out else "worker_error",
                         f"worker {w.worker_id} failed: {exc.code().name}: {exc.details()}",
                     ) from None
                 attempts += 1
@@ -232,7 +233,8 @@ class Dispatcher:
         raise DispatchError(
             503,
             "all_refused",
-            "every candidate worker refused or was unreachable; retry later",
+            "every candidate worker refused, was unreachable or had its headroom taken by another "
+            "router; retry later",
             retry_after_s=self.cfg.limits.retry_after_s,
         )
 

@@ -177,3 +177,11 @@ def test_stream_released_when_the_client_leaves_before_the_headers() -> None:
 
     asyncio.run(scenario())
     assert closed == [True] and done == [True]
+
+
+def test_deadline_before_the_first_token_is_504() -> None:
+    with stack(dispatch={"deadline_s": 0.3}) as s:
+        s.add_worker(Script(ttft_s=2.0))
+        r = httpx.post(s.url + "/v1/completions", json=BODY)
+        assert r.status_code == 504 and "DEADLINE_EXCEEDED" in r.json()["error"]["message"]
+        assert reserved(s) == 0
