@@ -138,6 +138,18 @@ class Router:
     async def handle(self, request: Request, kind: str) -> Response:
         t_in = time.perf_counter()
         self._admit(request)
+        # Counted from admission (not from the first token), so a burst cannot pass the in-flight limit;
+        # once a Relay exists it owns the count (its finish() calls _done exactly once).
+        self.inflight += 1
+        self.metrics.inflight.set(self.inflight)
+        owner: list[Relay] = []
+        try:
+            return await self._serve(request, kind, t_in, owner)
+        finally:
+            if not owner:
+                self._done()
+
+    async def _serve(self, request: Request, kind: str, t_in: float, owner: list[Relay]) -> Response:
         data = await adm.read_json(request, self.cfg.http.max_request_bytes)
         req = adm.parse_model(ChatRequest if kind == "chat" else CompletionRequest, data)
         model = self._model(req.model)
@@ -185,9 +197,8 @@ class Router:
             span.end()
             raise
         span.set_attribute("zipkv.worker.id", stream.worker_id)
-        self.inflight += 1
-        self.metrics.inflight.set(self.inflight)
         relay = Relay(stream, tok, req.stop_strings(), len(prompt_ids), self.metrics, model.name, t_in, span)
+        owner.append(relay)
         shape_out = ResponseShape("chat" if kind == "chat" else "text", model.name, uuid.uuid4().hex[:24])
         if req.stream:
             body = stream_sse(relay, shape_out, req.include_usage, self._done)

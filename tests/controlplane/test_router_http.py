@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -188,6 +189,26 @@ def test_inflight_limit_429() -> None:
         assert (
             'zipkv_router_rejections_total{reason="over_capacity"} 1.0' in httpx.get(st.url + "/metrics").text
         )
+
+
+def test_inflight_limit_counts_requests_still_waiting_for_their_first_token() -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    with stack(limits={"max_inflight_requests": 1}) as st:
+        st.add_worker(Script(ttft_s=0.6))
+        body = {"model": MODEL, "prompt": "x", "max_tokens": 2}
+        with ThreadPoolExecutor(1) as pool:
+            first = pool.submit(_post, st, body)
+            time.sleep(0.3)  # the first one is placed and waits for its first token
+            assert _post(st, body).status_code == 429
+            assert first.result().status_code == 200
+        assert httpx.get(st.url + "/readyz").json()["inflight_requests"] == 0
+
+
+def test_refused_requests_leave_no_inflight_count(s: Stack) -> None:
+    for _ in range(3):
+        assert _post(s, {"model": "nope", "prompt": "x"}).status_code == 400
+    assert httpx.get(s.url + "/readyz").json()["inflight_requests"] == 0
 
 
 def test_503_with_retry_after_when_no_worker_fits() -> None:
