@@ -95,8 +95,9 @@ class Stream:
                 try:
                     got = await self._call.read()
                 except grpc.aio.AioRpcError as exc:
+                    # Not `finished`: after a deadline the worker may still be generating; close()
+                    # sends Abort (a dead worker just fails it fast).
                     self._d.metrics.stream_errors.inc()
-                    self.finished = True
                     yield Failed(
                         f"worker {self.worker_id} failed mid-stream: {exc.code().name}: {exc.details()}"
                     )
