@@ -98,6 +98,12 @@ def placements(stack: LocalStack, k: int = 0) -> dict[str, float]:
     return out
 
 
+def headroom_workers(stack: LocalStack, k: int = 0) -> set[str]:
+    """Workers router k currently knows (its per-worker headroom gauge)."""
+    _, body = http_get(f"{stack.base_urls[k]}/metrics")
+    return set(re.findall(r'zipkv_router_worker_headroom_tokens\{[^}]*worker="([^"]+)"', body.decode()))
+
+
 def test_openai_client_streams_tokens_through_both_routers(stack: LocalStack) -> None:
     for k in (0, 1):
         stream = client(stack, k).completions.create(
@@ -174,10 +180,19 @@ def test_replica_killed_mid_stream(stack: LocalStack) -> None:
     assert failure.value.message  # a clear error, not a silent truncation
     print("client saw:", type(failure.value).__name__, failure.value.message)
 
-    # The router stops placing on the dead replica at once (its requests fail over before any token).
-    dead_before = placements(stack, 0).get(victim, 0.0)
+    # Requests right after the kill still succeed: a placement on the dead replica fails before any
+    # token and is retried on the other one.
     for i in range(4):
         r = client(stack, 0).completions.create(model=MODEL, prompt=f"after {i}", max_tokens=4, temperature=0)
+        assert r.choices[0].text is not None
+    # Once its reports stop for expire_after_ms, the router drops it and places nothing more there.
+    end = time.monotonic() + 30
+    while time.monotonic() < end and victim in headroom_workers(stack, 0):
+        time.sleep(0.2)
+    assert victim not in headroom_workers(stack, 0)
+    dead_before = placements(stack, 0).get(victim, 0.0)
+    for i in range(4):
+        r = client(stack, 0).completions.create(model=MODEL, prompt=f"later {i}", max_tokens=4, temperature=0)
         assert r.choices[0].text is not None
     assert placements(stack, 0).get(victim, 0.0) == dead_before
 
