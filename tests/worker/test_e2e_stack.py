@@ -172,6 +172,7 @@ def test_replica_killed_mid_stream(stack: LocalStack) -> None:
             if received == 3:
                 placed = placements(stack, 0)
                 (victim,) = [w for w in placed if placed[w] > placed_before.get(w, 0.0)]
+                assert victim in headroom_workers(stack, 0)  # known to the router before the kill
                 tag = victim.removeprefix("zipkv-worker-")
                 actor = ray.get_actor(f"SERVE_REPLICA::zipkv#zipkv-worker#{tag}", namespace="serve")
                 ray.kill(actor, no_restart=True)
