@@ -358,3 +358,8 @@ def decode_pages(
 ) -> None:
     """Twin of ``codec.decode_pages``: pages at byte ``offsets`` -> ``out`` (bf16 [n, 2, H, 16, D])."""
     out.copy_(_decode_pages(heap, offsets, meta, fmt))
+
+
+# ---- decode attention (its oracle lives in reference_attention.py; re-exported for the contract) -----
+
+from .reference_attention import decode_attention_reference as decode_attention_reference  # noqa: E402
