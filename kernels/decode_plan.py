@@ -23,8 +23,9 @@ import torch
 from .layout import PAGE_TOKENS, PageFormat
 
 # Per head_dim: (tokens per tile, warps per program, software-pipeline stages of the compressed kernel,
-# of the twin, programs resident per SM). Tuned on the H200 (docs/benchmarks.md, "Fused decode
-# attention"): pipelining masked byte loads through shared memory costs the compressed kernel more than
+# of the twin, programs resident per SM). head_dim 128 tuned on the H200 (docs/benchmarks.md, "Fused
+# decode attention"); 64 and 256 are analogous choices, tested for correctness on the GPU, not tuned.
+# Pipelining masked byte loads through shared memory costs the compressed kernel more than
 # it hides, while the twin's plain bf16 tiles gain from it. The stage count changes only when loads are
 # issued, never the arithmetic, so the two stay bit-identical (checked on every benchmarked shape). The
 # residency (the compiled kernel's registers and shared memory) feeds the wave model above.
@@ -33,7 +34,8 @@ KERNEL_CONFIGS: dict[int, tuple[int, int, int, int, int]] = {
     128: (64, 4, 1, 2, 3),
     256: (32, 4, 1, 2, 3),
 }
-# Per head_dim: whether the compressed kernel double-buffers its tile loads in registers.
+# Per head_dim: whether the compressed kernel double-buffers its tile loads in registers (measured
+# slower for head_dim 128: it costs more registers than the overlap gains).
 PREFETCH: dict[int, bool] = {64: False, 128: False, 256: False}
 MAX_SPLITS = 128
 MIN_SPLIT_TILES = 2  # a split reads at least this many tiles, so its fixed cost stays small
