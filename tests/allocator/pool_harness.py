@@ -3,6 +3,7 @@ compressed by the torch reference encoder, and a shadow copy of every token chec
 
 from __future__ import annotations
 
+import zlib
 from dataclasses import dataclass, field
 
 import torch
@@ -79,7 +80,7 @@ class Harness:
             need = -(-(req.tokens + n) // PAGE_TOKENS) - len(req.pages)
             if need:
                 req.pages += self.pool.allocate(need, req.rid)  # must never fail for an admitted request
-            vals = token_values(req.kind, hash((req.rid, req.tokens)) % 2**31, n)
+            vals = token_values(req.kind, zlib.crc32(f"{req.rid}/{req.tokens}".encode()), n)
             for i in range(n):
                 pos = req.tokens + i
                 page = req.pages[pos // PAGE_TOKENS]
@@ -89,7 +90,9 @@ class Harness:
                     shadow = self.shadow.setdefault(
                         (layer, page), torch.zeros(PAGE_TOKENS, *vals.shape[1:], dtype=torch.bfloat16)
                     )
-                    shadow[pos % PAGE_TOKENS] = vals[i] + layer  # layers hold different values
+                    shadow[pos % PAGE_TOKENS] = (vals[i].float() * 2.0**layer).to(
+                        torch.bfloat16
+                    )  # exact: layers differ
                 if pos % PAGE_TOKENS == PAGE_TOKENS - 1:
                     full.append(page)
             req.tokens += n
@@ -97,7 +100,7 @@ class Harness:
             slot_t = torch.tensor(slots, dtype=torch.int64)
             kv = torch.stack(values)
             for layer in range(self.pool.num_layers):
-                kv_l = (kv.float() + layer).to(torch.bfloat16)
+                kv_l = (kv.float() * 2.0**layer).to(torch.bfloat16)
                 reference.store_tokens(
                     self.pool.heap, self.pool.page_loc[layer], slot_t, kv_l[:, 0], kv_l[:, 1], FMT
                 )

@@ -1,0 +1,108 @@
+"""PagePool with real pages on the CPU: the torch reference encoder compresses them, the page table follows
+every move, the tensors the kernels read keep their addresses, and admitted requests always finish."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from pool_harness import CHUNK_BYTES, FMT, KINDS, Harness, make_pool, token_values
+
+from zipkv.allocator import OutOfPages, PagePool
+from zipkv.allocator.audit import check
+from zipkv.kernels import reference
+from zipkv.kernels.layout import RAW_MARKER
+
+
+def test_full_pages_are_compressed_in_every_layer_and_read_back() -> None:
+    h = Harness(make_pool(layers=3, chunks=24))
+    for kind in KINDS:
+        h.admit(64, kind)
+    h.step(32)  # two full pages per request
+    h.check_data()
+    stats = h.pool.stats()
+    assert stats.compressed_pages == 6 and stats.encoding_pages == 0
+    smooth, wide = h.running["r0"].pages[0], h.running["r2"].pages[0]
+    sizes = h.pool.ledger.page_units[:, [smooth, wide]] * 256
+    assert (sizes[:, 0] < FMT.raw_page_bytes).all()  # smooth values compress ...
+    assert (sizes[:, 1] == FMT.raw_page_bytes).all()  # ... values spread over 2^60 do not
+    markers = h.pool.page_meta[:, smooth, :, 4 : 4 + FMT.blocks_per_page_head]
+    assert (markers != RAW_MARKER).any()
+    assert FMT.min_page_bytes / FMT.raw_page_bytes <= stats.compression_ratio < 1.0
+    check(h.pool.ledger)
+
+
+def test_stored_bytes_and_metadata_are_the_reference_encoders() -> None:
+    pool = make_pool(layers=2, chunks=12)
+    (page,) = pool.allocate(1)
+    pages = {}
+    for layer, kind in enumerate(("zeros", "smooth")):
+        kv = token_values(kind, layer, 16)  # [16, 2, H, D]
+        slots = torch.arange(16) + page * 16
+        reference.store_tokens(pool.heap, pool.page_loc[layer], slots, kv[:, 0], kv[:, 1], FMT)
+        pages[layer] = kv.permute(1, 2, 0, 3).contiguous()  # [2, H, 16, D]
+    pool.mark_full([page])
+    pool.end_step()
+    for layer, values in pages.items():
+        data, meta = reference.encode_page(values, FMT)
+        start = int(pool.page_loc[layer, page])
+        assert pool.ledger.page_units[layer, page] * 256 == data.numel()
+        assert torch.equal(pool.heap[start : start + data.numel()], data)
+        assert torch.equal(pool.page_meta[layer, page], meta)
+
+
+def test_kernel_tensors_keep_their_addresses() -> None:
+    h = Harness(make_pool(layers=2, chunks=20, compaction_interval_steps=1))
+    addresses = (h.pool.heap.data_ptr(), h.pool.page_loc.data_ptr(), h.pool.page_meta.data_ptr())
+    for i in range(5):
+        h.admit(40 + 16 * i, KINDS[i % 3])
+    for _ in range(10):
+        h.step(9)
+        h.pool.compact()
+    assert (h.pool.heap.data_ptr(), h.pool.page_loc.data_ptr(), h.pool.page_meta.data_ptr()) == addresses
+
+
+def test_compaction_keeps_every_page_readable() -> None:
+    h = Harness(make_pool(layers=2, chunks=40, compaction_interval_steps=10**6))
+    for i in range(8):
+        h.admit(96 if i % 2 else 48, "smooth")
+    for _ in range(4):
+        h.step(12)  # the short requests finish and leave holes between the long ones' pages
+    before = {r: list(q.pages) for r, q in h.running.items()}
+    assert h.pool.stats().dead_bytes > 0
+    moved = h.pool.compact()
+    h.pool.poll()
+    assert moved > 0
+    h.check_data()
+    check(h.pool.ledger)
+    assert {r: q.pages for r, q in h.running.items()} == before  # page ids are stable
+
+
+@pytest.mark.parametrize("shared_pool", [False, True])
+def test_requests_admitted_by_capacity_all_finish(shared_pool: bool) -> None:
+    h = Harness(make_pool(layers=2, chunks=32, shared_pool=shared_pool))
+    admitted = 0
+    for step in range(40):
+        for kind in KINDS:
+            if h.admit(48 + (step * 7) % 80, kind) is not None:
+                admitted += 1
+        h.step(5)  # raises OutOfPages if an admitted request ever lacks a page
+    while h.running:
+        h.step(16)
+    assert admitted > 20
+    assert h.pool.stats().used_pages == 0
+    check(h.pool.ledger)
+
+
+def test_out_of_pages_is_clear_and_changes_nothing() -> None:
+    pool = make_pool(layers=2, chunks=8)
+    fit = pool.new_pages_fit()
+    with pytest.raises(OutOfPages, match="do not fit"):
+        pool.allocate(fit + 1)
+    assert pool.new_pages_fit() == fit and pool.stats().used_pages == 0
+
+
+def test_bad_configuration_is_refused() -> None:
+    with pytest.raises(ValueError, match="multiple of the raw page size"):
+        PagePool(FMT, 2, 1 << 20, chunk_bytes=CHUNK_BYTES + 256)
+    with pytest.raises(ValueError, match="raise the budget"):
+        PagePool(FMT, 4, 3 * CHUNK_BYTES, chunk_bytes=CHUNK_BYTES)
