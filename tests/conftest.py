@@ -42,8 +42,19 @@ def start_redis(tmp: Path, port: int) -> subprocess.Popen[bytes]:
     if exe is None:
         pytest.fail("redis-server not found: run `bash scripts/setup.sh` (installs Debian's redis-server)")
     proc = subprocess.Popen(
-        [exe, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-         "--dir", str(tmp)],
+        [
+            exe,
+            "--port",
+            str(port),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+            str(tmp),
+        ],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
