@@ -1,12 +1,11 @@
 """The device side's small parts: fences, the encoder seam, uploads, the raw-page metadata row.
 
-The allocator imports ``kernels.layout`` and torch only; the encoder comes from ``zipkv.kernels`` at run
-time (``codec.encode_pages`` on CUDA, the torch reference on the CPU), behind the ``PageEncoder`` protocol.
+The encoder comes from ``zipkv.kernels`` (``codec.encode_pages`` on CUDA, its torch reference twin on the
+CPU) behind the ``PageEncoder`` protocol, so a caller may pass its own (e.g. an instrumented one).
 """
 
 from __future__ import annotations
 
-import importlib
 from typing import Protocol
 
 import numpy as np
@@ -52,37 +51,14 @@ def fence_factory(device: torch.device) -> type[Fence]:
 
 
 def default_encoder(device: torch.device) -> PageEncoder:
-    """The Triton codec on CUDA; the torch reference (``encode_pages`` or per-page twin) elsewhere."""
+    """The Triton codec's one-launch ``encode_pages`` on CUDA; its torch reference twin elsewhere."""
     if device.type == "cuda":
-        codec = importlib.import_module("zipkv.kernels.codec")
-        return codec.encode_pages  # type: ignore[no-any-return]
-    reference = importlib.import_module("zipkv.kernels.reference")
-    if hasattr(reference, "encode_pages"):
-        return reference.encode_pages  # type: ignore[no-any-return]
-    return reference_page_encoder
+        from zipkv.kernels import codec
 
+        return codec.encode_pages
+    from zipkv.kernels import reference
 
-def reference_page_encoder(
-    heap: torch.Tensor,
-    src_offsets: torch.Tensor,
-    dst_offsets: torch.Tensor,
-    meta_out: torch.Tensor,
-    sizes_out: torch.Tensor,
-    fmt: PageFormat,
-) -> None:
-    """``encode_pages`` built from the reference's ``gather_pages`` and ``encode_page`` (page by page)."""
-    reference = importlib.import_module("zipkv.kernels.reference")
-    n = int(src_offsets.numel())
-    if n == 0:
-        return
-    raw_meta = raw_meta_row(fmt, heap.device).expand(n, -1, -1)
-    ids = torch.arange(n, device=heap.device)
-    pages = reference.gather_pages(heap, src_offsets, raw_meta, ids, fmt)
-    for i, dst in enumerate(dst_offsets.tolist()):
-        data, meta = reference.encode_page(pages[i], fmt)
-        heap[dst : dst + data.numel()] = data
-        meta_out[i] = meta
-        sizes_out[i] = data.numel()
+    return reference.encode_pages
 
 
 def raw_meta_row(fmt: PageFormat, device: torch.device | str = "cpu") -> torch.Tensor:

@@ -97,8 +97,9 @@ class Harness:
                     full.append(page)
             req.tokens += n
         if slots:
-            slot_t = torch.tensor(slots, dtype=torch.int64)
-            kv = torch.stack(values)
+            dev = self.pool.heap.device
+            slot_t = torch.tensor(slots, dtype=torch.int64, device=dev)
+            kv = torch.stack(values).to(dev)
             for layer in range(self.pool.num_layers):
                 kv_l = (kv.float() * 2.0**layer).to(torch.bfloat16)
                 reference.store_tokens(
@@ -122,12 +123,12 @@ class Harness:
         for req in self.running.values():
             if not req.pages:
                 continue
-            ids = torch.tensor(req.pages, dtype=torch.int64)
+            ids = torch.tensor(req.pages, dtype=torch.int64, device=self.pool.heap.device)
             for layer in range(self.pool.num_layers):
                 got = reference.gather_pages(
                     self.pool.heap, self.pool.page_loc[layer], self.pool.page_meta[layer], ids, FMT
                 )  # [n, 2, H, 16, D]
-                got = got.permute(0, 3, 1, 2, 4)  # [n, 16, 2, H, D]
+                got = got.permute(0, 3, 1, 2, 4).cpu()  # [n, 16, 2, H, D]
                 for i, page in enumerate(req.pages):
                     filled = min(PAGE_TOKENS, req.tokens - i * PAGE_TOKENS)
                     want = self.shadow[(layer, page)][:filled]

@@ -106,3 +106,17 @@ def test_bad_configuration_is_refused() -> None:
         PagePool(FMT, 2, 1 << 20, chunk_bytes=CHUNK_BYTES + 256)
     with pytest.raises(ValueError, match="raise the budget"):
         PagePool(FMT, 4, 3 * CHUNK_BYTES, chunk_bytes=CHUNK_BYTES)
+
+
+@pytest.mark.gpu
+def test_on_cuda_with_the_triton_codec() -> None:
+    """The same serving loop on the GPU: Triton encode, CUDA-event fences, sizes read a step later."""
+    h = Harness(make_pool(layers=3, chunks=40, device="cuda"))
+    for i in range(6):
+        h.admit(48 + 16 * i, KINDS[i % 3])
+    for _ in range(12):
+        h.step(9)
+        torch.cuda.synchronize()  # the test reads the heap; the pool itself never waits
+        h.check_data()
+        check(h.pool.ledger)
+    assert h.pool.stats().compressed_pages > 0
