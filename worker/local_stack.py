@@ -193,6 +193,7 @@ class LocalStack:
                     raise RuntimeError(f"Ray did not start ({exc}); is another Ray still stopping?") from exc
                 self._say(f"Ray did not start ({exc}); trying once more")
         self._ray_started = True
+        logging.getLogger("ray.serve").setLevel(logging.WARNING)  # our own progress lines say it
         serve.start(proxy_location="Disabled")
         args = {
             "engine": "reference",
@@ -257,7 +258,7 @@ class LocalStack:
 
             self._say("draining workers")
             try:
-                serve.shutdown()
+                serve.delete(APP_NAME)  # graceful: each replica drains (its __del__) before it goes
             finally:
                 ray.shutdown()
             self._ray_started = False

@@ -7,6 +7,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import openai
@@ -57,6 +58,33 @@ def test_zipkv_up_answers_and_stops_cleanly_on_ctrl_c() -> None:
             [*cmd, "status", "--port", str(port)], capture_output=True, text=True, timeout=60
         )
         assert status.returncode == 0 and status.stdout.count(" ok ") == 2, status.stdout + status.stderr
+        # Ctrl-C while a request streams: the workers drain, so it still completes.
+        done: dict[str, object] = {}
+        first = threading.Event()
+
+        def stream() -> None:
+            try:
+                chunks = api.completions.create(
+                    model="zipkv-tiny",
+                    prompt="drain",
+                    max_tokens=600,
+                    stream=True,
+                    extra_body={"ignore_eos": True},
+                )
+                reasons: list[str] = []
+                pieces = 0
+                for chunk in chunks:
+                    first.set()
+                    pieces += 1
+                    reasons.extend(c.finish_reason for c in chunk.choices if c.finish_reason)
+                done["reasons"], done["pieces"] = reasons, pieces
+            except BaseException as exc:
+                done["error"] = exc
+            first.set()
+
+        streamer = threading.Thread(target=stream)
+        streamer.start()
+        assert first.wait(30)
     finally:
         proc.send_signal(signal.SIGINT)
         try:
@@ -66,6 +94,9 @@ def test_zipkv_up_answers_and_stops_cleanly_on_ctrl_c() -> None:
             rest, _ = proc.communicate()
         lines.append(rest or "")
     log = "".join(lines)
+    streamer.join(60)
+    assert done.get("reasons") == ["length"], done  # all 600 tokens, though Ctrl-C came after the first
+    print(f"streamed {done['pieces']} chunks across the Ctrl-C")
     assert proc.returncode == 0, log
     assert "draining workers" in log and "stopped" in log, log
     assert "Traceback" not in log, log
