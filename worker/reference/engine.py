@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import collections
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
@@ -25,6 +25,7 @@ from ..engine import EngineCapacity, EngineEvent, EngineRequest, FinishReason, R
 from .kvstore import KVStore
 from .model import LoadedModel
 from .paged import SeqSlice, StepBatch
+from .running import Running, ewma, pages_for
 from .sampling import make_generator, sample_next
 
 
@@ -38,27 +39,6 @@ class ReferenceEngineConfig:
     chunk_bytes: int = 256 << 10
     kernels: str = "auto"  # auto | triton | torch (see KVStore)
     encode_margin_pages: int = 8  # with compression: pages admission leaves free for the encoder
-
-
-@dataclass
-class _Running:
-    request: EngineRequest
-    arrival_s: float
-    generator: torch.Generator | None
-    reserved_pages: int = 0  # worst-case pages still to allocate
-    page_ids: list[int] = field(default_factory=list)
-    output: list[int] = field(default_factory=list)
-    computed_tokens: int = 0  # tokens whose KV is stored
-    full_pages: int = 0  # leading pages already marked full
-    first_token_s: float | None = None
-
-    @property
-    def tokens(self) -> list[int]:
-        return list(self.request.prompt_token_ids) + self.output
-
-
-def _pages_for(tokens: int) -> int:
-    return -(-tokens // PAGE_TOKENS)
 
 
 class ReferenceEngine:
@@ -80,8 +60,8 @@ class ReferenceEngine:
         # Compressing a page first writes it at its worst-case (raw) size, and the allocator only encodes
         # into room no reservation claims: admission leaves that room, or compression would starve.
         self._encode_margin_pages = config.encode_margin_pages if config.compression else 0
-        self._queue: collections.deque[_Running] = collections.deque()
-        self._running: dict[str, _Running] = {}
+        self._queue: collections.deque[Running] = collections.deque()
+        self._running: dict[str, Running] = {}
         self._aborts: set[str] = set()
         self._arrivals = 0
         self._ttft_ms = 0.0
@@ -122,7 +102,7 @@ class ReferenceEngine:
             raise RequestRejected(f"request id {request.request_id} is already in use", retryable=False)
         self._arrivals += 1
         gen = make_generator(request.sampling, self._arrivals)
-        self._queue.append(_Running(request, time.monotonic(), gen))
+        self._queue.append(Running(request, time.monotonic(), gen))
 
     def abort(self, request_id: str) -> bool:
         known = request_id in self._running or any(r.request.request_id == request_id for r in self._queue)
@@ -147,7 +127,7 @@ class ReferenceEngine:
         for req, token in zip(batch, next_tokens, strict=True):
             events.append(self._append_token(req, token, now))
         if decoding and not prefill:  # a pure decode step measures the inter-token latency
-            self._itl_ms = _ewma(self._itl_ms, (now - started) * 1000.0)
+            self._itl_ms = ewma(self._itl_ms, (now - started) * 1000.0)
         self.store.end_step()
         self.steps += 1
         return events
@@ -167,8 +147,8 @@ class ReferenceEngine:
         self._aborts.clear()
         return events
 
-    def _admit(self) -> list[_Running]:
-        admitted: list[_Running] = []
+    def _admit(self) -> list[Running]:
+        admitted: list[Running] = []
         prefill_tokens = 0
         while self._queue and len(self._running) < self.config.max_running_requests:
             req = self._queue[0]
@@ -187,7 +167,7 @@ class ReferenceEngine:
         self.max_running_seen = max(self.max_running_seen, len(self._running))
         return admitted
 
-    def _forward(self, batch: list[_Running]) -> list[int]:
+    def _forward(self, batch: list[Running]) -> list[int]:
         input_ids: list[int] = []
         positions: list[int] = []
         slots: list[int] = []
@@ -237,23 +217,23 @@ class ReferenceEngine:
             tokens.append(sample_next(logits[i], req.request.sampling, req.generator))
         return tokens
 
-    def _grow_pages(self, req: _Running, kv_len: int) -> None:
-        missing = _pages_for(kv_len) - len(req.page_ids)
+    def _grow_pages(self, req: Running, kv_len: int) -> None:
+        missing = pages_for(kv_len) - len(req.page_ids)
         if missing > 0:
             req.page_ids.extend(self.store.allocate(missing, req.request.request_id))
             req.reserved_pages = max(0, req.reserved_pages - missing)  # the pool drew them from it
 
-    def _mark_filled(self, req: _Running) -> None:
+    def _mark_filled(self, req: Running) -> None:
         full = req.computed_tokens // PAGE_TOKENS
         if full > req.full_pages:
             self.store.mark_full(req.page_ids[req.full_pages : full])
             req.full_pages = full
 
-    def _append_token(self, req: _Running, token: int, now: float) -> EngineEvent:
+    def _append_token(self, req: Running, token: int, now: float) -> EngineEvent:
         req.output.append(token)
         if req.first_token_s is None:
             req.first_token_s = now
-            self._ttft_ms = _ewma(self._ttft_ms, (now - req.arrival_s) * 1000.0)
+            self._ttft_ms = ewma(self._ttft_ms, (now - req.arrival_s) * 1000.0)
         opts = req.request.sampling
         reason = None
         if token in opts.stop_token_ids or (not opts.ignore_eos and token in self.loaded.eos_token_ids):
@@ -266,13 +246,13 @@ class ReferenceEngine:
         self._release(req)
         return self._finish_event(req, reason, "", token_ids=(token,))
 
-    def _release(self, req: _Running) -> None:
+    def _release(self, req: Running) -> None:
         self.store.free(req.page_ids)
         self.store.release(req.request.request_id)
         req.page_ids = []
 
     def _finish_event(
-        self, req: _Running, reason: FinishReason, message: str, token_ids: tuple[int, ...] = ()
+        self, req: Running, reason: FinishReason, message: str, token_ids: tuple[int, ...] = ()
     ) -> EngineEvent:
         ttft = (req.first_token_s - req.arrival_s) * 1000.0 if req.first_token_s else 0.0
         return EngineEvent(
@@ -288,7 +268,7 @@ class ReferenceEngine:
     # ---- capacity -----------------------------------------------------------------------------------
     def _worst_case_pages(self, request: EngineRequest) -> int:
         total = len(request.prompt_token_ids) + request.sampling.max_new_tokens
-        return _pages_for(min(total, self.loaded.max_context_tokens))
+        return pages_for(min(total, self.loaded.max_context_tokens))
 
     def _budget_pages(self) -> int:
         return self.config.kv_budget_bytes // (self.store.fmt.raw_page_bytes * self.loaded.num_layers)
@@ -312,7 +292,3 @@ class ReferenceEngine:
             max_context_tokens=self.loaded.max_context_tokens,
             kv_bytes_per_token=self.store.kv_bytes_per_token,
         )
-
-
-def _ewma(prev: float, sample: float, alpha: float = 0.2) -> float:
-    return sample if prev == 0.0 else (1 - alpha) * prev + alpha * sample
