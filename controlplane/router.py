@@ -109,6 +109,16 @@ class Router:
             raise adm.bad_request(f"prompt: token ids must be in [0, {tok.vocab_size})", "prompt")
         return ids
 
+    def context_tokens(self, model: ModelConfig) -> int:
+        """The model's context: the configured one, lowered to the largest that a live worker reports
+        (a request that no worker could hold is malformed, not a capacity problem)."""
+        reported = [
+            v.max_context_tokens
+            for v in self.store.snapshot().workers
+            if v.model == model.name and v.max_context_tokens > 0
+        ]
+        return min(model.max_context_tokens, max(reported)) if reported else model.max_context_tokens
+
     def _shape(
         self,
         req: ChatRequest | CompletionRequest,
@@ -116,7 +126,7 @@ class Router:
         n_prompt: int,
         slo: tuple[float, float],
     ) -> RequestShape:
-        ctx = model.max_context_tokens
+        ctx = self.context_tokens(model)
         if n_prompt >= ctx:
             raise adm.bad_request(
                 f"prompt has {n_prompt} tokens; model {model.name!r} accepts at most {ctx - 1} "

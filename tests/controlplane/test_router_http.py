@@ -240,3 +240,16 @@ def test_chat_uses_the_models_own_template(tmp_path: Path) -> None:
         # "<s>user | hello " -> <s>=1 user=3 |=5 hello=4; the template placed BOS, none is added.
         assert list(w.seen.requests[0].prompt_token_ids) == [1, 3, 5, 4]
         assert list(w.seen.requests[0].sampling.stop_token_ids) == [2]  # the tokenizer's EOS
+
+
+def test_context_reported_by_workers_bounds_admission() -> None:
+    with stack() as st:  # configured context 4096
+        st.add_worker(max_context_tokens=100)
+        r = _post(st, {"model": MODEL, "prompt": "x" * 150})
+        assert r.status_code == 400 and "accepts at most 99" in r.json()["error"]["message"]
+        r = _post(st, {"model": MODEL, "prompt": "x" * 50, "max_tokens": 60})  # 51 + 60 > 100
+        assert r.status_code == 400 and "exceeds the context of 100" in r.json()["error"]["message"]
+        assert _post(st, {"model": MODEL, "prompt": "x" * 50, "max_tokens": 40}).status_code == 200
+        # Without max_tokens the default is capped by the context: 256 -> 100 - 51 = 49 new tokens.
+        r = _post(st, {"model": MODEL, "prompt": "x" * 50})
+        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 49
