@@ -21,8 +21,11 @@ from zipkv.protos import zipkv_pb2_grpc as pb_grpc
 
 
 class StatusTap(pb_grpc.ControlPlaneServicer):
-    def __init__(self, token: str, path: Path, write_every_s: float = 0.5) -> None:
+    def __init__(
+        self, token: str, path: Path, write_every_s: float = 0.5, forget_after_s: float = 60.0
+    ) -> None:
         self._token = token
+        self.forget_after_s = forget_after_s
         self.path = path
         self._latest: dict[str, tuple[float, pb.CapacityReport]] = {}
         self._lock = threading.Lock()
@@ -52,6 +55,9 @@ class StatusTap(pb_grpc.ControlPlaneServicer):
 
     def snapshot(self) -> list[dict[str, Any]]:
         with self._lock:
+            now = time.time()  # a worker silent this long is gone (a replaced replica reports anew)
+            for worker_id in [w for w, (seen, _) in self._latest.items() if now - seen > self.forget_after_s]:
+                del self._latest[worker_id]
             items = list(self._latest.values())
         out = []
         for received_s, report in items:
