@@ -9,7 +9,7 @@ up: setup
 	zipkv up
 
 test: setup
-	$(PY) -m pytest -q
+	ZIPKV_SGLANG_SRC=$${ZIPKV_SGLANG_SRC:-$(CURDIR)/.cache/sglang-0.5.17} $(PY) -m pytest -q
 
 lint:
 	ruff check . && ruff format --check . && mypy controlplane worker kernels allocator protos bench

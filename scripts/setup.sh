@@ -19,4 +19,14 @@ if ! $PY -c "import zipkv.kernels, grpc_tools, ray.serve, helm_python, kubernete
   log "installing zipkv[dev] (editable)"
   $PY -m pip install -q -e ".[dev]"
 fi
+# SGLang 0.5.17's source, for the seam tests (tests/worker/test_sglang_seams.py) on machines where sglang
+# itself cannot be installed (its torch pin pulls a multi-GB CUDA build): the wheel, unzipped, never imported.
+SGLANG_SRC=.cache/sglang-0.5.17
+if [ ! -d "$SGLANG_SRC/sglang" ]; then
+  log "fetching the sglang==0.5.17 wheel's source for the seam tests (22 MB)"
+  mkdir -p .cache/dl
+  $PY -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+    --platform manylinux_2_34_x86_64 -d .cache/dl sglang==0.5.17
+  $PY -m zipfile -e .cache/dl/sglang-0.5.17-*.whl "$SGLANG_SRC"
+fi
 log "ready: $($PY -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__)')"
