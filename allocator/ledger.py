@@ -358,7 +358,7 @@ class Ledger:
         """Apply encode batches and release draining chunks whose fences are done (never blocks)."""
         encode.poll(self)
 
-    def plan_compaction(self, max_pages: int = 4096, max_layers: int = 2) -> MovePlan | None:
+    def plan_compaction(self, max_pages: int = 2048, max_layers: int = 1) -> MovePlan | None:
         return compaction.plan_compaction(self, max_pages, max_layers)
 
     def moved(self, plan: MovePlan) -> None:

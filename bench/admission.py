@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import sys
 import time
@@ -38,6 +39,14 @@ PROMPT_TOKENS, OUTPUT_TOKENS, BASELINE_REQUESTS = 8192, 256, 46
 CHUNK_BYTES = 2 << 20
 FALLBACK_FRACTION = 0.945
 FMT = PageFormat(HEAD_DIM, KV_HEADS)
+
+
+def cpu_name() -> str:
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+        return next(x.split(":", 1)[1].strip() for x in lines if x.startswith("model name"))
+    except (OSError, StopIteration):
+        return platform.machine()
 
 
 def kv_budget_bytes() -> int:
@@ -141,7 +150,9 @@ def simulate(
         "shared_pool": shared_pool,
         "max_concurrent_requests": admitted,
         "ran_to_max_length": True,
-        "stored_over_raw_bytes": round(float(compressed.sum()) / max(1, compressed.size * led.raw), 4),
+        "stored_over_raw_bytes": round(float(compressed.sum()) / (compressed.size * led.raw), 4)
+        if compressed.size
+        else None,
         "chunks": led.cfg.num_chunks,
     }
 
@@ -173,7 +184,7 @@ def main() -> None:
     result = {
         "command": "python bench/admission.py",
         "date": datetime.now(UTC).strftime("%Y-%m-%d"),
-        "machine": f"{platform.machine()} CPU, Python {platform.python_version()}",
+        "machine": f"{cpu_name()} ({os.cpu_count()} cores), Python {platform.python_version()}",
         "model_shapes": {
             "layers": LAYERS,
             "kv_heads": KV_HEADS,

@@ -19,13 +19,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import time
 from datetime import UTC, datetime
 from pathlib import Path
 
 import numpy as np
-from admission import FMT, LAYERS, kv_budget_bytes, make_ledger, measured_fractions
+from admission import FMT, LAYERS, cpu_name, kv_budget_bytes, make_ledger, measured_fractions
 
 from zipkv.allocator import Ledger, PagePool
 from zipkv.allocator.plans import EncodePlan
@@ -120,10 +121,10 @@ class Workload:
             stored = self.sizes(plan)
             draw = time.thread_time_ns() - t1
             led.launched(plan, StepFence(self.clock), lambda: stored)
-        self.clock[0] += 1
         if compact and (move := led.plan_compaction()) is not None:
             led.moved(move)
         led.poll()
+        self.clock[0] += 1  # the device finishes this step's launches before the next step
         return time.thread_time_ns() - t0 - draw
 
     def prefill_step(self) -> int:
@@ -156,8 +157,8 @@ def main() -> None:
     result = {
         "command": "python bench/allocator_step.py",
         "date": datetime.now(UTC).strftime("%Y-%m-%d"),
-        "machine": f"{platform.machine()} CPU ({platform.processor() or 'unknown'}), Python "
-        f"{platform.python_version()}, numpy {np.__version__}; shared with other work",
+        "machine": f"{cpu_name()} ({os.cpu_count()} cores, shared with other work; load average "
+        f"{os.getloadavg()[0]:.1f}), Python {platform.python_version()}, numpy {np.__version__}",
         "batch": BATCH,
         "layers": LAYERS,
         "steps": args.steps,
