@@ -171,7 +171,7 @@ class Ledger:
 
     def _retire_empty(self, chunks: np.ndarray) -> None:
         """Chunks that hold nothing start draining: reusable once reads issued so far are done."""
-        chunks = unique_sorted(chunks)
+        chunks = unique_sorted(chunks[self.chunk_live[chunks] == 0])
         kind = self.chunk_kind[chunks]
         in_use = (kind == ChunkKind.RAW) | (kind == ChunkKind.LOG)
         empty = chunks[(self.chunk_live[chunks] == 0) & (self.chunk_pending[chunks] == 0) & in_use]
@@ -190,9 +190,15 @@ class Ledger:
                     return
             else:
                 self.idle_raw.difference_update(empty[raw].tolist())
+        cu = self.cu
         for layer in np.unique(owners[raw]).tolist():
-            dead = set(empty[raw & (owners == layer)].tolist())
-            self.slots[layer] = [s for s in self.slots[layer] if s // self.cu not in dead]
+            dead = empty[raw & (owners == layer)].tolist()
+            if len(dead) == 1:  # the common case: compare with the chunk's bounds
+                lo, hi = dead[0] * cu, dead[0] * cu + cu
+                self.slots[layer] = [s for s in self.slots[layer] if s < lo or s >= hi]
+            else:
+                gone = set(dead)
+                self.slots[layer] = [s for s in self.slots[layer] if s // cu not in gone]
             self.free_slots[layer] -= self.slots_per_chunk * len(dead)
         listed = empty[~raw & self.in_rooms[empty]]
         for c, layer in zip(listed.tolist(), self.chunk_owner[listed].tolist(), strict=True):
