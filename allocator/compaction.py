@@ -34,9 +34,12 @@ def _select(led: Ledger, layer: int, chunks: np.ndarray) -> tuple[np.ndarray, in
     live = led.chunk_live[chunks]
     order = np.argsort(live, kind="stable")
     chunks, total = chunks[order], np.cumsum(live[order])
-    # Counted as if no tail had room; a page never straddles chunks, so a chunk holds at least
-    # cu - raw + 1 units of moved pages: an upper bound on the chunks the move takes.
-    need = -(-total // (led.cu - led.raw + 1))
+    # A page never straddles chunks, so a tail of r units takes at least r - raw + 1 units of moved pages
+    # and a new chunk at least cu - raw + 1: an upper bound on the new chunks the move takes. Tails of
+    # candidate chunks do not count (they are being emptied).
+    rooms = [c for c in led.log_rooms[layer] if c not in set(chunks.tolist())]
+    tails = sum(max(0, int(led.cu - led.chunk_bump[c]) - led.raw + 1) for c in rooms)
+    need = -(-np.maximum(total - tails, 0) // (led.cu - led.raw + 1))
     gain = np.arange(1, chunks.size + 1) - need
     best = int(np.argmax(gain))
     if gain[best] <= 0:

@@ -100,6 +100,9 @@ class Ledger:
         self.full_queue: list[int] = []
         self.reservations: dict[str, int] = {}
         self.reserved_pages = 0
+        # Room kept out of what new pages and reservations may take, so that an encode launch can always
+        # place its worst case and compression never stalls: one chunk in every layer.
+        self.encode_margin_pages = self.slots_per_chunk if cfg.compression else 0
         self._fit: int | None = None
 
     # ---- capacity ----------------------------------------------------------------------------------
@@ -124,6 +127,7 @@ class Ledger:
         """New pages that fit in every layer after the reservations; never optimistic."""
         if self._fit is None:
             ids_left = max(0, len(self.free_ids) - self.reserved_pages)
+            held = self.reserved_pages + self.encode_margin_pages
             self._fit = min(
                 ids_left,
                 capacity.pages_fit(
@@ -131,7 +135,7 @@ class Ledger:
                     self.raw,
                     self.cu,
                     len(self.pool),
-                    self.reserved_pages,
+                    held,
                     self.cfg.shared_pool,
                 ),
             )
@@ -143,7 +147,8 @@ class Ledger:
             raise ValueError(f"max_new_pages must be >= 0, got {max_new_pages} for {request_id!r}")
         old = self.reservations.get(request_id, 0)
         total = self.reserved_pages - old + max_new_pages
-        if max_new_pages > old and (total > len(self.free_ids) or not self._fits(total)):
+        room = self._fits(total + self.encode_margin_pages)
+        if max_new_pages > old and (total > len(self.free_ids) or not room):
             raise OutOfPages(
                 f"cannot reserve {max_new_pages} pages for {request_id!r}: {self.new_pages_fit()} more fit "
                 "after existing reservations; admit it later or with a shorter max length"
@@ -265,7 +270,8 @@ class Ledger:
                 f"{n} page ids asked, {len(self.free_ids)} left of max_pages {self.cfg.max_pages} "
                 f"({self.reserved_pages - drawn} reserved by others); raise max_pages"
             )
-        if not self._fits(self.reserved_pages - drawn + n):
+        margin = self.encode_margin_pages if n > drawn else 0  # reserved pages may use the margin
+        if not self._fits(self.reserved_pages - drawn + n + margin):
             raise OutOfPages(
                 f"{n} new pages do not fit: {self.new_pages_fit()} fit after {self.reserved_pages} reserved "
                 f"(of which {drawn} are this request's); wait for running requests to finish"

@@ -27,7 +27,7 @@ def test_new_pages_take_raw_size_in_every_layer() -> None:
 
 
 def test_capacity_is_exact_for_raw_pages() -> None:
-    led = ledger(layers=2, chunks=8)  # 8 chunks x 4 slots shared by 2 layers: 16 pages
+    led = ledger(layers=2, chunks=8, compression=False)  # 8 chunks x 4 slots shared by 2 layers: 16 pages
     assert led.new_pages_fit() == 16
     led.allocate(3)
     assert led.new_pages_fit() == 13
@@ -58,9 +58,10 @@ def test_pool_lends_a_layers_savings_to_the_tightest_layer() -> None:
         led.allocate(fits[shared])
         with pytest.raises(OutOfPages):
             led.allocate(1)
-    # layer 1's 16 incompressible pages fill 4 chunks; layer 0's 16 pages of 4 units fill one
-    assert fits[False] == 24  # layer 1 owns 10 chunks: 6 free x 4 pages; layer 0's 9 free sit idle
-    assert fits[True] == 28  # 15 free chunks in the pool: 7 for each layer
+    # layer 1's 16 incompressible pages fill 4 chunks; layer 0's 16 pages of 4 units fill one. A chunk per
+    # layer (4 pages) stays free for the next encode launch.
+    assert fits[False] == 24 - 4  # layer 1 owns 10 chunks: 6 free x 4 pages; layer 0's 9 free sit idle
+    assert fits[True] == 28 - 4  # 15 free chunks in the pool: 7 for each layer
 
 
 def test_compressed_sizing_would_over_admit_and_is_refused() -> None:
@@ -75,7 +76,7 @@ def test_compressed_sizing_would_over_admit_and_is_refused() -> None:
     assert naive > led.new_pages_fit()
     with pytest.raises(OutOfPages):
         led.allocate(naive)
-    assert led.new_pages_fit() == int(free_units.min() // RAW)
+    assert led.new_pages_fit() == int(free_units.min() // RAW) - led.encode_margin_pages
     check(led)
 
 
@@ -162,7 +163,7 @@ def test_compaction_moves_live_pages_and_frees_chunks() -> None:
 
 
 def test_reservations_are_honoured() -> None:
-    led = ledger(layers=2, chunks=8)  # 16 pages
+    led = ledger(layers=2, chunks=8, compression=False)  # 16 pages
     led.reserve("a", 10)
     assert led.new_pages_fit() == 6
     with pytest.raises(OutOfPages, match="cannot reserve 7"):
@@ -204,3 +205,19 @@ def test_without_compression_pages_stay_raw() -> None:
     ids, _ = led.allocate(3)
     led.mark_full(ids)
     assert led.plan_encode() is None and (led.page_units[:, ids] == RAW).all()
+
+
+def test_an_encode_launch_always_has_room() -> None:
+    """Capacity keeps a chunk per layer free, so pages that fill can be compressed even when every other
+    page is reserved, and the reserved request still reaches its maximum."""
+    led = ledger(layers=2, chunks=8)  # 16 pages; 4 kept for encoding
+    assert led.new_pages_fit() == 12
+    led.reserve("a", 12)
+    assert led.new_pages_fit() == 0
+    ids, _ = led.allocate(8, "a")
+    led.mark_full(ids)
+    plan = encode_with(led, lambda p: np.full(p.size, 12))
+    assert plan is not None and plan.size > 0
+    led.poll()
+    led.allocate(4, "a")
+    check(led)
