@@ -15,8 +15,11 @@ if ! $PY -c "import torch" >/dev/null 2>&1; then
   log "installing torch==2.13.0 (CPU)"
   $PY -m pip install -q torch==2.13.0
 fi
-if ! $PY -c "import zipkv.kernels, grpc_tools, ray.serve, helm_python, kubernetes_validate" >/dev/null 2>&1; then
-  log "installing zipkv[dev] (editable)"
+# zipkv must be installed from *this* checkout: an editable install of another clone would test that one.
+here=$(pwd -P)
+installed=$($PY -c "import zipkv.kernels, os; print(os.path.dirname(os.path.dirname(os.path.realpath(zipkv.kernels.__file__))))" 2>/dev/null || true)
+if [ "$installed" != "$here" ] || ! $PY -c "import grpc_tools, ray.serve, helm_python, kubernetes_validate" >/dev/null 2>&1; then
+  log "installing zipkv[dev] (editable, from $here)"
   $PY -m pip install -q -e ".[dev]"
 fi
 # SGLang 0.5.17's source, for the seam tests (tests/worker/test_sglang_seams.py) on machines where sglang
