@@ -4,27 +4,27 @@ No torch here: everything is in units (``plans.UNIT_BYTES``) and numpy arrays, s
 checked without a device (tests, the admission simulation, the bookkeeping benchmark). ``PagePool``
 (pool.py) wraps it, owns the device tensors and carries out its plans.
 
-Memory is ``num_chunks`` chunks. A chunk is empty (in the shared pool, or held by one layer when there is
-no pool), a RAW chunk of fixed slots for uncompressed pages, or a LOG chunk where compressed pages sit one
-after another behind a bump pointer. Every per-step operation is vectorised over layers: a page id has a
-page in every layer, so allocating, freeing and compressing touch all layers at once.
+The chunks themselves are kept by ``ChunkTable`` (chunks.py). Every per-step operation is vectorised over
+layers: a page id has a page in every layer, so allocating, freeing and compressing touch all layers at
+once.
 """
 
 from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 
 import numpy as np
 
 from zipkv.allocator import capacity, compaction, encode
+from zipkv.allocator.chunks import ChunkTable
 from zipkv.allocator.plans import (
     ChunkKind,
     CompletedFence,
     EncodeBatch,
     EncodePlan,
     Fence,
+    LedgerConfig,
     MovePlan,
     OutOfPages,
     PageState,
@@ -33,63 +33,15 @@ from zipkv.allocator.plans import (
 
 I64 = np.int64
 
-
-@dataclass(frozen=True)
-class LedgerConfig:
-    num_layers: int
-    num_chunks: int
-    chunk_units: int
-    raw_page_units: int
-    max_pages: int
-    shared_pool: bool = True
-    compression: bool = True
-    compaction_live_fraction: float = 0.5  # LOG chunks less live than this get their pages moved out
-
-    def __post_init__(self) -> None:
-        if min(self.num_layers, self.chunk_units, self.raw_page_units, self.max_pages) < 1:
-            raise ValueError(f"{self}: layers, chunk/page sizes and max_pages must all be >= 1")
-        if self.chunk_units % self.raw_page_units != 0:
-            raise ValueError(
-                f"a chunk ({self.chunk_units} units) must hold whole raw pages ({self.raw_page_units} units);"
-                " pick chunk_bytes as a multiple of the format's raw_page_bytes"
-            )
-        if self.num_chunks < self.num_layers:
-            raise ValueError(
-                f"{self.num_chunks} chunks cannot give each of {self.num_layers} layers one; "
-                "raise budget_bytes or lower chunk_bytes"
-            )
-        if not 0.0 <= self.compaction_live_fraction < 1.0:
-            raise ValueError(f"compaction_live_fraction {self.compaction_live_fraction} not in [0, 1)")
+__all__ = ["Ledger", "LedgerConfig"]
 
 
-class Ledger:
+class Ledger(ChunkTable):
+    _fit: int | None
+
     def __init__(self, cfg: LedgerConfig, new_fence: Callable[[], Fence] = CompletedFence) -> None:
-        self.cfg, self.new_fence = cfg, new_fence
-        n_l, n_c, n_p = cfg.num_layers, cfg.num_chunks, cfg.max_pages
-        self.raw, self.cu = cfg.raw_page_units, cfg.chunk_units
-        self.slots_per_chunk = self.cu // self.raw
-        self.chunk_owner = np.full(n_c, -1, dtype=I64)
-        self.chunk_kind = np.zeros(n_c, dtype=np.int8)
-        self.chunk_live = np.zeros(n_c, dtype=I64)  # units of live pages (worst case while encoding)
-        self.chunk_bump = np.zeros(n_c, dtype=I64)  # LOG: units handed out from the chunk's start
-        self.chunk_pending = np.zeros(n_c, dtype=I64)  # LOG: encode regions whose sizes are not back
-        self.slots: list[list[int]] = [[] for _ in range(n_l)]  # free raw slots (unit offsets), a stack
-        self.free_slots = np.zeros(n_l, dtype=I64)
-        self.private_empty: list[list[int]] = [[] for _ in range(n_l)]
-        self.pool: list[int] = []
-        if cfg.shared_pool:
-            self.pool = list(range(n_c - 1, -1, -1))
-        else:  # each layer owns an equal share for good; a remainder of chunks stays unused
-            share = n_c // n_l
-            for layer in range(n_l):
-                own = list(range((layer + 1) * share - 1, layer * share - 1, -1))
-                self.private_empty[layer] = own
-                self.chunk_owner[own] = layer
-        # LOG chunks of each layer with room for at least one worst-case page; the top is used first
-        self.log_rooms: list[list[int]] = [[] for _ in range(n_l)]
-        self.in_rooms = np.zeros(n_c, dtype=bool)
-        self.draining: deque[tuple[Fence, np.ndarray]] = deque()
-        self.idle_raw: set[int] = set()  # empty RAW chunks kept back so that reservations stay covered
+        super().__init__(cfg, new_fence)
+        n_l, n_p = cfg.num_layers, cfg.max_pages
         self.batches: deque[EncodeBatch] = deque()
         self.page_state = np.zeros(n_p, dtype=np.int8)
         self.page_gen = np.zeros(n_p, dtype=I64)
@@ -98,30 +50,9 @@ class Ledger:
         self.page_chunk = np.full((n_l, n_p), -1, dtype=I64)
         self.free_ids: list[int] = list(range(n_p - 1, -1, -1))
         self.full_queue: list[int] = []
-        self.reservations: dict[str, int] = {}
-        self.reserved_pages = 0
         # Room kept out of what new pages and reservations may take, so that an encode launch can always
         # place its worst case and compression never stalls: one chunk in every layer.
         self.encode_margin_pages = self.slots_per_chunk if cfg.compression else 0
-        self._fit: int | None = None
-
-    # ---- capacity ----------------------------------------------------------------------------------
-    def free_units(self) -> np.ndarray:
-        """Units each layer can put new pages in without the pool."""
-        units = self.free_slots * self.raw
-        if not self.cfg.shared_pool:
-            units = units + np.array([len(e) for e in self.private_empty], dtype=I64) * self.cu
-        return units
-
-    def _fits(self, total_pages: int, free_units: np.ndarray | None = None, pool: int | None = None) -> bool:
-        return capacity.fits(
-            self.free_units() if free_units is None else free_units,
-            total_pages,
-            self.raw,
-            self.cu,
-            len(self.pool) if pool is None else pool,
-            self.cfg.shared_pool,
-        )
 
     def new_pages_fit(self) -> int:
         """New pages that fit in every layer after the reservations; never optimistic."""
@@ -160,98 +91,6 @@ class Ledger:
     def release(self, request_id: str) -> None:
         self.reserved_pages -= self.reservations.pop(request_id, 0)
         self._fit = None
-
-    # ---- chunks ------------------------------------------------------------------------------------
-    def _take_chunk(self, layer: int, kind: int) -> int:
-        source = self.pool if self.cfg.shared_pool else self.private_empty[layer]
-        if not source:  # callers check capacity first, so this is a bookkeeping bug
-            raise OutOfPages(f"layer {layer} needs a chunk and none is free (internal: capacity was checked)")
-        c = source.pop()
-        self.chunk_owner[c], self.chunk_kind[c], self.chunk_bump[c] = layer, kind, 0
-        if kind == ChunkKind.RAW:
-            base = c * self.cu
-            self.slots[layer].extend(range(base + self.cu - self.raw, base - 1, -self.raw))
-            self.free_slots[layer] += self.slots_per_chunk
-        return c
-
-    def _retire_empty(self, chunks: np.ndarray) -> None:
-        """Chunks that hold nothing start draining: reusable once reads issued so far are done."""
-        chunks = unique_sorted(chunks[self.chunk_live[chunks] == 0])
-        kind = self.chunk_kind[chunks]
-        in_use = (kind == ChunkKind.RAW) | (kind == ChunkKind.LOG)
-        empty = chunks[(self.chunk_live[chunks] == 0) & (self.chunk_pending[chunks] == 0) & in_use]
-        if empty.size == 0:
-            return
-        owners, kinds = self.chunk_owner[empty], self.chunk_kind[empty]
-        raw = kinds == ChunkKind.RAW
-        if raw.any():
-            # A RAW chunk's free slots count as capacity now and again once it has drained, but not while
-            # it drains: keep it (empty, in its layer) if that gap would break a reservation.
-            lost = np.bincount(owners[raw], minlength=self.cfg.num_layers) * self.cu
-            if not self._fits(self.reserved_pages, free_units=self.free_units() - lost):
-                self.idle_raw.update(empty[raw].tolist())
-                empty, owners, raw = empty[~raw], owners[~raw], raw[~raw]
-                if empty.size == 0:
-                    return
-            else:
-                self.idle_raw.difference_update(empty[raw].tolist())
-        cu = self.cu
-        for layer in np.unique(owners[raw]).tolist():
-            dead = empty[raw & (owners == layer)].tolist()
-            if len(dead) == 1:  # the common case: compare with the chunk's bounds
-                lo, hi = dead[0] * cu, dead[0] * cu + cu
-                self.slots[layer] = [s for s in self.slots[layer] if s < lo or s >= hi]
-            else:
-                gone = set(dead)
-                self.slots[layer] = [s for s in self.slots[layer] if s // cu not in gone]
-            self.free_slots[layer] -= self.slots_per_chunk * len(dead)
-        listed = empty[~raw & self.in_rooms[empty]]
-        for c, layer in zip(listed.tolist(), self.chunk_owner[listed].tolist(), strict=True):
-            self.log_rooms[layer].remove(c)
-        self.in_rooms[listed] = False
-        self.chunk_kind[empty] = ChunkKind.DRAINING
-        self.draining.append((self.new_fence(), empty))
-        self._fit = None
-
-    def room_pages(self, c: int) -> int:
-        """Worst-case (raw-size) pages that still fit behind LOG chunk ``c``'s bump pointer."""
-        return int(self.cu - self.chunk_bump[c]) // self.raw
-
-    def log_target(self, layer: int) -> int:
-        """The LOG chunk the layer places its next compressed page in (taking a chunk if none has room)."""
-        rooms = self.log_rooms[layer]
-        while rooms and self.room_pages(rooms[-1]) == 0:
-            self.in_rooms[rooms.pop()] = False
-        if not rooms:
-            c = self._take_chunk(layer, ChunkKind.LOG)
-            rooms.append(c)
-            self.in_rooms[c] = True
-        return rooms[-1]
-
-    def offer_room(self, chunks: np.ndarray) -> None:
-        """LOG chunks whose bump pointer moved back: their tails take pages again."""
-        back = (self.chunk_kind[chunks] == ChunkKind.LOG) & (self.cu - self.chunk_bump[chunks] >= self.raw)
-        chunks = chunks[back & ~self.in_rooms[chunks]]
-        for c, layer in zip(chunks.tolist(), self.chunk_owner[chunks].tolist(), strict=True):
-            self.log_rooms[layer].insert(0, c)  # under the chunk being filled: used once it is full
-        self.in_rooms[chunks] = True
-
-    def _drain(self) -> None:
-        if self.idle_raw:
-            idle = np.fromiter(self.idle_raw, dtype=I64)
-            still = (self.chunk_kind[idle] == ChunkKind.RAW) & (self.chunk_live[idle] == 0)
-            self.idle_raw = set(idle[still].tolist())
-            self._retire_empty(idle[still])
-        while self.draining and self.draining[0][0].done():
-            _, chunks = self.draining.popleft()
-            self.chunk_kind[chunks], self.chunk_bump[chunks] = ChunkKind.FREE, 0
-            if self.cfg.shared_pool:
-                self.chunk_owner[chunks] = -1
-                self.pool.extend(chunks.tolist())
-            else:
-                for c, layer in zip(chunks.tolist(), self.chunk_owner[chunks].tolist(), strict=True):
-                    self.private_empty[layer].append(c)
-            self._fit = None
 
     # ---- pages -------------------------------------------------------------------------------------
     def allocate(

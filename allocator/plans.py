@@ -130,3 +130,31 @@ class PoolStats:
     budget_bytes: int  # bytes managed (whole chunks)
     compression_ratio: float  # stored / raw bytes over compressed pages (1.0 when none)
     pool_chunks: int  # empty chunks in the shared pool
+
+
+@dataclass(frozen=True)
+class LedgerConfig:
+    num_layers: int
+    num_chunks: int
+    chunk_units: int
+    raw_page_units: int
+    max_pages: int
+    shared_pool: bool = True
+    compression: bool = True
+    compaction_live_fraction: float = 0.5  # LOG chunks less live than this get their pages moved out
+
+    def __post_init__(self) -> None:
+        if min(self.num_layers, self.chunk_units, self.raw_page_units, self.max_pages) < 1:
+            raise ValueError(f"{self}: layers, chunk/page sizes and max_pages must all be >= 1")
+        if self.chunk_units % self.raw_page_units != 0:
+            raise ValueError(
+                f"a chunk ({self.chunk_units} units) must hold whole raw pages ({self.raw_page_units} units);"
+                " pick chunk_bytes as a multiple of the format's raw_page_bytes"
+            )
+        if self.num_chunks < self.num_layers:
+            raise ValueError(
+                f"{self.num_chunks} chunks cannot give each of {self.num_layers} layers one; "
+                "raise budget_bytes or lower chunk_bytes"
+            )
+        if not 0.0 <= self.compaction_live_fraction < 1.0:
+            raise ValueError(f"compaction_live_fraction {self.compaction_live_fraction} not in [0, 1)")

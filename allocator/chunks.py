@@ -1,0 +1,165 @@
+"""Chunks of the heap, host side: who owns each, what it holds, free raw slots, LOG tails, draining.
+
+A chunk is empty (in the shared pool, or held by one layer when there is no pool), a RAW chunk of fixed
+slots for uncompressed pages, or a LOG chunk where compressed pages sit one after another behind a bump
+pointer; an emptied chunk drains (its fence) before it is reused. ``Ledger`` (ledger.py) builds the page
+bookkeeping on top of this table.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+
+import numpy as np
+
+from zipkv.allocator import capacity
+from zipkv.allocator.plans import ChunkKind, CompletedFence, Fence, LedgerConfig, OutOfPages, unique_sorted
+
+I64 = np.int64
+
+
+class ChunkTable:
+    _fit: int | None  # cached new_pages_fit(); None when something changed
+    reserved_pages: int
+
+    def __init__(self, cfg: LedgerConfig, new_fence: Callable[[], Fence] = CompletedFence) -> None:
+        self.cfg, self.new_fence = cfg, new_fence
+        n_l, n_c = cfg.num_layers, cfg.num_chunks
+        self.raw, self.cu = cfg.raw_page_units, cfg.chunk_units
+        self.slots_per_chunk = self.cu // self.raw
+        self.chunk_owner = np.full(n_c, -1, dtype=I64)
+        self.chunk_kind = np.zeros(n_c, dtype=np.int8)
+        self.chunk_live = np.zeros(n_c, dtype=I64)  # units of live pages (worst case while encoding)
+        self.chunk_bump = np.zeros(n_c, dtype=I64)  # LOG: units handed out from the chunk's start
+        self.chunk_pending = np.zeros(n_c, dtype=I64)  # LOG: encode regions whose sizes are not back
+        self.slots: list[list[int]] = [[] for _ in range(n_l)]  # free raw slots (unit offsets), a stack
+        self.free_slots = np.zeros(n_l, dtype=I64)
+        self.private_empty: list[list[int]] = [[] for _ in range(n_l)]
+        self.pool: list[int] = []
+        if cfg.shared_pool:
+            self.pool = list(range(n_c - 1, -1, -1))
+        else:  # each layer owns an equal share for good; a remainder of chunks stays unused
+            share = n_c // n_l
+            for layer in range(n_l):
+                own = list(range((layer + 1) * share - 1, layer * share - 1, -1))
+                self.private_empty[layer] = own
+                self.chunk_owner[own] = layer
+        # LOG chunks of each layer with room for at least one worst-case page; the top is used first
+        self.log_rooms: list[list[int]] = [[] for _ in range(n_l)]
+        self.in_rooms = np.zeros(n_c, dtype=bool)
+        self.draining: deque[tuple[Fence, np.ndarray]] = deque()
+        self.idle_raw: set[int] = set()  # empty RAW chunks kept back so that reservations stay covered
+        self.reservations: dict[str, int] = {}
+        self.reserved_pages = 0
+        self._fit = None
+
+    # ---- capacity ----------------------------------------------------------------------------------
+    def free_units(self) -> np.ndarray:
+        """Units each layer can put new pages in without the pool."""
+        units = self.free_slots * self.raw
+        if not self.cfg.shared_pool:
+            units = units + np.array([len(e) for e in self.private_empty], dtype=I64) * self.cu
+        return units
+
+    def _fits(self, total_pages: int, free_units: np.ndarray | None = None, pool: int | None = None) -> bool:
+        return capacity.fits(
+            self.free_units() if free_units is None else free_units,
+            total_pages,
+            self.raw,
+            self.cu,
+            len(self.pool) if pool is None else pool,
+            self.cfg.shared_pool,
+        )
+
+    # ---- chunks ------------------------------------------------------------------------------------
+    def _take_chunk(self, layer: int, kind: int) -> int:
+        source = self.pool if self.cfg.shared_pool else self.private_empty[layer]
+        if not source:  # callers check capacity first, so this is a bookkeeping bug
+            raise OutOfPages(f"layer {layer} needs a chunk and none is free (internal: capacity was checked)")
+        c = source.pop()
+        self.chunk_owner[c], self.chunk_kind[c], self.chunk_bump[c] = layer, kind, 0
+        if kind == ChunkKind.RAW:
+            base = c * self.cu
+            self.slots[layer].extend(range(base + self.cu - self.raw, base - 1, -self.raw))
+            self.free_slots[layer] += self.slots_per_chunk
+        return c
+
+    def _retire_empty(self, chunks: np.ndarray) -> None:
+        """Chunks that hold nothing start draining: reusable once reads issued so far are done."""
+        chunks = unique_sorted(chunks[self.chunk_live[chunks] == 0])
+        kind = self.chunk_kind[chunks]
+        in_use = (kind == ChunkKind.RAW) | (kind == ChunkKind.LOG)
+        empty = chunks[(self.chunk_live[chunks] == 0) & (self.chunk_pending[chunks] == 0) & in_use]
+        if empty.size == 0:
+            return
+        owners, kinds = self.chunk_owner[empty], self.chunk_kind[empty]
+        raw = kinds == ChunkKind.RAW
+        if raw.any():
+            # A RAW chunk's free slots count as capacity now and again once it has drained, but not while
+            # it drains: keep it (empty, in its layer) if that gap would break a reservation.
+            lost = np.bincount(owners[raw], minlength=self.cfg.num_layers) * self.cu
+            if not self._fits(self.reserved_pages, free_units=self.free_units() - lost):
+                self.idle_raw.update(empty[raw].tolist())
+                empty, owners, raw = empty[~raw], owners[~raw], raw[~raw]
+                if empty.size == 0:
+                    return
+            else:
+                self.idle_raw.difference_update(empty[raw].tolist())
+        cu = self.cu
+        for layer in np.unique(owners[raw]).tolist():
+            dead = empty[raw & (owners == layer)].tolist()
+            if len(dead) == 1:  # the common case: compare with the chunk's bounds
+                lo, hi = dead[0] * cu, dead[0] * cu + cu
+                self.slots[layer] = [s for s in self.slots[layer] if s < lo or s >= hi]
+            else:
+                gone = set(dead)
+                self.slots[layer] = [s for s in self.slots[layer] if s // cu not in gone]
+            self.free_slots[layer] -= self.slots_per_chunk * len(dead)
+        listed = empty[~raw & self.in_rooms[empty]]
+        for c, layer in zip(listed.tolist(), self.chunk_owner[listed].tolist(), strict=True):
+            self.log_rooms[layer].remove(c)
+        self.in_rooms[listed] = False
+        self.chunk_kind[empty] = ChunkKind.DRAINING
+        self.draining.append((self.new_fence(), empty))
+        self._fit = None
+
+    def room_pages(self, c: int) -> int:
+        """Worst-case (raw-size) pages that still fit behind LOG chunk ``c``'s bump pointer."""
+        return int(self.cu - self.chunk_bump[c]) // self.raw
+
+    def log_target(self, layer: int) -> int:
+        """The LOG chunk the layer places its next compressed page in (taking a chunk if none has room)."""
+        rooms = self.log_rooms[layer]
+        while rooms and self.room_pages(rooms[-1]) == 0:
+            self.in_rooms[rooms.pop()] = False
+        if not rooms:
+            c = self._take_chunk(layer, ChunkKind.LOG)
+            rooms.append(c)
+            self.in_rooms[c] = True
+        return rooms[-1]
+
+    def offer_room(self, chunks: np.ndarray) -> None:
+        """LOG chunks whose bump pointer moved back: their tails take pages again."""
+        back = (self.chunk_kind[chunks] == ChunkKind.LOG) & (self.cu - self.chunk_bump[chunks] >= self.raw)
+        chunks = chunks[back & ~self.in_rooms[chunks]]
+        for c, layer in zip(chunks.tolist(), self.chunk_owner[chunks].tolist(), strict=True):
+            self.log_rooms[layer].insert(0, c)  # under the chunk being filled: used once it is full
+        self.in_rooms[chunks] = True
+
+    def _drain(self) -> None:
+        if self.idle_raw:
+            idle = np.fromiter(self.idle_raw, dtype=I64)
+            still = (self.chunk_kind[idle] == ChunkKind.RAW) & (self.chunk_live[idle] == 0)
+            self.idle_raw = set(idle[still].tolist())
+            self._retire_empty(idle[still])
+        while self.draining and self.draining[0][0].done():
+            _, chunks = self.draining.popleft()
+            self.chunk_kind[chunks], self.chunk_bump[chunks] = ChunkKind.FREE, 0
+            if self.cfg.shared_pool:
+                self.chunk_owner[chunks] = -1
+                self.pool.extend(chunks.tolist())
+            else:
+                for c, layer in zip(chunks.tolist(), self.chunk_owner[chunks].tolist(), strict=True):
+                    self.private_empty[layer].append(c)
+            self._fit = None
