@@ -5,7 +5,7 @@ maps the stable page id to the current place; (3) per-layer space plus a shared 
 returned only when no read is in flight (fences); (4) ``new_pages_fit()`` after reservations.
 
 Device tensors (fixed addresses for the pool's life, updated in place, so CUDA graphs can replay):
-  heap      uint8 [budget_bytes]                              every page, raw or compressed
+  heap      uint8 [budget_bytes, rounded down to 256]         every page, raw or compressed
   page_loc  int64 [num_layers, max_pages]                     byte offset of page p of layer l
   page_meta uint8 [num_layers, max_pages, 2H, fmt.meta_bytes] the format's per-page-head metadata
 The last 256 bytes of the heap are a scratch unit the pack step writes discarded bytes to.
@@ -53,6 +53,7 @@ class PagePool:
                 f"chunk_bytes {chunk_bytes} must be a positive multiple of the raw page size "
                 f"{fmt.raw_page_bytes} B ({fmt.ascii_map().splitlines()[0]})"
             )
+        budget_bytes -= budget_bytes % UNIT_BYTES  # the codec addresses the heap in words
         num_chunks = (budget_bytes - UNIT_BYTES) // chunk_bytes
         if num_chunks < num_layers:
             raise ValueError(

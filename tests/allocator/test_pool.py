@@ -120,3 +120,8 @@ def test_on_cuda_with_the_triton_codec() -> None:
         h.check_data()
         check(h.pool.ledger)
     assert h.pool.stats().compressed_pages > 0
+
+
+def test_heap_size_is_rounded_down_to_whole_units() -> None:
+    pool = PagePool(FMT, 2, 8 * CHUNK_BYTES + 1000, chunk_bytes=CHUNK_BYTES)
+    assert pool.heap.numel() == 8 * CHUNK_BYTES + 768 and pool.ledger.cfg.num_chunks == 8
