@@ -126,6 +126,7 @@ class PoolStats:
     encoding_pages: int  # encode launched, sizes not yet back
     used_bytes: int  # bytes held by live pages, all layers (worst case while encoding)
     free_bytes: int  # bytes not held by live pages (includes dead bytes awaiting compaction)
+    committed_bytes: int  # raw size of the committed pages, all layers
     dead_bytes: int  # inside compressed chunks, freed but not yet reclaimed
     budget_bytes: int  # bytes managed (whole chunks)
     compression_ratio: float  # stored / raw bytes over compressed pages (1.0 when none)

@@ -212,6 +212,7 @@ class PagePool:
             encoding_pages=int((state == PageState.ENCODING).sum()),
             used_bytes=used,
             free_bytes=budget - used,
+            committed_bytes=led.reserved_pages * self.num_layers * self.fmt.raw_page_bytes,
             dead_bytes=int((led.chunk_bump[log] - led.chunk_live[log]).sum()) * UNIT_BYTES,
             budget_bytes=budget,
             compression_ratio=stored_units / raw_units if raw_units else 1.0,
