@@ -107,8 +107,10 @@ class ChunkTable:
             else:
                 self.idle_raw.difference_update(empty[raw].tolist())
         cu = self.cu
-        for layer in np.unique(owners[raw]).tolist():
-            dead = empty[raw & (owners == layer)].tolist()
+        by_layer: dict[int, list[int]] = {}
+        for c, layer in zip(empty[raw].tolist(), owners[raw].tolist(), strict=True):
+            by_layer.setdefault(layer, []).append(c)
+        for layer, dead in by_layer.items():
             if len(dead) == 1:  # the common case: compare with the chunk's bounds
                 lo, hi = dead[0] * cu, dead[0] * cu + cu
                 self.slots[layer] = [s for s in self.slots[layer] if s < lo or s >= hi]
