@@ -1,23 +1,13 @@
 """Test harness: the router and scripted workers (stand-ins for GPU workers) on one background
-event loop, real HTTP and real gRPC on loopback; tests talk to them from the main thread.
-
-(`free_port` and `start_redis` repeat tests/conftest.py's helpers: conftest modules are not importable
-by name from every pytest import mode, and this folder must also work under plain `pytest`.)"""
+event loop, real HTTP and real gRPC on loopback; tests talk to them from the main thread."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import shutil
-import socket
-import subprocess
 import threading
-import time
 from collections.abc import Coroutine, Iterator
-from pathlib import Path
 from typing import Any, TypeVar
-
-import pytest
 
 from zipkv.controlplane.config import RouterConfig
 from zipkv.controlplane.scripted_worker import Script, ScriptedWorker, send_report
@@ -25,30 +15,6 @@ from zipkv.controlplane.server import RunningRouter, running_router
 from zipkv.protos import zipkv_pb2 as pb
 
 T = TypeVar("T")
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def start_redis(tmp: Path, port: int) -> subprocess.Popen[bytes]:
-    """A real redis-server on loopback (used to bring one back on the same port)."""
-    exe = shutil.which("redis-server")
-    if exe is None:
-        pytest.fail("redis-server not found: run `bash scripts/setup.sh`")
-    args = [exe, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
-    proc = subprocess.Popen([*args, "--dir", str(tmp)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
-                return proc
-        except OSError:
-            time.sleep(0.05)
-    proc.kill()
-    pytest.fail(f"redis-server did not start on port {port}")
 
 
 TOKEN = "test-report-token"

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import httpx
 import pytest
-from router_harness import MODEL, TOKEN, LoopThread, free_port, stack, start_redis
+from router_harness import MODEL, TOKEN, LoopThread, stack
+from servers import free_port, start_redis
 
 from zipkv.controlplane.scripted_worker import Script, ScriptedWorker, report_forever
 

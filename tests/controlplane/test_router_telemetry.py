@@ -12,7 +12,8 @@ import httpx
 import pytest
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2 as tpb
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc as tgrpc
-from router_harness import MODEL, free_port, stack
+from router_harness import MODEL, stack
+from servers import free_port
 
 from zipkv.controlplane.scripted_worker import Script
 

@@ -10,8 +10,6 @@ from __future__ import annotations
 import contextlib
 import io
 import re
-import shutil
-import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -19,9 +17,10 @@ from pathlib import Path
 
 import openai
 import pytest
+from servers import free_port, start_redis
 
 from zipkv.worker import cli
-from zipkv.worker.local_stack import LocalStack, StackOptions, free_port, http_get
+from zipkv.worker.local_stack import LocalStack, StackOptions, http_get
 
 pytestmark = pytest.mark.slow
 MODEL = "zipkv-tiny"
@@ -29,28 +28,8 @@ MODEL = "zipkv-tiny"
 
 @pytest.fixture(scope="module")
 def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    exe = shutil.which("redis-server")
-    if exe is None:
-        pytest.fail("redis-server not found: run `bash scripts/setup.sh`")
     port = free_port()
-    tmp = tmp_path_factory.mktemp("redis")
-    proc = subprocess.Popen(
-        [
-            exe,
-            "--port",
-            str(port),
-            "--bind",
-            "127.0.0.1",
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-            "--dir",
-            str(tmp),
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    proc = start_redis(tmp_path_factory.mktemp("redis"), port)
     yield f"redis://127.0.0.1:{port}/0"
     proc.terminate()
     proc.wait(10)
