@@ -1,6 +1,7 @@
 #!/bin/bash
-# SGLang end to end on the H200 (device tool; one call). Carried: .carry/sglang/parts (SGLang 0.5.17 site,
-# built by /work/shared/device/build_sglang_carry.sh) and .carry/llama31_8b (the Llama-3.1-8B config.json).
+# SGLang end to end on the H200, one command. Needs, git-ignored under .carry/: sglang/parts/site.tar.xz (a
+# Python 3.12 site-packages tree of SGLang 0.5.17 and its GPU dependencies) and llama31_8b/config.json
+# (a copy of bench/configs/llama31_8b.json).
 # Runs, each in its own process under `timeout`: zipkv milestone 1 (small), then milestone 2 (full workload)
 # for zipkv, its uncompressed twin, SGLang Triton and SGLang FlashInfer, until DEADLINE_S runs out.
 # Measured on 2026-11-30: setup 20 s, zipkv m1 small 120 s (cold JIT), m2 runs 55-95 s each, FlashInfer
