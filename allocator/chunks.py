@@ -33,8 +33,13 @@ class ChunkTable:
         self.chunk_live = np.zeros(n_c, dtype=I64)  # units of live pages (worst case while encoding)
         self.chunk_bump = np.zeros(n_c, dtype=I64)  # LOG: units handed out from the chunk's start
         self.chunk_pending = np.zeros(n_c, dtype=I64)  # LOG: encode regions whose sizes are not back
-        self.slots: list[list[int]] = [[] for _ in range(n_l)]  # free raw slots (unit offsets), a stack
+        # Free raw slots (unit offsets) of each layer, a stack per row: row l holds free_slots[l] of them,
+        # top last. One array so that every layer pushes and pops in one numpy call; it grows on demand.
+        self.slot_stack = np.zeros((n_l, 2 * self.slots_per_chunk), dtype=I64)
         self.free_slots = np.zeros(n_l, dtype=I64)
+        self._rows = np.arange(n_l, dtype=I64)[:, None]
+        self._slot_offsets = self.cu - self.raw - self.raw * np.arange(self.slots_per_chunk, dtype=I64)
+        self._chunk_flag = np.zeros(n_c, dtype=bool)  # scratch, all False between calls
         self.private_empty: list[list[int]] = [[] for _ in range(n_l)]
         self.pool: list[int] = []
         if cfg.shared_pool:
@@ -72,6 +77,55 @@ class ChunkTable:
             self.cfg.shared_pool,
         )
 
+    # ---- free raw slots ----------------------------------------------------------------------------
+    @property
+    def slots(self) -> list[list[int]]:
+        """Free raw slots of each layer, bottom of the stack first (a copy, for checks and tests)."""
+        return [row[:h].tolist() for row, h in zip(self.slot_stack, self.free_slots.tolist(), strict=True)]
+
+    def _slot_room(self, height: int) -> None:
+        """Make every row of the slot stack hold at least ``height`` slots."""
+        width = self.slot_stack.shape[1]
+        if height > width:
+            grown = np.zeros((self.cfg.num_layers, max(height, 2 * width)), dtype=I64)
+            grown[:, :width] = self.slot_stack
+            self.slot_stack = grown
+
+    def _push_slots(self, units: np.ndarray) -> None:
+        """Push ``units`` (int64 [L, k]) onto every layer's stack, column 0 first."""
+        k = units.shape[1]
+        self._slot_room(int(self.free_slots.max()) + k)
+        self.slot_stack[self._rows, self.free_slots[:, None] + np.arange(k)] = units
+        self.free_slots += k
+
+    def _pop_slots(self, n: int) -> np.ndarray:
+        """Pop ``n`` slots from every layer's stack -> int64 [L, n], top first."""
+        self.free_slots -= n
+        return self.slot_stack[self._rows, self.free_slots[:, None] + np.arange(n - 1, -1, -1)]
+
+    def _push_chunk_slots(self, layers: np.ndarray, chunks: np.ndarray) -> None:
+        """New RAW ``chunks`` (int64 [m]) of ``layers`` (int64 [m], in order): their slots go on top, the
+        chunk's first slot on top of all."""
+        spc = self.slots_per_chunk
+        per_layer = np.bincount(layers, minlength=self.cfg.num_layers)
+        nth = np.arange(layers.size, dtype=I64) - (np.cumsum(per_layer) - per_layer)[layers]
+        self._slot_room(int((self.free_slots + per_layer * spc).max()))
+        cols = (self.free_slots[layers] + nth * spc)[:, None] + np.arange(spc)
+        self.slot_stack[layers[:, None], cols] = chunks[:, None] * self.cu + self._slot_offsets
+        self.free_slots += per_layer * spc
+
+    def _drop_chunk_slots(self, layers: np.ndarray, chunks: np.ndarray) -> None:
+        """Remove the slots of ``chunks`` from the stacks of ``layers`` (both int64 [m]), keeping order."""
+        rows = unique_sorted(layers)
+        heights = self.free_slots[rows]
+        block = self.slot_stack[rows, : int(heights.max())]
+        self._chunk_flag[chunks] = True
+        keep = (np.arange(block.shape[1]) < heights[:, None]) & ~self._chunk_flag[block // self.cu]
+        self._chunk_flag[chunks] = False
+        cols = np.cumsum(keep, axis=1) - 1
+        self.slot_stack[np.broadcast_to(rows[:, None], block.shape)[keep], cols[keep]] = block[keep]
+        self.free_slots[rows] = keep.sum(axis=1)
+
     # ---- chunks ------------------------------------------------------------------------------------
     def _take_chunk(self, layer: int, kind: int) -> int:
         source = self.pool if self.cfg.shared_pool else self.private_empty[layer]
@@ -80,10 +134,24 @@ class ChunkTable:
         c = source.pop()
         self.chunk_owner[c], self.chunk_kind[c], self.chunk_bump[c] = layer, kind, 0
         if kind == ChunkKind.RAW:
-            base = c * self.cu
-            self.slots[layer].extend(range(base + self.cu - self.raw, base - 1, -self.raw))
-            self.free_slots[layer] += self.slots_per_chunk
+            self._push_chunk_slots(np.array([layer], dtype=I64), np.array([c], dtype=I64))
         return c
+
+    def _take_chunks(self, layers: np.ndarray, kind: int) -> np.ndarray:
+        """``_take_chunk`` for each of ``layers`` (int64 [m], in that order) at once; the chunks taken."""
+        if not self.cfg.shared_pool or layers.size == 0:
+            return np.array([self._take_chunk(layer, kind) for layer in layers.tolist()], dtype=I64)
+        m = int(layers.size)
+        if m > len(self.pool):  # callers check capacity first, so this is a bookkeeping bug
+            raise OutOfPages(
+                f"layers need {m} chunks and {len(self.pool)} are free (internal: capacity was checked)"
+            )
+        taken = np.array(self.pool[: -m - 1 : -1], dtype=I64)  # the order single pops would give
+        del self.pool[-m:]
+        self.chunk_owner[taken], self.chunk_kind[taken], self.chunk_bump[taken] = layers, kind, 0
+        if kind == ChunkKind.RAW:
+            self._push_chunk_slots(layers, taken)
+        return taken
 
     def _retire_empty(self, chunks: np.ndarray) -> None:
         """Chunks that hold nothing start draining: reusable once reads issued so far are done."""
@@ -106,18 +174,8 @@ class ChunkTable:
                     return
             else:
                 self.idle_raw.difference_update(empty[raw].tolist())
-        cu = self.cu
-        by_layer: dict[int, list[int]] = {}
-        for c, layer in zip(empty[raw].tolist(), owners[raw].tolist(), strict=True):
-            by_layer.setdefault(layer, []).append(c)
-        for layer, dead in by_layer.items():
-            if len(dead) == 1:  # the common case: compare with the chunk's bounds
-                lo, hi = dead[0] * cu, dead[0] * cu + cu
-                self.slots[layer] = [s for s in self.slots[layer] if s < lo or s >= hi]
-            else:
-                gone = set(dead)
-                self.slots[layer] = [s for s in self.slots[layer] if s // cu not in gone]
-            self.free_slots[layer] -= self.slots_per_chunk * len(dead)
+        if raw.any():
+            self._drop_chunk_slots(owners[raw], empty[raw])
         listed = empty[~raw & self.in_rooms[empty]]
         for c, layer in zip(listed.tolist(), self.chunk_owner[listed].tolist(), strict=True):
             self.log_rooms[layer].remove(c)

@@ -9,6 +9,7 @@ chunks drain (device fence) before anyone can reuse them.
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -25,8 +26,8 @@ I64 = np.int64
 def candidates(led: Ledger) -> np.ndarray:
     """LOG chunks with no encode in flight whose live bytes are below the threshold of the chunk."""
     cut = led.cfg.compaction_live_fraction * led.cu
-    mask = (led.chunk_kind == ChunkKind.LOG) & (led.chunk_pending == 0) & (led.chunk_live < cut)
-    return np.flatnonzero(mask)
+    log = np.flatnonzero(led.chunk_kind == ChunkKind.LOG)  # few of all chunks: filter those
+    return log[(led.chunk_pending[log] == 0) & (led.chunk_live[log] < cut)]
 
 
 def _select(led: Ledger, layer: int, chunks: np.ndarray) -> tuple[np.ndarray, int]:
@@ -37,8 +38,9 @@ def _select(led: Ledger, layer: int, chunks: np.ndarray) -> tuple[np.ndarray, in
     # A page never straddles chunks, so a tail of r units takes at least r - raw + 1 units of moved pages
     # and a new chunk at least cu - raw + 1: an upper bound on the new chunks the move takes. Tails of
     # candidate chunks do not count (they are being emptied).
-    rooms = [c for c in led.log_rooms[layer] if c not in set(chunks.tolist())]
-    tails = sum(max(0, int(led.cu - led.chunk_bump[c]) - led.raw + 1) for c in rooms)
+    emptied = set(chunks.tolist())
+    rooms = np.array([c for c in led.log_rooms[layer] if c not in emptied], dtype=I64)
+    tails = int(np.maximum(led.cu - led.chunk_bump[rooms] - led.raw + 1, 0).sum())
     need = -(-np.maximum(total - tails, 0) // (led.cu - led.raw + 1))
     gain = np.arange(1, chunks.size + 1) - need
     best = int(np.argmax(gain))
@@ -61,10 +63,12 @@ def plan_compaction(led: Ledger, max_pages: int, max_layers: int) -> MovePlan | 
     parts: list[tuple[int, np.ndarray, np.ndarray, np.ndarray]] = []
     emptied: list[np.ndarray] = []
     budget = max_pages
-    layers, per_layer = np.unique(led.chunk_owner[cands], return_counts=True)
+    owners = led.chunk_owner[cands]
+    per_layer = np.bincount(owners, minlength=n_l)
+    layers = np.argsort(-per_layer, kind="stable")[: min(max_layers, int(np.count_nonzero(per_layer)))]
     selected = np.zeros(led.cfg.num_chunks + 1, dtype=bool)  # the extra entry answers page_chunk == -1
-    for layer in layers[np.argsort(-per_layer, kind="stable")][:max_layers].tolist():
-        chunks, new_chunks = _select(led, layer, cands[led.chunk_owner[cands] == layer])
+    for layer in layers.tolist():
+        chunks, new_chunks = _select(led, layer, cands[owners == layer])
         if chunks.size == 0:
             continue
         need = np.zeros(n_l, dtype=I64)
@@ -105,21 +109,25 @@ def _place(led: Ledger, layer: int, pages: np.ndarray) -> None:
     sizes = led.page_units[layer, pages]
     old_chunks = led.page_chunk[layer, pages]
     ends = np.cumsum(sizes)
-    dst = np.empty_like(sizes)
-    dst_chunk = np.empty_like(sizes)
-    start = 0
-    while start < pages.size:
+    end_list, cu = ends.tolist(), led.cu
+    stops, seg_chunk, seg_base = [0], [], []  # runs of pages packed into one chunk, in plain ints
+    start = before = 0
+    while start < len(end_list):
         c = led.log_target(layer)
-        before = int(ends[start - 1]) if start else 0
-        stop = int(np.searchsorted(ends, before + int(led.cu - led.chunk_bump[c]), side="right"))
+        bump = int(led.chunk_bump[c])
+        stop = bisect_right(end_list, before + cu - bump, lo=start)
         if stop == start:  # the next page is larger than this tail: retire the tail
             led.log_rooms[layer].pop()
             led.in_rooms[c] = False
             continue
-        dst[start:stop] = c * led.cu + led.chunk_bump[c] + ends[start:stop] - sizes[start:stop] - before
-        dst_chunk[start:stop] = c
-        led.chunk_bump[c] += int(ends[stop - 1]) - before
-        start = stop
+        stops.append(stop)
+        seg_chunk.append(c)
+        seg_base.append(c * cu + bump - before)
+        led.chunk_bump[c] = bump + end_list[stop - 1] - before
+        start, before = stop, end_list[stop - 1]
+    runs = np.array(stops[1:], dtype=I64) - np.array(stops[:-1], dtype=I64)
+    dst = np.repeat(np.array(seg_base, dtype=I64), runs) + ends - sizes
+    dst_chunk = np.repeat(np.array(seg_chunk, dtype=I64), runs)
     np.add.at(led.chunk_live, old_chunks, -sizes)
     np.add.at(led.chunk_live, dst_chunk, sizes)
     led.page_unit[layer, pages], led.page_chunk[layer, pages] = dst, dst_chunk

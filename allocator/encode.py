@@ -96,35 +96,52 @@ def _regions(led: Ledger, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         led.chunk_live[tops] += k * led.raw
         led.chunk_pending[tops] += 1
         return base, np.full(n_l, k, dtype=I64), tops
-    bases, counts, chunks = [], [], []
-    cu, raw, bump = led.cu, led.raw, led.chunk_bump
-    for layer in range(n_l):  # plain ints: a batch that spans chunks makes a few regions per layer
-        rooms, remaining = led.log_rooms[layer], k
-        while remaining:
-            if rooms:
-                c = rooms[-1]
-                used = int(bump[c])
-            else:
-                c = led._take_chunk(layer, ChunkKind.LOG)
-                rooms.append(c)
-                led.in_rooms[c] = True
-                used = 0
-            room = (cu - used) // raw
-            cnt = min(remaining, room)
-            if cnt:
-                bases.append(c * cu + used)
-                counts.append(cnt)
-                chunks.append(c)
-                bump[c] = used + cnt * raw
-            if cnt == room:  # full: it comes back to the list if its refund leaves room
-                rooms.pop()
-                led.in_rooms[c] = False
-            remaining -= cnt
-    chunk = np.array(chunks, dtype=I64)
-    count = np.array(counts, dtype=I64)
+    return _spanning_regions(led, k)
+
+
+def _spanning_regions(led: Ledger, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``_regions`` when some layer's top chunk cannot take all ``k`` pages, all layers at once.
+
+    Per layer the pages fill the room-list chunks from the top down, then new chunks from the pool (in
+    layer order). A chunk is dropped from its list once full; a new chunk stays listed if it keeps room.
+    """
+    n_l, cu, raw, spc = led.cfg.num_layers, led.cu, led.raw, led.slots_per_chunk
+    rooms = led.log_rooms
+    listed = np.array([c for r in rooms for c in r[::-1]], dtype=I64)  # top first within each layer
+    lens = np.array([len(r) for r in rooms], dtype=I64)
+    owner = np.repeat(np.arange(n_l, dtype=I64), lens)
+    room = (cu - led.chunk_bump[listed]) // raw
+    total = np.bincount(owner, room, n_l).astype(I64)
+    before = np.cumsum(room) - room - (np.cumsum(total) - total)[owner]  # room above it in its list
+    visited = before < k
+    cnt = np.where(visited, np.minimum(k - before, room), 0)
+    popped = visited & (cnt == room)
+    rest = np.maximum(k - total, 0)
+    new_per_layer = -(-rest // spc)
+    new_owner = np.repeat(np.arange(n_l, dtype=I64), new_per_layer)
+    new_chunk = led._take_chunks(new_owner, ChunkKind.LOG)
+    nth = np.arange(new_owner.size, dtype=I64) - (np.cumsum(new_per_layer) - new_per_layer)[new_owner]
+    new_cnt = np.minimum(rest[new_owner] - nth * spc, spc)
+    used = cnt > 0
+    chunk = np.concatenate([listed[used], new_chunk])
+    count = np.concatenate([cnt[used], new_cnt])
+    order = np.argsort(np.concatenate([owner[used], new_owner]), kind="stable")  # layer-major
+    chunk, count = chunk[order], count[order]
+    # the room lists: full chunks leave from the top; a last new chunk with room stays
+    led.in_rooms[listed[popped]] = False
+    drop = np.bincount(owner[popped], minlength=n_l)
+    keep_new = (rest % spc != 0) & (new_per_layer > 0)
+    last_new = new_chunk[np.cumsum(new_per_layer)[keep_new] - 1]
+    for layer, d in zip(np.flatnonzero(drop).tolist(), drop[drop > 0].tolist(), strict=True):
+        del rooms[layer][-d:]
+    for layer, c in zip(np.flatnonzero(keep_new).tolist(), last_new.tolist(), strict=True):
+        rooms[layer].append(c)
+    led.in_rooms[last_new] = True
+    base = chunk * cu + led.chunk_bump[chunk]
+    led.chunk_bump[chunk] += count * raw
     led.chunk_live[chunk] += count * raw  # a chunk takes at most one region per launch
     led.chunk_pending[chunk] += 1
-    return np.array(bases, dtype=I64), count, chunk
+    return base, count, chunk
 
 
 def _place(led: Ledger, pages: np.ndarray) -> EncodePlan:

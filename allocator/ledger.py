@@ -115,16 +115,12 @@ class Ledger(ChunkTable):
                 f"{n} new pages do not fit: {self.new_pages_fit()} fit after {self.reserved_pages} reserved "
                 f"(of which {drawn} are this request's); wait for running requests to finish"
             )
-        for layer in np.flatnonzero(self.free_slots < n).tolist():
-            for _ in range(-(-(n - int(self.free_slots[layer])) // self.slots_per_chunk)):
-                self._take_chunk(layer, ChunkKind.RAW)
+        short = -(-np.maximum(n - self.free_slots, 0) // self.slots_per_chunk)  # RAW chunks each layer takes
+        if short.any():
+            self._take_chunks(np.repeat(np.arange(self.cfg.num_layers, dtype=I64), short), ChunkKind.RAW)
         ids = np.array(self.free_ids[-n:][::-1], dtype=I64)
         del self.free_ids[-n:]
-        units = np.empty((self.cfg.num_layers, n), dtype=I64)
-        for layer, stack in enumerate(self.slots):
-            units[layer] = stack[: -n - 1 : -1]
-            del stack[-n:]
-        self.free_slots -= n
+        units = self._pop_slots(n)
         chunks = units // self.cu
         np.add.at(self.chunk_live, chunks.ravel(), self.raw)
         self.page_unit[:, ids], self.page_units[:, ids], self.page_chunk[:, ids] = units, self.raw, chunks
@@ -185,9 +181,7 @@ class Ledger(ChunkTable):
 
     def _free_slots(self, units: np.ndarray) -> None:
         """Return raw slots ``units`` (int64 [L, k]) to their layers."""
-        for layer, stack in enumerate(self.slots):
-            stack.extend(units[layer].tolist())
-        self.free_slots += units.shape[1]
+        self._push_slots(units)
         np.add.at(self.chunk_live, (units // self.cu).ravel(), -self.raw)
 
     def mark_full(self, page_ids: Sequence[int] | np.ndarray) -> None:
