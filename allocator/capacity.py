@@ -62,14 +62,21 @@ def _fluid_max(free: np.ndarray, budget_units: int, raw_page_units: int) -> int:
     to chunks, inverted segment by segment over the sorted free space (an estimate: callers verify it)."""
     if budget_units < 0:
         return 0
-    s = sorted(free.tolist())
-    total = 0
-    for k in range(1, len(s) + 1):
-        total += s[k - 1]
-        t = (budget_units + total) // (k * raw_page_units)
-        if k == len(s) or t * raw_page_units <= s[k]:
-            return int(t)
-    return 0
+    s = np.sort(free)
+    # with the k smallest layers short: t_k = (budget + their free units) // (k * raw); the first t_k
+    # that does not make the next layer short too is the answer
+    t = (budget_units + np.cumsum(s)) // (np.arange(1, s.size + 1, dtype=np.int64) * raw_page_units)
+    settled = np.append(t[:-1] * raw_page_units <= s[1:], True)
+    return int(t[int(np.argmax(settled))])
+
+
+def _spread(lo: int, hi: int, num: int) -> np.ndarray:
+    """``num`` (>= 2) distinct integers from ``lo`` to ``hi``, evenly spread: what
+    ``np.unique(np.linspace(lo, hi, num).round())`` gives, without its overhead. The step is 1 or more
+    than 1 (``num <= hi - lo + 1``), so rounding never repeats a value."""
+    y = np.arange(num, dtype=np.float64) * ((hi - lo) / (num - 1)) + lo
+    y[-1] = hi
+    return np.rint(y).astype(np.int64)
 
 
 def pages_fit(
@@ -104,7 +111,7 @@ def pages_fit(
     if ends[1] or hi < lo:
         hi = top
     while lo < hi:
-        totals = np.unique(np.linspace(lo, hi, num=min(64, hi - lo + 1)).round().astype(np.int64))
+        totals = _spread(lo, hi, min(64, hi - lo + 1))
         ok = _fits_many(free, totals, raw_page_units, chunk_units, pool_chunks)
         last = int(np.flatnonzero(ok)[-1]) if ok.any() else -1
         if last == totals.size - 1:

@@ -203,8 +203,15 @@ class ChunkTable:
         """LOG chunks whose bump pointer moved back: their tails take pages again."""
         back = (self.chunk_kind[chunks] == ChunkKind.LOG) & (self.cu - self.chunk_bump[chunks] >= self.raw)
         chunks = chunks[back & ~self.in_rooms[chunks]]
-        for c, layer in zip(chunks.tolist(), self.chunk_owner[chunks].tolist(), strict=True):
-            self.log_rooms[layer].insert(0, c)  # under the chunk being filled: used once it is full
+        if chunks.size == 0:
+            return
+        owners = self.chunk_owner[chunks]
+        order = np.argsort(owners, kind="stable")
+        per_layer = np.bincount(owners, minlength=self.cfg.num_layers)
+        ends, listed = np.cumsum(per_layer).tolist(), chunks[order].tolist()
+        for layer in np.flatnonzero(per_layer).tolist():
+            # under the chunk being filled (used once it is full); each goes under those offered before it
+            self.log_rooms[layer][:0] = listed[ends[layer] - int(per_layer[layer]) : ends[layer]][::-1]
         self.in_rooms[chunks] = True
 
     def _drain(self) -> None:

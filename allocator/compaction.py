@@ -9,6 +9,7 @@ chunks drain (device fence) before anyone can reuse them.
 
 from __future__ import annotations
 
+import math
 from bisect import bisect_right
 from typing import TYPE_CHECKING
 
@@ -25,9 +26,9 @@ I64 = np.int64
 
 def candidates(led: Ledger) -> np.ndarray:
     """LOG chunks with no encode in flight whose live bytes are below the threshold of the chunk."""
-    cut = led.cfg.compaction_live_fraction * led.cu
-    log = np.flatnonzero(led.chunk_kind == ChunkKind.LOG)  # few of all chunks: filter those
-    return log[(led.chunk_pending[log] == 0) & (led.chunk_live[log] < cut)]
+    cut = math.ceil(led.cfg.compaction_live_fraction * led.cu)  # live < x <=> live < ceil(x) for ints
+    mask = (led.chunk_kind == ChunkKind.LOG) & (led.chunk_pending == 0) & (led.chunk_live < cut)
+    return np.flatnonzero(mask)
 
 
 def _select(led: Ledger, layer: int, chunks: np.ndarray) -> tuple[np.ndarray, int]:

@@ -42,7 +42,7 @@ def log_chunks_needed(led: Ledger, pages: int) -> np.ndarray:
     tops = _tops(led)
     if (tops >= 0).all() and ((led.cu - led.chunk_bump[tops]) // led.raw >= pages).all():
         return np.zeros(led.cfg.num_layers, dtype=I64)
-    listed = np.fromiter((c for r in led.log_rooms for c in r), dtype=I64)
+    listed = np.array([c for r in led.log_rooms for c in r], dtype=I64)
     owners = led.chunk_owner[listed]
     room = np.bincount(owners, (led.cu - led.chunk_bump[listed]) // led.raw, led.cfg.num_layers).astype(I64)
     return -(-np.maximum(pages - room, 0) // led.slots_per_chunk)
@@ -201,7 +201,9 @@ def apply_batch(led: Ledger, plan: EncodePlan, sizes_bytes: np.ndarray) -> None:
     np.subtract.at(led.chunk_pending, c, 1)
     alive = led.page_gen[plan.pages] == plan.generations
     lay, pg = plan.layers[alive], plan.pages[alive]
-    np.add.at(led.chunk_live, led.page_chunk[lay, pg], su[alive] - led.raw)
+    # a live page of the batch is still in its region's chunk (compaction moves only compressed pages),
+    # and a launch has at most one region per chunk: one sum per region
+    led.chunk_live[c] += np.add.reduceat(np.where(alive, su - led.raw, 0), plan.region_first)
     led.page_unit[lay, pg], led.page_units[lay, pg] = packed[alive], su[alive]
     led.page_state[pg] = PageState.COMPRESSED
     led._free_slots(plan.src_units.reshape(led.cfg.num_layers, -1))
