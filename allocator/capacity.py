@@ -57,17 +57,18 @@ def _fits_many(
     return (-(-deficit // chunk_units)).sum(axis=1) <= pool_chunks
 
 
-def _fluid_max(free: np.ndarray, budget_units: int, raw_page_units: int) -> int:
-    """About the largest T with sum(max(0, T * raw - free)) <= budget_units: the need without rounding
-    to chunks, inverted segment by segment over the sorted free space (an estimate: callers verify it)."""
-    if budget_units < 0:
-        return 0
+def _fluid_max(free: np.ndarray, budget_units: np.ndarray, raw_page_units: int) -> np.ndarray:
+    """About the largest T with sum(max(0, T * raw - free)) <= budget, for each of ``budget_units``
+    (int64 [b]): the need without rounding to chunks, inverted segment by segment over the sorted free
+    space (an estimate: callers verify it). int64 [b]; 0 where the budget is negative."""
     s = np.sort(free)
     # with the k smallest layers short: t_k = (budget + their free units) // (k * raw); the first t_k
     # that does not make the next layer short too is the answer
-    t = (budget_units + np.cumsum(s)) // (np.arange(1, s.size + 1, dtype=np.int64) * raw_page_units)
-    settled = np.append(t[:-1] * raw_page_units <= s[1:], True)
-    return int(t[int(np.argmax(settled))])
+    t = (budget_units[:, None] + np.cumsum(s)) // (np.arange(1, s.size + 1, dtype=np.int64) * raw_page_units)
+    settled = np.ones(t.shape, dtype=bool)
+    settled[:, :-1] = t[:, :-1] * raw_page_units <= s[1:]
+    est = t[np.arange(t.shape[0]), np.argmax(settled, axis=1)]
+    return np.where(budget_units < 0, 0, est)
 
 
 def _spread(lo: int, hi: int, num: int) -> np.ndarray:
@@ -103,17 +104,24 @@ def pages_fit(
     # (pool - L) and pool chunks, a chunk's worth of pages apart when every layer is short. Both ends are
     # verified (and widened to the safe bounds if an estimate is off); then 64 candidates are tested at once.
     top = int((free.sum() + pool_chunks * chunk_units) // (free.size * raw_page_units))  # nothing beyond
-    lo = max(0, _fluid_max(free, (pool_chunks - free.size) * chunk_units, raw_page_units) - 1)
-    hi = min(top, _fluid_max(free, pool_chunks * chunk_units, raw_page_units) + 1)
-    ends = _fits_many(free, np.array([lo, hi + 1], dtype=np.int64), raw_page_units, chunk_units, pool_chunks)
-    if not ends[0]:
-        lo = 0
-    if ends[1] or hi < lo:
-        hi = top
+    budgets = np.array([pool_chunks - free.size, pool_chunks], dtype=np.int64) * chunk_units
+    est_lo, est_hi = _fluid_max(free, budgets, raw_page_units).tolist()
+    lo, hi = max(0, est_lo - 1), min(top, est_hi + 1)
+    # the ends and the first 64 candidates in one evaluation (the candidates count if the ends hold)
+    totals = _spread(lo, hi, min(64, hi - lo + 1)) if lo < hi else np.zeros(0, dtype=np.int64)
+    ok = _fits_many(free, np.concatenate(([lo, hi + 1], totals)), raw_page_units, chunk_units, pool_chunks)
+    first: tuple[np.ndarray, np.ndarray] | None = (totals, ok[2:])
+    if not ok[0]:
+        lo, first = 0, None
+    if ok[1] or hi < lo:
+        hi, first = top, None
     while lo < hi:
-        totals = _spread(lo, hi, min(64, hi - lo + 1))
-        ok = _fits_many(free, totals, raw_page_units, chunk_units, pool_chunks)
-        last = int(np.flatnonzero(ok)[-1]) if ok.any() else -1
+        if first is None:
+            totals = _spread(lo, hi, min(64, hi - lo + 1))
+            ok = _fits_many(free, totals, raw_page_units, chunk_units, pool_chunks)
+        else:
+            (totals, ok), first = first, None
+        last = int(np.count_nonzero(ok)) - 1  # fitting is monotone: the candidates that fit come first
         if last == totals.size - 1:
             lo = int(totals[-1])
             break

@@ -77,7 +77,7 @@ def plan_compaction(led: Ledger, max_pages: int, max_layers: int) -> MovePlan | 
         if not chunks_affordable(led, need):
             continue
         selected[chunks] = True
-        pages = np.flatnonzero(selected[led.page_chunk[layer]])
+        pages = selected.take(led.page_chunk[layer]).nonzero()[0]
         selected[chunks] = False
         if pages.size > budget:
             break
