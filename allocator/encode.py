@@ -151,7 +151,7 @@ def _place(led: Ledger, pages: np.ndarray) -> EncodePlan:
     segments = np.repeat(np.arange(count.size, dtype=I64), count)
     stage = base[segments] + (np.arange(k * n_l, dtype=I64) - first[segments]) * led.raw
     layers = np.repeat(np.arange(n_l, dtype=I64), k)
-    tiled = np.broadcast_to(pages, (n_l, k)).reshape(-1)
+    tiled = np.broadcast_to(pages, (n_l, k)).flatten()  # a copy: plans hold writable arrays
     src = led.page_unit[:, pages].reshape(-1)  # layer-major, as ``layers`` and ``tiled``
     led.page_unit[:, pages] = stage.reshape(n_l, k)
     led.page_chunk[:, pages] = chunk[segments].reshape(n_l, k)
