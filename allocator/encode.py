@@ -104,39 +104,31 @@ def _spanning_regions(led: Ledger, k: int) -> tuple[np.ndarray, np.ndarray, np.n
 
     Per layer the pages fill the room-list chunks from the top down, then new chunks from the pool (in
     layer order). A chunk is dropped from its list once full; a new chunk stays listed if it keeps room.
+    Each layer's list is extended by enough stand-ins for new chunks (-1) to take all ``k`` pages.
     """
     n_l, cu, raw, spc = led.cfg.num_layers, led.cu, led.raw, led.slots_per_chunk
-    rooms = led.log_rooms
-    listed = np.array([c for r in rooms for c in r[::-1]], dtype=I64)  # top first within each layer
-    lens = np.array([len(r) for r in rooms], dtype=I64)
+    rooms, spare = led.log_rooms, [-1] * -(-k // spc)
+    listed = np.array([c for r in rooms for c in r[::-1] + spare], dtype=I64)  # layer-major, top first
+    lens = np.array([len(r) for r in rooms], dtype=I64) + len(spare)
     owner = np.repeat(np.arange(n_l, dtype=I64), lens)
-    room = (cu - led.chunk_bump[listed]) // raw
-    total = np.bincount(owner, room, n_l).astype(I64)
-    before = np.cumsum(room) - room - (np.cumsum(total) - total)[owner]  # room above it in its list
-    visited = before < k
-    cnt = np.where(visited, np.minimum(k - before, room), 0)
-    popped = visited & (cnt == room)
-    rest = np.maximum(k - total, 0)
-    new_per_layer = -(-rest // spc)
-    new_owner = np.repeat(np.arange(n_l, dtype=I64), new_per_layer)
-    new_chunk = led._take_chunks(new_owner, ChunkKind.LOG)
-    nth = np.arange(new_owner.size, dtype=I64) - (np.cumsum(new_per_layer) - new_per_layer)[new_owner]
-    new_cnt = np.minimum(rest[new_owner] - nth * spc, spc)
+    real = listed >= 0
+    room = np.where(real, (cu - led.chunk_bump[listed]) // raw, spc)
+    above = np.cumsum(room) - room
+    above -= above[np.cumsum(lens) - lens][owner]  # room above each entry in its layer's list
+    cnt = np.minimum(np.maximum(k - above, 0), room)
     used = cnt > 0
-    chunk = np.concatenate([listed[used], new_chunk])
-    count = np.concatenate([cnt[used], new_cnt])
-    order = np.argsort(np.concatenate([owner[used], new_owner]), kind="stable")  # layer-major
-    chunk, count = chunk[order], count[order]
-    # the room lists: full chunks leave from the top; a last new chunk with room stays
+    new = used & ~real
+    listed[new] = led._take_chunks(owner[new], ChunkKind.LOG)
+    popped = real & (above < k) & (cnt == room)  # reached and filled (or had no room left)
+    stays = new & (cnt < spc)  # the last new chunk of a layer, if it keeps room
     led.in_rooms[listed[popped]] = False
     drop = np.bincount(owner[popped], minlength=n_l)
-    keep_new = (rest % spc != 0) & (new_per_layer > 0)
-    last_new = new_chunk[np.cumsum(new_per_layer)[keep_new] - 1]
-    for layer, d in zip(np.flatnonzero(drop).tolist(), drop[drop > 0].tolist(), strict=True):
-        del rooms[layer][-d:]
-    for layer, c in zip(np.flatnonzero(keep_new).tolist(), last_new.tolist(), strict=True):
+    for layer in np.flatnonzero(drop).tolist():
+        del rooms[layer][-int(drop[layer]) :]
+    for layer, c in zip(owner[stays].tolist(), listed[stays].tolist(), strict=True):
         rooms[layer].append(c)
-    led.in_rooms[last_new] = True
+    led.in_rooms[listed[stays]] = True
+    chunk, count = listed[used], cnt[used]
     base = chunk * cu + led.chunk_bump[chunk]
     led.chunk_bump[chunk] += count * raw
     led.chunk_live[chunk] += count * raw  # a chunk takes at most one region per launch
