@@ -270,8 +270,10 @@ def _classes() -> dict[str, type]:
             fb.req_pool_indices,
             fb.seq_lens,
             None if cpu is None else cpu.tolist(),
-            fb.extend_prefix_lens_cpu,
-            fb.extend_seq_lens_cpu,
+            # The decode CUDA graph's replay view (a SimpleNamespace, build_replay_fb_view) has no
+            # extend fields: decode never reads them.
+            getattr(fb, "extend_prefix_lens_cpu", None),
+            getattr(fb, "extend_seq_lens_cpu", None),
         )
 
     class ZipkvAttnBackend(AttentionBackend):

@@ -210,3 +210,31 @@ def test_entry_point_is_declared() -> None:
         pytest.skip("zipkv is not installed as a distribution here (pip install -e .)")
     assert eps[0].value == "zipkv.worker.sglang_plugin:register"
     assert eps[0].load() is sglang_plugin.register
+
+
+def _view_of_required_attrs() -> set[str]:
+    """Attributes ``view_of`` reads from a batch as ``fb.X`` (not through ``getattr`` with a default)."""
+    tree = ast.parse((REPO / "worker" / "sglang_seams.py").read_text())
+    fn = next(n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == "view_of")
+    return {
+        n.attr
+        for n in ast.walk(fn)
+        if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name) and n.value.id == "fb"
+    }
+
+
+def test_view_of_reads_only_what_the_graph_replay_view_has() -> None:
+    """The decode CUDA graph hands the backend a SimpleNamespace, not a ForwardBatch (seen on the H200:
+    ``extend_prefix_lens_cpu`` missing at the first replay). Everything view_of reads must be in it."""
+    src = _source()
+    if src is None:
+        pytest.skip(f"set {SRC_ENV} to an unzipped sglang=={SGLANG_VERSION} wheel")
+    path = src / "sglang/srt/model_executor/runner/decode_cuda_graph_runner.py"
+    fn = _find(ast.parse(path.read_text()), "build_replay_fb_view")
+    assert isinstance(fn, ast.FunctionDef), "build_replay_fb_view is gone: re-check the replay seam"
+    calls = [
+        n for n in ast.walk(fn) if isinstance(n, ast.Call) and getattr(n.func, "id", "") == "SimpleNamespace"
+    ]
+    offered = {k.arg for c in calls for k in c.keywords}
+    missing = _view_of_required_attrs() - offered
+    assert not missing, f"view_of reads {sorted(missing)}, which the replay view lacks"
