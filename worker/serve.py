@@ -92,7 +92,7 @@ def settings_from_args(args: dict[str, Any]) -> tuple[WorkerSettings, int, float
     known = {
         "engine", "model", "model_name", "router", "num_replicas", "gpus_per_replica", "cpus_per_replica",
         "kv_budget_mib", "compression", "device", "bind_host", "advertise_host", "max_running_requests",
-        "report_interval_ms", "drain_timeout_s",
+        "report_interval_ms", "drain_timeout_s", "sglang_args",
     }  # fmt: skip
     unknown = sorted(set(args) - known)
     if unknown:
@@ -111,6 +111,7 @@ def settings_from_args(args: dict[str, Any]) -> tuple[WorkerSettings, int, float
         bind_host=args.get("bind_host", "0.0.0.0"),
         advertise_host=args.get("advertise_host") or None,
         drain_timeout_s=float(args.get("drain_timeout_s", 30)),
+        sglang_args=args.get("sglang_args", ""),
     )
     replicas = int(args.get("num_replicas", 1))
     if replicas < 1:

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from .engine import Engine
 
@@ -31,6 +32,9 @@ class WorkerSettings:
     port: int = 0  # 0 = any free port
     drain_timeout_s: float = 30.0
     torch_threads: int = 1
+    # engine 'sglang' only: a JSON object of extra `sglang.Engine` keyword arguments, applied over zipkv's
+    # own (e.g. '{"mem_fraction_static": 0.3, "log_level": "info"}'); docs/sglang.md lists zipkv's.
+    sglang_args: str = ""
 
     def __post_init__(self) -> None:
         if self.engine not in ("reference", "sglang"):
@@ -39,7 +43,24 @@ class WorkerSettings:
             raise ValueError(f"kv_budget_bytes must be > 0, got {self.kv_budget_bytes}")
         if not 0 <= self.port <= 65535:
             raise ValueError(f"port must be within 0..65535, got {self.port}")
+        self.sglang_kwargs()  # validates
         # The model path is checked where the model loads (the replica's machine), not here.
+
+    def sglang_kwargs(self) -> dict[str, Any]:
+        """`sglang_args` parsed; raises ValueError saying what is wrong."""
+        if not self.sglang_args:
+            return {}
+        if self.engine != "sglang":
+            raise ValueError(f"sglang_args applies to engine 'sglang' only; engine is {self.engine!r}")
+        try:
+            kwargs = json.loads(self.sglang_args)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"sglang_args must be a JSON object: {exc}") from None
+        if not isinstance(kwargs, dict):
+            raise ValueError(f"sglang_args must be a JSON object, got {type(kwargs).__name__}")
+        if "model_path" in kwargs:
+            raise ValueError("sglang_args must not set model_path: use the worker's model setting")
+        return kwargs
 
     def report_addresses(self) -> list[str]:
         return [a.strip() for a in (self.router_address or "").split(",") if a.strip()]

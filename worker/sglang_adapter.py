@@ -45,7 +45,8 @@ class _Timings:
 
 
 def engine_kwargs(settings: WorkerSettings, model_path: str, **overrides: Any) -> dict[str, Any]:
-    """The ``sglang.Engine`` arguments for zipkv (overrides win; see docs/sglang.md for each)."""
+    """The ``sglang.Engine`` arguments for zipkv; `settings.sglang_args` win over these, overrides over
+    both (see docs/sglang.md for each)."""
     kwargs: dict[str, Any] = {
         "model_path": model_path,
         "attention_backend": "zipkv" if settings.compression else "zipkv_uncompressed",
@@ -59,6 +60,7 @@ def engine_kwargs(settings: WorkerSettings, model_path: str, **overrides: Any) -
         "log_level": "warning",
         "random_seed": 0,
     }
+    kwargs.update(settings.sglang_kwargs())
     kwargs.update(overrides)
     return kwargs
 

@@ -38,6 +38,17 @@ def test_engine_kwargs_size_the_budget_in_raw_tokens_and_pick_the_backend(tmp_pa
     assert engine_kwargs(off, llama, disable_cuda_graph=True)["disable_cuda_graph"] is True
 
 
+def test_sglang_args_from_serve_win_over_zipkv_defaults_and_lose_to_overrides(tmp_path: Path) -> None:
+    from zipkv.worker.serve import settings_from_args
+
+    (tmp_path / "config.json").write_text(json.dumps(LLAMA_8B))
+    extra = '{"log_level": "info", "mem_fraction_static": 0.3, "page_size": 32}'
+    settings, _, _, _ = settings_from_args({"engine": "sglang", "model": str(tmp_path), "sglang_args": extra})
+    kw = engine_kwargs(settings, str(tmp_path), page_size=64)
+    assert (kw["log_level"], kw["mem_fraction_static"], kw["page_size"]) == ("info", 0.3, 64)
+    assert kw["attention_backend"] == "zipkv"  # untouched defaults stay
+
+
 def bare_engine() -> SGLangEngine:
     eng = object.__new__(SGLangEngine)  # no sglang.Engine behind it: only the stream bookkeeping runs
     eng._running, eng._events, eng._timings = {}, [], _Timings()

@@ -38,6 +38,10 @@ def test_serve_args_parse_strings_as_serve_run_passes_them() -> None:
         ({"num_replicas": "0"}, "num_replicas"),
         ({"compression": "maybe"}, "true/false"),
         ({"kv_budget_mib": "0"}, "kv_budget_bytes"),
+        ({"engine": "sglang", "sglang_args": "{mem_fraction_static: 0.3}"}, "must be a JSON object"),
+        ({"engine": "sglang", "sglang_args": "[1, 2]"}, "got list"),
+        ({"engine": "sglang", "sglang_args": '{"model_path": "/x"}'}, "must not set model_path"),
+        ({"sglang_args": '{"log_level": "info"}'}, "engine 'sglang' only"),
     ],
 )
 def test_bad_serve_args_fail_loudly(args: dict[str, str], message: str) -> None:
