@@ -13,12 +13,14 @@ SGLang's stream into `EngineEvent`s; `step` runs that loop for a moment and retu
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import json
 import os
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from .engine import EngineCapacity, EngineEvent, EngineRequest, FinishReason, RequestRejected
 from .settings import WorkerSettings
@@ -26,6 +28,7 @@ from .settings import WorkerSettings
 STEP_WAIT_S = 0.005  # how long one step lets SGLang's loop run when requests are in flight
 LOADS_EVERY_S = 0.2  # capacity is read from SGLang's load snapshot at most this often
 _FINISH = {"length": FinishReason.LENGTH, "stop": FinishReason.STOP, "abort": FinishReason.ABORT}
+T = TypeVar("T")
 
 
 @dataclass
@@ -65,6 +68,18 @@ def engine_kwargs(settings: WorkerSettings, model_path: str, **overrides: Any) -
     return kwargs
 
 
+def off_running_loop(factory: Callable[[], T]) -> T:
+    """`factory()` where no asyncio loop is running. ``sglang.Engine`` adopts the running loop if there is
+    one, and Ray Serve runs a replica's constructor inside its own (running) loop: `step` could then never
+    drive SGLang's loop from the engine thread. A helper thread has no loop, so SGLang makes its own."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return factory()
+    with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="zipkv-sglang-init") as pool:
+        return pool.submit(factory).result()
+
+
 def _model_config(model_path: str) -> dict[str, Any]:
     with open(os.path.join(model_path, "config.json")) as f:
         return dict(json.load(f))
@@ -88,9 +103,8 @@ class SGLangEngine:
         self.model_name = settings.model_name or os.path.basename(os.path.normpath(settings.model_path))
         self._kv_bytes_per_token = kv_bytes_per_token(settings.model_path)
         self._context_tokens = int(_model_config(settings.model_path).get("max_position_embeddings", 0))
-        self._eng = sglang_seams.engine_class()(
-            **engine_kwargs(settings, settings.model_path, **engine_overrides)
-        )
+        kwargs = engine_kwargs(settings, settings.model_path, **engine_overrides)
+        self._eng = off_running_loop(lambda: sglang_seams.engine_class()(**kwargs))
         self._loop: asyncio.AbstractEventLoop = sglang_seams.event_loop(self._eng)
         self._running: dict[str, _Running] = {}
         self._events: list[EngineEvent] = []

@@ -6,13 +6,21 @@ SGLang itself needs a GPU; here the adapter is fed SGLang-shaped stream outputs 
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from pathlib import Path
 
 from zipkv.worker.engine import EngineRequest, FinishReason, SamplingOptions
 from zipkv.worker.settings import WorkerSettings
-from zipkv.worker.sglang_adapter import SGLangEngine, _Running, _Timings, engine_kwargs, kv_bytes_per_token
+from zipkv.worker.sglang_adapter import (
+    SGLangEngine,
+    _Running,
+    _Timings,
+    engine_kwargs,
+    kv_bytes_per_token,
+    off_running_loop,
+)
 
 LLAMA_8B = {
     "num_attention_heads": 32,
@@ -47,6 +55,22 @@ def test_sglang_args_from_serve_win_over_zipkv_defaults_and_lose_to_overrides(tm
     kw = engine_kwargs(settings, str(tmp_path), page_size=64)
     assert (kw["log_level"], kw["mem_fraction_static"], kw["page_size"]) == ("info", 0.3, 64)
     assert kw["attention_backend"] == "zipkv"  # untouched defaults stay
+
+
+def _running_loop_or_none() -> asyncio.AbstractEventLoop | None:
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        return None
+
+
+def test_engine_is_built_where_no_loop_runs_as_inside_a_serve_replica_constructor() -> None:
+    async def constructor() -> asyncio.AbstractEventLoop | None:  # Ray Serve calls __init__ like this
+        assert _running_loop_or_none() is not None
+        return off_running_loop(_running_loop_or_none)
+
+    assert asyncio.run(constructor()) is None
+    assert off_running_loop(lambda: 7) == 7  # no loop running: built in place
 
 
 def bare_engine() -> SGLangEngine:
