@@ -11,7 +11,7 @@
 #     no tests, binaries stripped of symbols. Ray runs in its "minimal" mode there (no aiohttp_cors /
 #     opencensus, so no dashboard server), which is all `ray.init` + Ray Serve with its proxy off need.
 #   jsonschema + referencing + jsonschema-specifications + rpds-py (Ray's own requirement).
-#   grpcio 1.85.3 and protobuf 7.36.2: protos/zipkv_pb2*.py are generated for grpcio >= 1.85.1 and protobuf
+#   grpcio 1.85.3 (+ grpcio-reflection, which ray.serve imports) and protobuf 7.36.2: protos/zipkv_pb2*.py are generated for grpcio >= 1.85.1 and protobuf
 #     7.35.1; the image's versions are older or unknown, so ours win on PYTHONPATH.
 #   redis (the router imports it only for the redis state backend; tiny) and opentelemetry api/sdk.
 # Idempotent: downloads are kept in .carry/ray/dl; the site is rebuilt and re-tarred each run.
@@ -26,7 +26,7 @@ DLARGS="--no-deps --only-binary=:all: --python-version 3.12 --implementation cp 
 PINS=(
   ray==2.60.0
   jsonschema==4.26.0 referencing==0.37.0 jsonschema-specifications==2025.9.1 rpds-py==2026.9.1
-  grpcio==1.85.3 protobuf==7.36.2 redis==8.1.0
+  grpcio==1.85.3 grpcio-reflection==1.85.1 protobuf==7.36.2 redis==8.1.0
   opentelemetry-api==1.45.2 opentelemetry-sdk==1.45.2 opentelemetry-semantic-conventions==0.66b2
 )
 mkdir -p "$DL" "$(dirname "$OUTF")"

@@ -1,0 +1,75 @@
+#!/bin/bash
+# The router + a Ray Serve worker replica running zipkv's SGLang engine, answering OpenAI completions through
+# the router's HTTP API; one command on the GPU machine, from the repo root, with $OUT set.
+#
+# The GPU machine's image has no Ray and the carry limit (64 MiB a call) does not fit Ray beside SGLang, so
+# this runs as the SECOND of two calls made within the machine's warm window (30 s):
+#   call 1 carries .carry/sglang/parts + .carry/llama31_8b and extracts SGLang into /tmp/site
+#          (bench/run_sglang_e2e_gpu.sh does, or just: mkdir -p /tmp/site && tar -C /tmp/site -xJf ...);
+#   call 2 carries .carry/ray (scripts/build_ray_carry.sh, ~22 MiB) + .carry/llama31_8b and runs this.
+# If /tmp/site is missing and .carry/sglang/parts was carried, it is extracted here instead.
+#
+# Env: ENGINE=sglang (default) | reference (the tiny CPU model: the same path on any machine; an installed
+#   Ray is used when there is one, else the carried one), MODEL (default .carry/llama31_8b for sglang),
+#   KV_BUDGET_MIB (512 = 4096 tokens of Llama-3.1-8B), SGLANG_ARGS (JSON: extra sglang.Engine arguments),
+#   READY_S (240: how long the replica may take to send its first report).
+# Duration with SGLang's JIT caches warm (call 1 ran an engine): ~60-90 s (Ray ~5 s, replica ~40 s);
+# cold caches add ~190 s of nvcc JIT before the replica reports: still inside READY_S=240 + the rest.
+set -uo pipefail
+T0=$(date +%s)
+OUT=${OUT:?set OUT to a folder for the JSON record and logs}
+ENGINE=${ENGINE:-sglang}
+step() { echo "[run_ray_serve_gpu $(( $(date +%s) - T0 ))s] $*"; }
+
+PYPATH=""
+if python3 -c "import ray.serve" 2>/dev/null; then
+  step "using the installed Ray"
+elif [ -f .carry/ray/site.tar.xz ]; then
+  step "extracting Ray into /tmp/raysite"
+  mkdir -p /tmp/raysite && timeout 60 tar -C /tmp/raysite -xJf .carry/ray/site.tar.xz || { echo "FAILED: Ray extract"; exit 1; }
+  PYPATH=/tmp/raysite
+else
+  echo "FAILED: no Ray here: build .carry/ray/site.tar.xz with scripts/build_ray_carry.sh and carry .carry/ray"
+  exit 1
+fi
+
+if [ "$ENGINE" = sglang ]; then
+  if [ ! -d /tmp/site/sglang ]; then
+    if [ -f .carry/sglang/parts/site.tar.xz ]; then
+      step "extracting SGLang into /tmp/site"
+      mkdir -p /tmp/site && timeout 120 tar -C /tmp/site -xJf .carry/sglang/parts/site.tar.xz || { echo "FAILED: SGLang extract"; exit 1; }
+    else
+      echo "FAILED: /tmp/site (SGLang) is missing on this machine: run this right after the call that carried" \
+           ".carry/sglang/parts and extracted it to /tmp/site (within the 30 s warm window), or carry it here"
+      exit 1
+    fi
+  fi
+  PYPATH=${PYPATH:+$PYPATH:}/tmp/site
+  export CUDA_HOME=/usr/local/cuda PATH=/usr/local/cuda/bin:$PATH FLASHINFER_WORKSPACE_BASE=/tmp/fiws \
+    FLASHINFER_CUDA_ARCH_LIST=9.0a MAX_JOBS=16 TVM_FFI_CACHE_DIR=/tmp/tvmffi HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
+  MODEL=${MODEL:-.carry/llama31_8b}
+  [ -f "$MODEL/config.json" ] || { echo "FAILED: $MODEL/config.json missing: carry .carry/llama31_8b"; exit 1; }
+  # Dummy weights, no tokenizer; info logs show SGLang's progress in the replica log.
+  SGLANG_ARGS=${SGLANG_ARGS:-'{"load_format": "dummy", "log_level": "info", "mem_fraction_static": 0.5}'}
+else
+  MODEL=${MODEL:-}
+  SGLANG_ARGS=${SGLANG_ARGS:-}
+fi
+export PYTHONPATH=${PYPATH}${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 RAY_USAGE_STATS_ENABLED=0 GRPC_VERBOSITY=ERROR
+
+if [ -n "$PYPATH" ]; then  # a bare machine: zipkv itself (the `zipkv` module name and its SGLang plugin)
+  step "installing zipkv (editable, no deps)"
+  timeout 120 python3 -m pip install -q --no-deps --no-build-isolation -e . >"$OUT/pip.log" 2>&1 || tail -5 "$OUT/pip.log"
+fi
+step "versions: $(timeout 60 python3 -c 'import ray, grpc, google.protobuf as p; print("ray", ray.__version__, "grpcio", grpc.__version__, "protobuf", p.__version__)')"
+[ "$ENGINE" = sglang ] && nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used --format=csv,noheader
+
+LEFT=$(( 330 - ($(date +%s) - T0) ))
+step "starting router + Ray Serve replica (engine $ENGINE); deadline ${LEFT}s"
+timeout -k 10 "$LEFT" python3 bench/ray_serve_gpu.py --engine "$ENGINE" --model "$MODEL" \
+  --kv-budget-mib "${KV_BUDGET_MIB:-512}" --sglang-args "$SGLANG_ARGS" --ready-timeout-s "${READY_S:-240}" \
+  --out "$OUT/ray_serve_gpu.json"
+RC=$?
+for f in /tmp/ray/session_latest/logs/serve/replica_*.log; do [ -f "$f" ] && cp "$f" "$OUT/replica.log"; done
+step "done (rc $RC)"
+exit $RC
