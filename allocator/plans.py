@@ -131,6 +131,10 @@ class PoolStats:
     budget_bytes: int  # bytes managed (whole chunks)
     compression_ratio: float  # stored / raw bytes over compressed pages (1.0 when none)
     pool_chunks: int  # empty chunks in the shared pool
+    # Blocks (512 values) of the compressed pages, all layers: how many stored compressed, out of how many.
+    # Known on the host from the stored sizes: a compressed block takes one unit less than a raw one.
+    compressed_blocks: int = 0
+    compressed_page_blocks: int = 0
 
 
 @dataclass(frozen=True)

@@ -25,9 +25,11 @@ import torch
 from zipkv.allocator.device import PageEncoder, default_encoder, fence_factory, raw_meta_row, upload
 from zipkv.allocator.ledger import Ledger, LedgerConfig
 from zipkv.allocator.plans import UNIT_BYTES, ChunkKind, EncodePlan, MovePlan, PageState, PoolStats
-from zipkv.kernels.layout import PageFormat
+from zipkv.kernels.layout import COMPRESSED_BLOCK_BYTES, RAW_BLOCK_BYTES, PageFormat
 
 MiB = 1 << 20
+# stats() counts compressed blocks as units saved; that needs a compressed block to save exactly one unit.
+assert RAW_BLOCK_BYTES - COMPRESSED_BLOCK_BYTES == UNIT_BYTES, "stats(): block sizes changed, recount blocks"
 PACK_TEMP_BYTES = 64 * MiB  # bound on the temporary copy the pack and move steps make per slice
 
 
@@ -217,4 +219,7 @@ class PagePool:
             budget_bytes=budget,
             compression_ratio=stored_units / raw_units if raw_units else 1.0,
             pool_chunks=len(led.pool),
+            # 768 vs 1024 bytes per block: each compressed block saves exactly one unit of its page.
+            compressed_blocks=raw_units - stored_units,
+            compressed_page_blocks=raw_units * UNIT_BYTES // RAW_BLOCK_BYTES,
         )

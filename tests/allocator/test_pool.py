@@ -125,3 +125,24 @@ def test_on_cuda_with_the_triton_codec() -> None:
 def test_heap_size_is_rounded_down_to_whole_units() -> None:
     pool = PagePool(FMT, 2, 8 * CHUNK_BYTES + 1000, chunk_bytes=CHUNK_BYTES)
     assert pool.heap.numel() == 8 * CHUNK_BYTES + 768 and pool.ledger.cfg.num_chunks == 8
+
+
+def test_stats_count_compressed_blocks_as_the_encoders_markers_do() -> None:
+    # The block counts come from stored sizes on the host; the encoder's per-block markers are the truth.
+    pool = make_pool(layers=2, chunks=12)
+    pages = pool.allocate(3)
+    kinds = ("smooth", "wide", "zeros")
+    for layer in range(2):
+        for page, kind in zip(pages, kinds, strict=True):
+            kv = token_values(kind, layer, 16)  # [16, 2, H, D]
+            slots = torch.arange(16) + page * 16
+            reference.store_tokens(pool.heap, pool.page_loc[layer], slots, kv[:, 0], kv[:, 1], FMT)
+    pool.mark_full(pages[:2])  # the third page stays raw: not counted
+    pool.end_step()
+    markers = pool.page_meta[:, pages[:2], :, 4 : 4 + FMT.blocks_per_page_head]
+    expected = int((markers != RAW_MARKER).sum())
+    stats = pool.stats()
+    assert stats.compressed_pages == 2 and stats.raw_pages == 1
+    assert 0 < expected < markers.numel()  # smooth compresses, wide does not: a mixed count
+    assert stats.compressed_blocks == expected
+    assert stats.compressed_page_blocks == markers.numel() == 2 * 2 * FMT.blocks_per_page
