@@ -34,11 +34,15 @@ class ServeStack(LocalStack):
     """`zipkv up`'s stack (router process, status tap, local Ray, Serve app) with the engine chosen here:
     the byte tokenizer at the router and worker arguments beyond `zipkv up`'s (engine, GPUs, SGLang's)."""
 
-    def __init__(self, options: StackOptions, worker_args: dict[str, Any], num_gpus: int) -> None:
+    def __init__(
+        self, options: StackOptions, worker_args: dict[str, Any], num_gpus: int, wait_note: str = ""
+    ) -> None:
         super().__init__(options, progress=lambda line: print(line, flush=True))
         self.worker_args = worker_args
         self.num_gpus = num_gpus
+        self.wait_note = wait_note
         self.timings_s: dict[str, float] = {}
+        self.deploy_error: BaseException | None = None
 
     def _router_config(self, k: int) -> Path:
         path = super()._router_config(k)
@@ -87,7 +91,45 @@ class ServeStack(LocalStack):
         }
         self._say(f"starting the worker replica: {json.dumps(args)}")
         self.timings_s["serve_run_at"] = time.monotonic()
-        serve.run(app_builder(args), name=APP_NAME, route_prefix=None, blocking=False)
+        # serve.run returns only once the replica's constructor (the engine's whole start-up) is done; on a
+        # thread, so that the wait below keeps its deadline and shows progress meanwhile.
+        app = app_builder(args)
+        threading.Thread(target=self._serve_run, args=(app,), name="zipkv-serve-run", daemon=True).start()
+
+    def _serve_run(self, app: Any) -> None:
+        from ray import serve
+
+        try:
+            serve.run(app, name=APP_NAME, route_prefix=None, blocking=False)
+        except BaseException as exc:  # reported by _wait_ready
+            self.deploy_error = exc
+
+    def _wait_ready(self, timeout_s: float) -> None:
+        t0 = time.monotonic()
+        last_note = t0
+        while not self.workers():
+            now = time.monotonic()
+            if self.deploy_error is not None:
+                raise RuntimeError(f"the worker replica failed to start: {self.deploy_error}")
+            for k, proc in enumerate(self.routers):
+                if proc.poll() is not None:
+                    raise RuntimeError(
+                        f"router {k} exited ({proc.returncode}):\n{self.router_log(k)[-3000:]}"
+                    )
+            if now - t0 > timeout_s:
+                raise TimeoutError(
+                    f"the replica sent no report within {timeout_s:.0f} s{self.wait_note}; its log: "
+                    "/tmp/ray/session_latest/logs/serve/replica_*.log"
+                )
+            if now - last_note >= 15.0:
+                last_note = now
+                tail = _replica_log_tail(1)
+                self._say(
+                    f"waiting for the replica's first report ({now - t0:.0f} s){self.wait_note}"
+                    + (f"\n      last log line: {tail[-1]}" if tail else "")
+                )
+            time.sleep(0.3)
+        self._say("1/1 workers reporting: ready")
 
 
 def _replica_log_tail(lines: int = 6) -> list[str]:
@@ -98,17 +140,6 @@ def _replica_log_tail(lines: int = 6) -> list[str]:
         text = Path(path).read_text(errors="replace").splitlines()
         out += [f"{Path(path).name}: {line[:300]}" for line in text[-lines:]]
     return out
-
-
-def _progress(stack: ServeStack, stop: threading.Event, every_s: float, cold_note: str) -> None:
-    t0 = time.monotonic()
-    while not stop.wait(every_s):
-        tail = _replica_log_tail(1)
-        print(
-            f"  ... {time.monotonic() - t0:5.0f} s waiting for the replica's first report{cold_note}"
-            + (f"\n      last log: {tail[-1]}" if tail else ""),
-            flush=True,
-        )
 
 
 def _metrics_for_workers(base_url: str) -> dict[str, float]:
@@ -177,7 +208,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         ray_num_cpus=args.ray_num_cpus,
         max_context_tokens=args.max_context_tokens,
     )
-    stack = ServeStack(options, worker_args, num_gpus=1 if args.engine == "sglang" else 0)
+    cold = " (SGLang: ~40 s with warm JIT caches, ~190 s more cold)" if args.engine == "sglang" else ""
+    stack = ServeStack(options, worker_args, 1 if args.engine == "sglang" else 0, cold)
     record: dict[str, Any] = {
         "what": "router -> Ray Serve replica -> engine, OpenAI completions (stream and non-stream)",
         "engine": args.engine,
@@ -190,17 +222,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "command": " ".join([os.path.basename(sys.executable), *sys.argv]),
         "ok": False,
     }
-    stop = threading.Event()
-    cold = (
-        " (SGLang start-up: ~40 s with warm JIT caches, ~190 s more cold)" if args.engine == "sglang" else ""
-    )
-    ticker = threading.Thread(target=_progress, args=(stack, stop, 15.0, cold), daemon=True)
     t0 = time.monotonic()
     try:
         _versions(record)
-        ticker.start()
         stack.start(ready_timeout_s=args.ready_timeout_s)
-        stop.set()
         timings = stack.timings_s
         timings["replica_ready"] = time.monotonic() - timings.pop("serve_run_at")
         timings["stack_ready"] = time.monotonic() - t0
@@ -220,9 +245,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         record["error"] = f"{type(exc).__name__}: {exc}"
         record["router_log_tail"] = stack.router_log(0)[-3000:]
         record["replica_log_tail"] = _replica_log_tail(30)
+        print("\n".join(["replica logs (last lines):", *record["replica_log_tail"][-15:]]), flush=True)
         raise
     finally:
-        stop.set()
         record.setdefault("timings_s", stack.timings_s)
         Path(args.out).write_text(json.dumps(record, indent=2, default=str))
         print(f"wrote {args.out}", flush=True)

@@ -70,6 +70,11 @@ timeout -k 10 "$LEFT" python3 bench/ray_serve_gpu.py --engine "$ENGINE" --model 
   --kv-budget-mib "${KV_BUDGET_MIB:-512}" --sglang-args "$SGLANG_ARGS" --ready-timeout-s "${READY_S:-240}" \
   --out "$OUT/ray_serve_gpu.json"
 RC=$?
+# The replica's Serve log, and the stdout/stderr of its actor process (SGLang's own log goes there).
 for f in /tmp/ray/session_latest/logs/serve/replica_*.log; do [ -f "$f" ] && cp "$f" "$OUT/replica.log"; done
+for f in $(grep -l "ServeReplica:zipkv" /tmp/ray/session_latest/logs/worker-*.err /tmp/ray/session_latest/logs/worker-*.out 2>/dev/null); do
+  echo "== $f"; tail -n 200 "$f"
+done >"$OUT/replica_process.log"
+grep -E "Traceback|Error|#running-req|KV Cache is allocated|zipkv pool" "$OUT/replica_process.log" | tail -8
 step "done (rc $RC)"
 exit $RC
