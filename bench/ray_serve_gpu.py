@@ -164,9 +164,15 @@ def _requests(base_url: str, model: str, max_tokens: int, timeout_s: float) -> d
     plain_s = time.monotonic() - t0
     t0 = time.monotonic()
     first_s: float | None = None
-    chunks, text, finish = 0, "", None
+    chunks, text, finish, stream_tokens = 0, "", None, None
     stream = client.completions.create(
-        model=model, prompt=PROMPT, max_tokens=max_tokens, temperature=0, stream=True, extra_body=extra
+        model=model,
+        prompt=PROMPT,
+        max_tokens=max_tokens,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
+        extra_body=extra,
     )
     for chunk in stream:
         chunks += 1
@@ -174,6 +180,8 @@ def _requests(base_url: str, model: str, max_tokens: int, timeout_s: float) -> d
             first_s = first_s if first_s is not None else time.monotonic() - t0
             text += chunk.choices[0].text
             finish = chunk.choices[0].finish_reason or finish
+        if chunk.usage is not None:
+            stream_tokens = chunk.usage.completion_tokens
     stream_s = time.monotonic() - t0
     usage = done.usage
     return {
@@ -188,7 +196,9 @@ def _requests(base_url: str, model: str, max_tokens: int, timeout_s: float) -> d
             "finish_reason": finish,
             "first_chunk_ms": None if first_s is None else first_s * 1e3,
             "latency_ms": stream_s * 1e3,
-            "ok": chunks >= 2 and finish == "length",
+            "completion_tokens": stream_tokens,
+            # Chunks carry text only: generated ids outside the byte vocabulary make none (see above).
+            "ok": finish == "length" and stream_tokens == max_tokens,
         },
     }
 
@@ -294,7 +304,8 @@ def _summary(record: dict[str, Any]) -> None:
         ("stack ready (total)", f"{t.get('stack_ready', float('nan')):.1f} s"),
         ("non-stream completion", f"{ns.get('latency_ms', float('nan')):.0f} ms, usage {usage}"),
         ("stream completion", f"{st.get('latency_ms', float('nan')):.0f} ms, {st.get('chunks')} chunks, "
-         f"first after {st.get('first_chunk_ms') or float('nan'):.0f} ms, finish {st.get('finish_reason')}"),
+         f"{st.get('completion_tokens')} tokens, first chunk after "
+         f"{st.get('first_chunk_ms') or float('nan'):.0f} ms, finish {st.get('finish_reason')}"),
         ("router sees workers", str((record.get("router_readyz") or {}).get("workers"))),
         ("ok", str(record["ok"])),
     ]  # fmt: skip
