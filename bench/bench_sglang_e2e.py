@@ -1,17 +1,28 @@
-"""SGLang end to end on the H200: zipkv against SGLang's FlashInfer and Triton backends, one run.
+"""SGLang end to end on the H200: zipkv against SGLang's FlashInfer and Triton backends, side by side.
 
-Workload (the ZipFusion setup): Llama-3.1-8B shape with dummy weights, 64 requests submitted at once,
-8192 random input ids each, 256 new tokens (ignore_eos), temperature 0. KV budget: max_total_tokens =
-46 * 8448 for the uncompressed systems; zipkv gets the same bytes (its pool budget is max_total_tokens x
-the uncompressed bytes per token, and it may hold more tokens in them).
+Systems: ``flashinfer``, ``triton`` (SGLang's own backends), ``zipkv`` and ``zipkv_uncompressed`` (the same
+pool and kernel with compression off). Each runs in its own process (own process group, under ``timeout``:
+SGLang's scheduler dies with it and the next system starts on a free GPU). All share the model (Llama-3.1-8B
+shape, dummy weights), page size 16, temperature 0, ignore_eos, and the KV budget: max_total_tokens =
+46 * 8448 for the uncompressed systems; zipkv gets the same bytes (its pool budget is max_total_tokens x the
+uncompressed bytes per token, and it may hold more tokens in them). Milestone ``m2`` (the default): decode
+CUDA graphs and the overlap scheduler on, radix cache and chunked prefill off.
 
-Systems: ``flashinfer``, ``triton`` (SGLang's backends), ``zipkv`` and ``zipkv_uncompressed`` (the same pool
-and kernel with compression off). Every system runs in its own process under ``timeout``; all use the same
-flags (milestone ``m2``: decode CUDA graphs and the overlap scheduler on, radix cache and chunked prefill
-off, prefill CUDA graph off). Greedy outputs of zipkv and zipkv_uncompressed must be identical.
+Workloads (all requests submitted at once):
+- ``offline_8192x256``: 64 requests, 8192 random input ids, 256 new tokens (the ZipFusion setup).
+- ``online_1024x8192``: 32 requests, 1024 input ids, 8192 new tokens: pages fill and compress during decode.
+  32 requests because each system must finish in ~120 s of one 600 s device call, engine start (35-95 s)
+  included: 8192 decode steps at ~8-10 ms take 65-80 s. 32 x 9216 tokens fit every system's budget, so the
+  running batch is equal and the throughput ratio isolates the attention kernel over compressed pages.
+- ``small_1024x32``: 8 requests, 1024 -> 32 tokens (smoke runs).
 
-    python bench/bench_sglang_e2e.py --model DIR --out bench/results/sglang_e2e.json      # all systems
-    python bench/bench_sglang_e2e.py --model DIR --child zipkv --milestone m1 --json x.json  # one, small
+Metrics: defined in ``sglang_e2e_metrics`` (its docstring). Results: ``rows`` (one per system, workload and
+milestone) plus ``greedy_tokens_identical`` (zipkv vs zipkv_uncompressed per workload, request by request)
+and ``zipkv_over_flashinfer`` (throughput ratios per workload). ``--merge`` adds rows to an existing file.
+
+    python bench/bench_sglang_e2e.py --model DIR --runs zipkv:m2,flashinfer:m2:offline:240
+    python bench/bench_sglang_e2e.py --model DIR --runs zipkv:m2:online,flashinfer:m2:online --merge
+Run spec: SYSTEM:MILESTONE[:WORKLOAD[:TIMEOUT_S]], WORKLOAD offline (default) | online | small.
 """
 
 from __future__ import annotations
@@ -19,16 +30,19 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import hashlib
+import datetime
 import json
 import os
-import re
+import shlex
 import signal
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from sglang_e2e_metrics import Stream, client_metrics, compare_outputs, log_metrics, request_digest
 
 SYSTEMS = ("zipkv", "zipkv_uncompressed", "triton", "flashinfer")
 MILESTONES: dict[str, dict[str, Any]] = {
@@ -47,10 +61,85 @@ MILESTONES: dict[str, dict[str, Any]] = {
     "m3": {"disable_prefill_cuda_graph": True, "chunked_prefill_size": 2048, "cuda_graph_max_bs_decode": 64},
 }
 BUDGET_TOKENS = 46 * 8448
+ROW_FIELDS = (
+    "max_running_requests",
+    "decode_tokens_per_s_at_max_batch",
+    "decode_tokens_per_s",
+    "decode_step_ms",
+    "ttft_s_mean",
+    "wall_s",
+    "compressed_block_fraction",
+)
+DECODE_LOG_INTERVAL = 10  # SGLang's Decode batch line every this many decode steps (its default is 40)
+
+
+@dataclass(frozen=True)
+class Workload:
+    name: str
+    requests: int
+    input_tokens: int
+    output_tokens: int
+
+
+WORKLOADS = {
+    "offline": Workload("offline_8192x256", 64, 8192, 256),
+    "online": Workload("online_1024x8192", 32, 1024, 8192),
+    "small": Workload("small_1024x32", 8, 1024, 32),
+}
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    system: str
+    milestone: str
+    workload: Workload
+    timeout_s: int | None
+
+    @property
+    def name(self) -> str:
+        return f"{self.system}-{self.milestone}-{self.workload.name}"
+
+
+def parse_runs(text: str) -> list[RunSpec]:
+    """``SYSTEM:MILESTONE[:WORKLOAD[:TIMEOUT_S]]``, comma-separated; fails loudly on anything else."""
+    out = []
+    for item in filter(None, (x.strip() for x in text.split(","))):
+        parts = item.split(":")
+        if not 2 <= len(parts) <= 4:
+            raise SystemExit(f"run {item!r}: want SYSTEM:MILESTONE[:WORKLOAD[:TIMEOUT_S]]")
+        system, milestone, workload = parts[0], parts[1], parts[2] if len(parts) > 2 else "offline"
+        if system not in SYSTEMS or milestone not in MILESTONES or workload not in WORKLOADS:
+            raise SystemExit(
+                f"run {item!r}: system in {SYSTEMS}, milestone in {tuple(MILESTONES)}, "
+                f"workload in {tuple(WORKLOADS)}"
+            )
+        timeout = int(parts[3]) if len(parts) == 4 else None
+        out.append(RunSpec(system, milestone, WORKLOADS[workload], timeout))
+    return out
+
+
+def engine_kwargs(system: str, milestone: str, model: str, budget_tokens: int) -> dict[str, Any]:
+    return dict(
+        model_path=model,
+        load_format="dummy",
+        skip_tokenizer_init=True,
+        attention_backend=system,
+        page_size=16,
+        dtype="bfloat16",
+        max_total_tokens=budget_tokens,
+        mem_fraction_static=0.85,
+        sampling_backend="pytorch",
+        grammar_backend="none",
+        log_level="info",
+        random_seed=0,
+        decode_log_interval=DECODE_LOG_INTERVAL,
+        incremental_streaming_output=False,  # chunks carry all ids so far: the client only reads len()
+        **MILESTONES[milestone],
+    )
 
 
 def child(args: argparse.Namespace) -> dict[str, Any]:
-    """Run one system in this process: start SGLang, warm up, time the workload."""
+    """Run one system in this process: start SGLang, warm up, time the workload as the client sees it."""
     import numpy as np
     import sglang
 
@@ -60,178 +149,161 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
         engine_cls: Any = engine_class()
     else:
         engine_cls = sglang.Engine
-    kwargs = dict(
-        model_path=args.model,
-        load_format="dummy",
-        skip_tokenizer_init=True,
-        attention_backend=args.child,
-        page_size=16,
-        dtype="bfloat16",
-        max_total_tokens=args.budget_tokens,
-        mem_fraction_static=0.85,
-        sampling_backend="pytorch",
-        grammar_backend="none",
-        log_level="info",
-        random_seed=0,
-        **MILESTONES[args.milestone],
-    )
+    work = WORKLOADS[args.workload]
+    kwargs = engine_kwargs(args.child, args.milestone, args.model, args.budget_tokens)
     t0 = time.perf_counter()
     eng = engine_cls(**kwargs)
     start_s = time.perf_counter() - t0
     rng = np.random.default_rng(0)
-    prompts = rng.integers(100, 120000, size=(args.requests, args.input_tokens)).tolist()
-    sp = {"max_new_tokens": args.output_tokens, "temperature": 0.0, "ignore_eos": True}
+    prompts = rng.integers(100, 120000, size=(work.requests, work.input_tokens)).tolist()
+    sp = {"max_new_tokens": work.output_tokens, "temperature": 0.0, "ignore_eos": True}
     eng.generate(input_ids=[p[:256] for p in prompts[:2]], sampling_params={**sp, "max_new_tokens": 8})
 
-    async def one(i: int, t_submit: float) -> dict[str, Any]:
-        first, ids, end = None, [], t_submit
+    async def one(i: int, t_submit: float) -> tuple[Stream, list[int]]:
+        arrival, new, seen, last = [], [], 0, None
         stream = await eng.async_generate(input_ids=prompts[i], sampling_params=sp, stream=True)
         async for out in stream:
-            end = time.perf_counter()
-            if first is None and out.get("output_ids"):
-                first = end
-            ids = list(out["output_ids"])
-        return {"ttft_s": (first or end) - t_submit, "end_s": end - t_submit, "ids": ids}
+            # output_ids is SGLang's growing list (not a copy): len() only, so the client stays O(1) a chunk.
+            last = out.get("output_ids") or []
+            if len(last) > seen:
+                arrival.append(time.perf_counter() - t_submit)
+                new.append(len(last) - seen)
+                seen = len(last)
+        return Stream(arrival, new), list(last or [])
 
-    async def run_all() -> list[dict[str, Any]]:
+    async def run_all() -> list[tuple[Stream, list[int]]]:
         t_submit = time.perf_counter()
-        return list(await asyncio.gather(*(one(i, t_submit) for i in range(args.requests))))
+        return list(await asyncio.gather(*(one(i, t_submit) for i in range(work.requests))))
 
     res = eng.loop.run_until_complete(run_all())
     eng.shutdown()
-    wall = max(r["end_s"] for r in res)
-    n_out = sum(len(r["ids"]) for r in res)
-    itl = [(r["end_s"] - r["ttft_s"]) / max(len(r["ids"]) - 1, 1) for r in res]
-    digest = hashlib.sha256(json.dumps([r["ids"] for r in res]).encode()).hexdigest()
     return {
-        "system": args.child,
-        "milestone": args.milestone,
         "engine_start_s": round(start_s, 1),
-        "wall_s": round(wall, 3),
-        "output_tokens": n_out,
-        "output_tok_s": round(n_out / wall, 1),
-        "ttft_mean_s": round(sum(r["ttft_s"] for r in res) / len(res), 3),
-        "ttft_max_s": round(max(r["ttft_s"] for r in res), 3),
-        "itl_mean_ms": round(1e3 * sum(itl) / len(itl), 3),
-        "outputs_sha256": digest,
-        "first_request_ids": res[0]["ids"][:16],
+        **client_metrics([s for s, _ in res]),
+        "request_sha256": [request_digest(ids) for _, ids in res],
+        "first_request_ids": res[0][1][:16],
         "kwargs": {k: v for k, v in kwargs.items() if k != "model_path"},
     }
 
 
-def parse_log(text: str) -> dict[str, Any]:
-    """Peak running requests (SGLang's scheduler log) and zipkv's last pool line."""
-    running = [int(x) for x in re.findall(r"Decode batch, #running-req: (\d+)", text)]
-    gen = [float(x) for x in re.findall(r"gen throughput \(token/s\): ([0-9.]+)", text)]
-    out: dict[str, Any] = {
-        "max_running_requests": max(running) if running else None,
-        "peak_gen_tok_s": max(gen) if gen else None,
-    }
-    pool = re.findall(r"zipkv pool step=\d+ (.*)", text)
-    if pool:
-        out["zipkv_pool_last"] = dict(kv.split("=") for kv in pool[-1].split())
-    errors = [ln for ln in text.splitlines() if "Error" in ln or "Traceback" in ln]
-    if errors:
-        out["first_error_lines"] = errors[:5]
-    return out
+def run_one(args: argparse.Namespace, spec: RunSpec, left_s: int) -> dict[str, Any]:
+    logs = Path(args.logs)
+    js, log = logs / f"{spec.name}.json", logs / f"{spec.name}.log"
+    timeout_s = min(spec.timeout_s or args.timeout_s, left_s)
+    cmd = ["timeout", str(timeout_s), sys.executable, __file__, "--model", args.model]
+    cmd += ["--child", spec.system, "--json", str(js), "--milestone", spec.milestone]
+    cmd += ["--workload", next(k for k, w in WORKLOADS.items() if w == spec.workload)]
+    cmd += ["--budget-tokens", str(args.budget_tokens)]
+    t0 = time.perf_counter()
+    with open(log, "w") as f:
+        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
+        rc = proc.wait()
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        time.sleep(2)
+    row: dict[str, Any] = {"system": spec.system, "workload": spec.workload.name, "milestone": spec.milestone}
+    row.update(dict.fromkeys(ROW_FIELDS))  # every field the issue names, null when the run gave none
+    row.update(rc=rc, timeout_s=timeout_s, process_s=round(time.perf_counter() - t0, 1))
+    row.update(json.loads(js.read_text()) if js.exists() else {})
+    metrics = log_metrics(log.read_text(errors="replace"))
+    if not spec.system.startswith("zipkv") or spec.system == "zipkv_uncompressed":
+        metrics = {k: v for k, v in metrics.items() if "compress" not in k and "raw_pages" not in k}
+        metrics["compressed_block_fraction"] = None
+    row.update(metrics)
+    return row
+
+
+def summarize(results: dict[str, Any]) -> None:
+    """Cross-row fields: greedy identity and zipkv / FlashInfer ratios, per workload and milestone."""
+    by = {(r["system"], r["workload"], r["milestone"]): r for r in results["rows"]}
+    same, ratios = {}, {}
+    for workload, milestone in sorted({(r["workload"], r["milestone"]) for r in results["rows"]}):
+        key = workload if milestone == "m2" else f"{workload}:{milestone}"
+        z, u, f = (
+            by.get((s, workload, milestone), {}) for s in ("zipkv", "zipkv_uncompressed", "flashinfer")
+        )
+        same[key] = compare_outputs(z.get("request_sha256"), u.get("request_sha256"))
+        ratio = {}
+        for m in ("decode_tokens_per_s_at_max_batch", "decode_tokens_per_s"):
+            if z.get(m) and f.get(m):
+                ratio[m] = round(z[m] / f[m], 4)
+        if ratio:
+            ratios[key] = ratio
+    results["greedy_tokens_identical"] = same
+    results["zipkv_over_flashinfer"] = ratios
+
+
+def device_name() -> str:
+    q = ["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"]
+    with contextlib.suppress(OSError, subprocess.SubprocessError):
+        return subprocess.run(q, capture_output=True, text=True, timeout=30, check=True).stdout.strip()
+    return "unknown (nvidia-smi failed)"
 
 
 def parent(args: argparse.Namespace) -> None:
-    logs = Path(args.logs)
-    logs.mkdir(parents=True, exist_ok=True)
+    runs = parse_runs(args.runs)
+    Path(args.logs).mkdir(parents=True, exist_ok=True)
+    out = Path(args.out)
+    old = json.loads(out.read_text()) if args.merge and out.exists() else {}
+    if args.merge and "rows" not in old:
+        print(f"--merge: {out} has no rows (missing or an older format): starting a new file", flush=True)
     results: dict[str, Any] = {
-        "workload": {
-            "requests": args.requests,
-            "input_tokens": args.input_tokens,
-            "output_tokens": args.output_tokens,
-            "budget_tokens": args.budget_tokens,
-        },
-        "systems": {},
+        "device": device_name(),
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "commands": [*old.get("commands", []), args.command or shlex.join(sys.argv)],
+        "budget_tokens": args.budget_tokens,
+        "rows": list(old.get("rows", [])),
     }
+    results["command"] = " ; ".join(results["commands"])  # E1 then E2 when merged
     deadline = time.monotonic() + args.deadline_s
-    for run in args.runs.split(","):
-        system, milestone, *size = run.split(":")
-        small = size == ["small"]
+    for spec in runs:
         left = int(deadline - time.monotonic()) - 5
         if left < 30:
-            print(f"{run}: skipped, {left}s left", flush=True)
+            print(f"{spec.name}: skipped, {left}s left", flush=True)
             continue
-        name = f"{system}-{milestone}" + ("-small" if small else "")
-        js, log = logs / f"{name}.json", logs / f"{name}.log"
-        work = (8, 1024, 32) if small else (args.requests, args.input_tokens, args.output_tokens)
-        cmd = [
-            "timeout",
-            str(min(args.timeout_s, left)),
-            sys.executable,
-            __file__,
-            "--child",
-            system,
-            "--json",
-            str(js),
-            "--model",
-            args.model,
-            "--milestone",
-            milestone,
-            "--requests",
-            str(work[0]),
-            "--input-tokens",
-            str(work[1]),
-            "--output-tokens",
-            str(work[2]),
-            "--budget-tokens",
-            str(args.budget_tokens),
-        ]
-        t0 = time.perf_counter()
-        with open(log, "w") as f:
-            # Own process group: SGLang's scheduler and detokenizer processes die with it, even on a timeout,
-            # so the next system starts on a free GPU.
-            proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
-            rc = proc.wait()
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            time.sleep(2)
-        entry = json.loads(js.read_text()) if js.exists() else {"system": system, "milestone": milestone}
-        entry.update(
-            rc=rc, process_s=round(time.perf_counter() - t0, 1), small=small, **parse_log(log.read_text())
-        )
-        results["systems"][name] = entry
-        print(f"{name}: rc={rc} {time.perf_counter() - t0:.0f}s", flush=True)
-        Path(args.out).write_text(json.dumps(results, indent=1))
-    s = results["systems"]
-    if all(s.get(k, {}).get("outputs_sha256") for k in ("zipkv", "zipkv_uncompressed")):
-        results["zipkv_equals_uncompressed_twin"] = (
-            s["zipkv"]["outputs_sha256"] == s["zipkv_uncompressed"]["outputs_sha256"]
-        )
-    Path(args.out).write_text(json.dumps(results, indent=1))
-    print(f"{'system':20} {'rc':>3} {'wall s':>8} {'tok/s':>8} {'ttft s':>7} {'itl ms':>7} {'max run':>7}")
-    for name, e in s.items():
-        print(
-            f"{name:20} {e.get('rc')!s:>3} {e.get('wall_s', '-')!s:>8} {e.get('output_tok_s', '-')!s:>8} "
-            f"{e.get('ttft_mean_s', '-')!s:>7} {e.get('itl_mean_ms', '-')!s:>7} "
-            f"{e.get('max_running_requests')!s:>7}"
-        )
-    print("zipkv == uncompressed twin:", {k: v for k, v in results.items() if k.startswith("zipkv_equals")})
+        row = run_one(args, spec, left)
+        key = (spec.system, spec.workload.name, spec.milestone)
+        results["rows"] = [r for r in results["rows"] if (r["system"], r["workload"], r["milestone"]) != key]
+        results["rows"].append(row)
+        print(f"{spec.name}: rc={row['rc']} {row['process_s']:.0f}s", flush=True)
+        summarize(results)
+        out.write_text(json.dumps(results, indent=1))
+    summarize(results)
+    out.write_text(json.dumps(results, indent=1))
+    print_table(results)
+
+
+def print_table(results: dict[str, Any]) -> None:
+    cols: tuple[str, ...] = ("rc", "max_running_requests", "decode_tokens_per_s_at_max_batch")
+    cols += ("decode_tokens_per_s", "decode_step_ms")
+    cols += ("ttft_s_mean", "wall_s", "compressed_block_fraction", "max_raw_pages_over_running")
+    for r in results["rows"]:
+        for line in r.get("first_error_lines", [])[:2]:
+            print(f"{r['system']} {r['workload']}: {line[:160]}")
+    short = ("rc", "max_run", "tok/s@max", "tok/s", "step_ms", "ttft_s", "wall_s", "cbf", "raw-run")
+    print(f"{'system':19} {'workload':17} " + " ".join(f"{c:>9}" for c in short))
+    for r in results["rows"]:
+        cells = " ".join(f"{r.get(c, '-')!s:>9}" for c in cols)
+        print(f"{r['system']:19} {r['workload']:17} {cells}")
+    print("greedy_tokens_identical:", json.dumps(results["greedy_tokens_identical"]))
+    print("zipkv_over_flashinfer:", json.dumps(results["zipkv_over_flashinfer"]))
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", required=True, help="folder with the model's config.json (dummy weights)")
-    p.add_argument("--child", choices=SYSTEMS, help="run one system in this process")
-    p.add_argument("--json", help="child: where to write its result")
-    p.add_argument(
-        "--runs",
-        default=",".join(f"{x}:m2" for x in SYSTEMS),
-        help="comma-separated SYSTEM:MILESTONE[:small] (small: 8 requests x 1024 -> 32 tokens)",
-    )
+    p.add_argument("--runs", default=",".join(f"{x}:m2" for x in SYSTEMS), help="see the run spec above")
+    p.add_argument("--merge", action="store_true", help="keep --out's rows; replace only those rerun")
     p.add_argument("--deadline-s", type=int, default=3600, help="all runs together")
-    p.add_argument("--milestone", choices=tuple(MILESTONES), default="m2")
-    p.add_argument("--requests", type=int, default=64)
-    p.add_argument("--input-tokens", type=int, default=8192)
-    p.add_argument("--output-tokens", type=int, default=256)
+    p.add_argument("--timeout-s", type=int, default=240, help="per run, unless its spec names one")
     p.add_argument("--budget-tokens", type=int, default=BUDGET_TOKENS)
-    p.add_argument("--timeout-s", type=int, default=240, help="per system process")
     p.add_argument("--logs", default=os.environ.get("OUT", ".") + "/sglang_e2e_logs")
     p.add_argument("--out", default="bench/results/sglang_e2e.json")
+    p.add_argument("--command", help="the command to record (default: this one)")
+    p.add_argument("--child", choices=SYSTEMS, help=argparse.SUPPRESS)
+    p.add_argument("--json", help=argparse.SUPPRESS)
+    p.add_argument("--milestone", choices=tuple(MILESTONES), default="m2", help=argparse.SUPPRESS)
+    p.add_argument("--workload", choices=tuple(WORKLOADS), default="offline", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.child:
         Path(args.json).write_text(json.dumps(child(args), indent=1))

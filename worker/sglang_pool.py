@@ -83,6 +83,7 @@ class ZipkvAllocator:
         self._queue: deque[_Readback] = deque()
         self._waiting_fills: list[tuple[int, set[int]]] = []  # (forward step, page ids) not yet marked full
         self._forward_step = 0
+        self._decode_reqs = 0  # requests of the last decode batch, 0 after a prefill (for the pool line)
         self._in_free_group = False
         self._free_group: list[torch.Tensor] = []
         self.extend_kernel: ExtendKernel | None = (
@@ -167,6 +168,7 @@ class ZipkvAllocator:
         num_new_pages: int | None = None,
     ) -> torch.Tensor | None:
         p_cpu, s_cpu = prefix_lens_cpu.tolist(), seq_lens_cpu.tolist()
+        self._decode_reqs = 0
         plan = plan_extend(p_cpu, s_cpu)
         ids = self._new_pages(plan.num_new_pages)
         if ids is None:
@@ -191,6 +193,7 @@ class ZipkvAllocator:
         self, seq_lens: torch.Tensor, seq_lens_cpu: torch.Tensor, last_loc: torch.Tensor
     ) -> torch.Tensor | None:
         s_cpu = seq_lens_cpu.tolist()
+        self._decode_reqs = len(s_cpu)
         ids = self._new_pages(sum(1 for s in s_cpu if s % PAGE_TOKENS == 1))
         if ids is None:
             return None
@@ -291,9 +294,12 @@ class ZipkvAllocator:
         self.pool.end_step()
         if self._forward_step % LOG_EVERY_STEPS == 0 and log.isEnabledFor(logging.INFO):
             st = self.pool.stats()
+            # Host counters only (no device sync). block_fraction: blocks stored compressed over the blocks
+            # of compressed pages; decode_reqs: requests of the last decode batch (0 after a prefill).
             log.info(
                 "zipkv pool step=%d compressed_pages=%d raw_pages=%d encoding_pages=%d ratio=%.4f "
-                "free_pages=%d live_pages=%d",
+                "free_pages=%d live_pages=%d compressed_blocks=%d compressed_page_blocks=%d "
+                "block_fraction=%.4f decode_reqs=%d",
                 self._forward_step,
                 st.compressed_pages,
                 st.raw_pages,
@@ -301,5 +307,9 @@ class ZipkvAllocator:
                 st.compression_ratio,
                 st.free_pages,
                 self._live_pages,
+                st.compressed_blocks,
+                st.compressed_page_blocks,
+                st.compressed_blocks / st.compressed_page_blocks if st.compressed_page_blocks else 0.0,
+                self._decode_reqs,
             )
         return len(pages)
