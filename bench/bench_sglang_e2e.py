@@ -196,6 +196,8 @@ def run_one(args: argparse.Namespace, spec: RunSpec, left_s: int) -> dict[str, A
     cmd += ["--budget-tokens", str(args.budget_tokens)]
     t0 = time.perf_counter()
     with open(log, "w") as f:
+        # Own process group: SGLang's scheduler and detokenizer die with it, even on a timeout, so the next
+        # system starts on a free GPU.
         proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
         rc = proc.wait()
         with contextlib.suppress(ProcessLookupError):
