@@ -14,12 +14,14 @@
 #   grpcio 1.85.3 (+ grpcio-reflection, which ray.serve imports) and protobuf 7.36.2: protos/zipkv_pb2*.py are generated for grpcio >= 1.85.1 and protobuf
 #     7.35.1; the image's versions are older or unknown, so ours win on PYTHONPATH.
 #   redis (the router imports it only for the redis state backend; tiny) and opentelemetry api/sdk.
-# Idempotent: downloads are kept in .carry/ray/dl; the site is rebuilt and re-tarred each run.
+# Idempotent: downloads are kept in .carry/ray_build/dl; the site is rebuilt and re-tarred each run.
 set -euo pipefail
-C=${CARRY_DIR:-.carry/ray}
-DL=$C/dl
-SITE=$C/site_build
-OUTF=${OUTF:-$C/site.tar.xz}
+# Downloads and the unpacked tree live beside the carried folder, so that `.carry/ray` holds the tarball alone
+# and can be named in `carry` as it is.
+B=${BUILD_DIR:-.carry/ray_build}
+DL=$B/dl
+SITE=$B/site_build
+OUTF=${OUTF:-.carry/ray/site.tar.xz}
 PY=${PY:-python3}
 PLAT="--platform manylinux_2_34_x86_64 --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64"
 DLARGS="--no-deps --only-binary=:all: --python-version 3.12 --implementation cp $PLAT"
