@@ -213,6 +213,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         workers=1,
         model_path=args.model or None,
         kv_budget_mib=args.kv_budget_mib,
+        compression=args.compression == "true",
         device="cuda" if args.engine == "sglang" else "cpu",
         cpus_per_replica=1,
         ray_num_cpus=args.ray_num_cpus,
@@ -226,6 +227,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "model": args.model or "zipkv-tiny (built in)",
         "worker_args": worker_args,
         "kv_budget_mib": args.kv_budget_mib,
+        "compression": args.compression == "true",
         "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "host": platform.node(),
         "python": platform.python_version(),
@@ -320,6 +322,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model", default="", help="model folder (config.json); empty = the built-in tiny model")
     p.add_argument("--kv-budget-mib", type=float, default=512.0, help="KV budget of the replica (MiB)")
     p.add_argument("--max-running-requests", type=int, default=4)
+    p.add_argument(
+        "--compression", choices=["true", "false"], default="true", help="false: the uncompressed twin"
+    )
     p.add_argument("--sglang-args", default="", help="JSON object of extra sglang.Engine arguments")
     p.add_argument("--max-tokens", type=int, default=16)
     p.add_argument("--max-context-tokens", type=int, default=2048)

@@ -12,7 +12,8 @@
 # Env: ENGINE=sglang (default) | reference (the tiny CPU model: the same path on any machine; an installed
 #   Ray is used when there is one, else the carried one), MODEL (default .carry/llama31_8b for sglang),
 #   KV_BUDGET_MIB (512 = 4096 tokens of Llama-3.1-8B), SGLANG_ARGS (JSON: extra sglang.Engine arguments),
-#   READY_S (300: how long the replica may take to send its first report).
+#   READY_S (300: how long the replica may take to send its first report), COMPRESSION (true | false: zipkv's
+#   uncompressed twin, the same pool and kernel with no page compressed).
 # Duration (expected, not yet seen): with SGLang's JIT caches warm (call 1 ran an SGLang engine, e.g.
 # bench/run_sglang_e2e_gpu.sh) ~60-90 s: setup ~15 s, Ray ~5 s, replica ~40 s, requests < 5 s, stop ~5 s.
 # Cold caches (call 1 only extracted SGLang) add ~190 s of nvcc JIT inside the replica: ~280 s, still
@@ -52,8 +53,9 @@ if [ "$ENGINE" = sglang ]; then
   MODEL=${MODEL:-.carry/llama31_8b}
   [ -f "$MODEL/config.json" ] || { echo "FAILED: $MODEL/config.json missing: carry .carry/llama31_8b"; exit 1; }
   # Dummy weights, no tokenizer; info logs show SGLang's progress in the replica log.
-  # Decode graphs captured up to batch 8 only (4 requests run at most): a shorter start.
-  SGLANG_ARGS=${SGLANG_ARGS:-'{"load_format": "dummy", "log_level": "info", "mem_fraction_static": 0.5, "cuda_graph_max_bs_decode": 8}'}
+  # The SGLang flags of bench/bench_sglang_e2e.py's milestone 2 (radix cache and chunked prefill off), decode
+  # graphs captured up to batch 8 only (4 requests run at most: a shorter start), info logs for progress.
+  SGLANG_ARGS=${SGLANG_ARGS:-'{"load_format": "dummy", "log_level": "info", "mem_fraction_static": 0.85, "disable_radix_cache": true, "chunked_prefill_size": -1, "grammar_backend": "none", "cuda_graph_max_bs_decode": 8}'}
 else
   MODEL=${MODEL:-}
   SGLANG_ARGS=${SGLANG_ARGS:-}
@@ -70,7 +72,8 @@ step "versions: $(timeout 60 python3 -c 'import ray, grpc, google.protobuf as p;
 LEFT=$(( 420 - ($(date +%s) - T0) ))
 step "starting router + Ray Serve replica (engine $ENGINE); deadline ${LEFT}s"
 timeout -k 10 "$LEFT" python3 bench/ray_serve_gpu.py --engine "$ENGINE" --model "$MODEL" \
-  --kv-budget-mib "${KV_BUDGET_MIB:-512}" --sglang-args "$SGLANG_ARGS" --ready-timeout-s "${READY_S:-300}" \
+  --kv-budget-mib "${KV_BUDGET_MIB:-512}" --compression "${COMPRESSION:-true}" --sglang-args "$SGLANG_ARGS" \
+  --ready-timeout-s "${READY_S:-300}" \
   --out "$OUT/ray_serve_gpu.json"
 RC=$?
 # The replica's Serve log, and the stdout/stderr of its actor process (SGLang's own log goes there).
