@@ -211,7 +211,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     options = StackOptions(
         port=port,
         workers=1,
-        model_path=args.model or None,
+        # Absolute: Ray's worker processes need not share this process's working directory.
+        model_path=os.path.abspath(args.model) if args.model else None,
         kv_budget_mib=args.kv_budget_mib,
         compression=args.compression == "true",
         device="cuda" if args.engine == "sglang" else "cpu",
