@@ -134,7 +134,7 @@ class SGLangEngine:
 
     def step(self) -> list[EngineEvent]:
         if self._running:
-            self._loop.run_until_complete(asyncio.sleep(STEP_WAIT_S))
+            self._drive(asyncio.sleep(STEP_WAIT_S))
         events, self._events = self._events, []
         return events
 
@@ -171,9 +171,15 @@ class SGLangEngine:
     def _snapshot(self) -> Any:
         now = time.monotonic()
         if self._loads is None or now - self._loads_s > LOADS_EVERY_S:
-            self._loads = self._loop.run_until_complete(self._seams.load_snapshot(self._eng))
+            self._loads = self._drive(self._seams.load_snapshot(self._eng))
             self._loads_s = now
         return self._loads
+
+    def _drive(self, coro: Any) -> Any:
+        """Run SGLang's loop until ``coro`` completes. The worker's engine thread has no loop of its own,
+        but a Ray Serve replica's constructor asks for the first capacity from inside Serve's running loop,
+        where ``run_until_complete`` refuses (seen on the H200): then it runs on a helper thread."""
+        return off_running_loop(lambda: self._loop.run_until_complete(coro))
 
     async def _consume(self, run: _Running) -> None:
         req, rid = run.request, run.request.request_id

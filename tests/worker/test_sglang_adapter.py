@@ -105,3 +105,28 @@ def test_abort_and_errors_carry_a_message() -> None:
     eng._finish(run, FinishReason.ERROR, "ValueError: too long")
     (event,) = eng.step()
     assert event.finish is FinishReason.ERROR and "too long" in event.message
+
+
+def test_capacity_inside_a_serve_constructor_drives_sglangs_loop_off_the_running_loop() -> None:
+    """Ray Serve builds the replica inside its own running loop and the worker loop reads the first
+    capacity there; driving SGLang's loop with run_until_complete on that thread raises (H200 run)."""
+    eng = bare_engine()
+    own_loop = asyncio.new_event_loop()
+    snapshot = type("Snap", (), {"max_total_num_tokens": 1000, "num_used_tokens": 250, "num_running_reqs": 0})
+
+    async def load_snapshot(_: object) -> object:
+        return snapshot
+
+    eng._loop, eng._eng, eng._loads, eng._loads_s = own_loop, None, None, 0.0
+    eng._seams = type("Seams", (), {"load_snapshot": staticmethod(load_snapshot)})  # type: ignore[assignment]
+    eng._kv_bytes_per_token, eng._context_tokens = 131072, 8192
+
+    async def constructor() -> int:
+        return eng.capacity().total_tokens
+
+    try:
+        assert asyncio.run(constructor()) == 1000
+        eng._loads = None
+        assert eng.capacity().free_tokens == 750  # no loop running here: driven in place
+    finally:
+        own_loop.close()
