@@ -23,6 +23,8 @@ from typing import Any, cast
 
 import torch
 
+from .sglang_admission import AdmissionLatch
+
 log = logging.getLogger("zipkv.worker.sglang")
 
 SGLANG_VERSION = "0.5.17"
@@ -97,6 +99,8 @@ sglang.srt.managers.scheduler_components.invariant_checker | SchedulerInvariantC
     self ps uncached |
 sglang.srt.managers.scheduler_components.invariant_checker | SchedulerInvariantChecker | | \
     tree_cache token_to_kv_pool_allocator pool_stats_observer
+sglang.srt.managers.scheduler | Scheduler.get_new_batch_prefill | self running_batch |
+sglang.srt.managers.schedule_batch | ScheduleBatch | | batch_is_full
 sglang.srt.managers.scheduler | run_scheduler_process | server_args port_args gpu_id tp_rank attn_cp_rank \
     moe_dp_rank moe_ep_rank pp_rank dp_rank pipe_writer display_tp_rank display_dp_rank display_moe_ep_rank |
 sglang.srt.model_executor.forward_batch_info | ForwardBatch | | forward_mode batch_size req_pool_indices \
@@ -348,6 +352,7 @@ def install() -> None:
     if _INSTALLED:
         return
     from sglang.srt.layers.attention.attention_registry import register_attention_backend
+    from sglang.srt.managers.scheduler import Scheduler
     from sglang.srt.managers.scheduler_components.invariant_checker import SchedulerInvariantChecker
     from sglang.srt.mem_cache.kv_cache_configurator import KVCacheConfigurator
     from sglang.srt.server_args import ATTENTION_BACKEND_CHOICES, add_attention_backend_choices
@@ -359,6 +364,7 @@ def install() -> None:
     build_pool = KVCacheConfigurator._build_mha_kv_pool
     build_allocator = KVCacheConfigurator._build_token_to_kv_pool_allocator
     check_full_pool = SchedulerInvariantChecker._check_full_pool
+    get_new_batch_prefill = Scheduler.get_new_batch_prefill
 
     def _build_mha_kv_pool(
         self: Any, *, max_total_num_tokens: int, mha_pool_class: type, quant_method: Any = None
@@ -408,7 +414,17 @@ def install() -> None:
             uncached,
         )
 
+    def _get_new_batch_prefill(self: Any, running_batch: Any):  # type: ignore[no-untyped-def]
+        # SGLang's batch_is_full latch only clears when a request finishes; compression frees room
+        # earlier (sglang_admission.py).
+        allocator = self.token_to_kv_pool_allocator
+        if _CLASSES and isinstance(allocator, _CLASSES["allocator"]):
+            latch = self.__dict__.setdefault("_zipkv_admission_latch", AdmissionLatch())
+            latch.release(running_batch, allocator)
+        return get_new_batch_prefill(self, running_batch)
+
     KVCacheConfigurator._build_mha_kv_pool = _build_mha_kv_pool
+    Scheduler.get_new_batch_prefill = _get_new_batch_prefill
     KVCacheConfigurator._build_token_to_kv_pool_allocator = _build_token_to_kv_pool_allocator
     SchedulerInvariantChecker._check_full_pool = _check_full_pool
     _INSTALLED.append(True)
