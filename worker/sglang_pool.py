@@ -11,9 +11,9 @@ allocator base class. Rules that keep it sync-free on the scheduling path:
 
 - New page ids come from the host (``PagePool.allocate``); the per-token slots are computed on the device.
 - Which pages a step fills and which pages SGLang frees are only known on the device (SGLang passes slot
-  tensors). They are copied to pinned host memory without a sync and applied, in order, once their copy
-  has landed (a `torch.cuda.Event` query; on the CPU, at once). Until then capacity is under-counted, never
-  over-counted.
+  tensors). They are copied to pinned host memory without a sync (sglang_readback.py) and applied, in
+  order, once their copy has landed (a `torch.cuda.Event` query; on the CPU, at once). Until then capacity
+  is under-counted, never over-counted.
 - A page that filled during forward step N is marked full only when step N+1 starts (`compress_step`, on the
   forward stream, after step N's writes), so the encoder never reads a page before its last token is written.
 - ``available_size()`` = new raw pages that fit (`PagePool.new_pages_fit`) x 16, bounded by the free page ids:
@@ -25,40 +25,19 @@ from __future__ import annotations
 import logging
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any
 
 import torch
 
 from zipkv.allocator import OutOfPages, PagePool
 from zipkv.kernels.layout import PAGE_TOKENS
 
+from .sglang_readback import Readback, copy_to_host
 from .sglang_slots import decode_slots, extend_slots, plan_extend, to_device
 
 log = logging.getLogger("zipkv.worker.sglang")
 
 LOG_EVERY_STEPS = 128  # a pool line in the scheduler's log (INFO) every this many forward steps
 PAD_PAGE = 0  # SGLang writes padded (CUDA-graph) rows to slot 0: page 0 must stay allocated and raw
-
-
-@dataclass
-class _Readback:
-    """Page ids copied device -> pinned host, applied once ``event`` completed (FIFO)."""
-
-    kind: str  # "fill" | "free"
-    step: int  # fills: the forward step that writes these pages
-    known: list[int]  # ids already known on the host
-    copy: torch.Tensor | None  # int64 host tensor being filled, or None
-    event: Any  # torch.cuda.Event | None
-
-    def ready(self) -> bool:
-        return self.event is None or bool(self.event.query())
-
-    def ids(self) -> list[int]:
-        out = list(self.known)
-        if self.copy is not None:
-            out.extend(int(x) for x in self.copy.tolist())
-        return out
 
 
 ExtendKernel = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], None]
@@ -80,7 +59,7 @@ class ZipkvAllocator:
                 f"PagePool gave page {pad} as its first page; the SGLang pool needs page 0 first"
             )
         self._live_pages = 0  # pages held by SGLang (pad excluded)
-        self._queue: deque[_Readback] = deque()
+        self._queue: deque[Readback] = deque()
         self._waiting_fills: list[tuple[int, set[int]]] = []  # (forward step, page ids) not yet marked full
         self._forward_step = 0
         self._decode_reqs = 0  # requests of the last decode batch, 0 after a prefill (for the pool line)
@@ -239,27 +218,15 @@ class ZipkvAllocator:
             raise RuntimeError(f"clear() with {self._live_pages} pages still held; free them first")
 
     # ---- the readback queue -------------------------------------------------------------------------
-    def _readback(self, device_ids: torch.Tensor | None) -> tuple[torch.Tensor | None, Any]:
-        if device_ids is None or device_ids.numel() == 0:
-            return None, None
-        ids = device_ids.to(torch.int64)
-        if ids.device.type != "cuda":
-            return ids.clone(), None
-        host = torch.empty(ids.shape, dtype=torch.int64, pin_memory=True)
-        host.copy_(ids, non_blocking=True)
-        event = torch.cuda.Event()
-        event.record()
-        return host, event
-
     def _record_fill(self, known: list[int], device_ids: torch.Tensor | None) -> None:
         if not self.compression or (not known and device_ids is None):
             return
-        copy, event = self._readback(device_ids)
-        self._queue.append(_Readback("fill", self._forward_step + 1, known, copy, event))
+        copy, event = copy_to_host(device_ids)
+        self._queue.append(Readback("fill", self._forward_step + 1, known, copy, event))
 
     def _record_free(self, page_ids: torch.Tensor) -> None:
-        copy, event = self._readback(page_ids)
-        self._queue.append(_Readback("free", 0, [], copy, event))
+        copy, event = copy_to_host(page_ids)
+        self._queue.append(Readback("free", 0, [], copy, event))
         self.drain(block=False)
 
     def drain(self, block: bool) -> None:
