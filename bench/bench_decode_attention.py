@@ -218,12 +218,17 @@ def run_shape(args, timer, batch, ctx, fractions, configs, rows, checks, gen):  
                 stored_bytes=nbytes,
             )
         expect = reference(q, pages, batch, ctx, scale) if args.check else None
-        for cfg in configs:
+        for version, cfg in [(v, c) for v in args.format_versions for c in configs]:
+            if version != fmt.version:  # same values and sizes, the low bytes in v2's order
+                fmt = PageFormat(HEAD_DIM, HKV, version=version)
+                stored = encode_packed(pages, fmt, heap_buf)
             block_n, warps, stages, twin_stages, ctas, prefetch = cfg
             plan = da.plan_decode(page_ids, indptr, lens, fmt, HQ, block_n=block_n, num_warps=warps,
                                   num_stages=stages, twin_num_stages=twin_stages,
                                   ctas_per_sm=ctas, prefetch=bool(prefetch))  # fmt: skip
-            tag = {} if len(configs) == 1 else {"config": ":".join(map(str, cfg))}
+            tag: dict[str, object] = {} if len(configs) == 1 else {"config": ":".join(map(str, cfg))}
+            if len(args.format_versions) > 1:
+                tag["format_version"] = version
             zip_fn = lambda: da.decode_attention(plan, q, stored.heap, stored.page_loc, stored.page_meta,
                                                  scale,
                                                  out=out)  # fmt: skip
@@ -241,8 +246,11 @@ def run_shape(args, timer, batch, ctx, fractions, configs, rows, checks, gen):  
                                "max_splits": plan.max_splits})  # fmt: skip
                 print("  check", checks[-1], flush=True)
             add("zipkv", measured, timer.median_us(zip_fn), splits=plan.max_splits, **tag)
-            if "zipkv_twin" in args.impls:
+            if "zipkv_twin" in args.impls and version == args.format_versions[0]:  # the twin reads raw pages
                 add("zipkv_twin", measured, timer.median_us(twin_fn), splits=plan.max_splits, **tag)
+        if fmt.version != args.format_versions[0]:
+            fmt = PageFormat(HEAD_DIM, HKV, version=args.format_versions[0])
+            stored = encode_packed(pages, fmt, heap_buf)
         if "decompress_then_attend" in args.impls:
             from zipkv.kernels import codec
 
@@ -325,6 +333,11 @@ def main() -> None:
     ap.add_argument(
         "--tune-shapes", default="", help="BxL list: first pick the fastest of --configs on these shapes"
     )
+    ap.add_argument(
+        "--format-versions",
+        default="1",
+        help="page format versions to measure zipkv on, e.g. 1,2 (layout.py)",
+    )
     ap.add_argument("--no-check", dest="check", action="store_false")
     ap.add_argument("--target-s", type=float, default=0.12, help="timed seconds per measurement")
     ap.add_argument("--out", default="")
@@ -337,6 +350,7 @@ def main() -> None:
         ]
     fractions = [float(f) for f in args.fractions.split(",")]
     args.impls = set(args.impls.split(","))
+    args.format_versions = [int(v) for v in args.format_versions.split(",")]
     plan_globals = da.plan_decode.__globals__
     default_cfg = (*plan_globals["KERNEL_CONFIGS"][HEAD_DIM], int(plan_globals["PREFETCH"][HEAD_DIM]))
     configs = [tuple(int(x) for x in c.split(":")) for c in args.configs.split(",")] if args.configs else [

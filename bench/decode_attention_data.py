@@ -103,7 +103,10 @@ def encode_packed(pages: torch.Tensor, fmt: PageFormat, heap: torch.Tensor | Non
         code = (
             (sign[..., :half] << 7) | (sign[..., half:] << 6) | (d_val[..., half:] << 3) | d_val[..., :half]
         )
-        data = torch.cat([(cb & 0xFF).to(torch.uint8).view(-1, 512), code.to(torch.uint8).view(-1, 256)], 1)
+        low = cb & 0xFF  # [m, rows, D]
+        if fmt.paired_low_bytes:  # format v2: lo(t, k), lo(t, k + D/2) side by side
+            low = torch.stack([low[..., :half], low[..., half:]], dim=-1)
+        data = torch.cat([low.to(torch.uint8).reshape(-1, 512), code.to(torch.uint8).view(-1, 256)], 1)
         rows_c = start_row[comp]
         for i in range(3):
             heap_rows[rows_c + i] = data[:, i * _ROW_BYTES : (i + 1) * _ROW_BYTES]

@@ -79,7 +79,7 @@ def encode_pages(
     _encode_pages_kernel[(n,)](
         heap.view(torch.int16), heap, src_offsets, dst_offsets, meta_out, sizes_out,
         fmt.num_kv_heads, fmt.raw_page_head_bytes, NB=fmt.blocks_per_page_head, META_BYTES=fmt.meta_bytes,
-        num_warps=num_warps, **_geometry_args(fmt),
+        PAIRED=fmt.paired_low_bytes, num_warps=num_warps, **_geometry_args(fmt),
     )  # fmt: skip
 
 
@@ -116,7 +116,7 @@ def decode_pages(
     _decode_pages_kernel[(n, 2 * h // g)](
         heap.view(torch.int32), offsets, meta, meta.view(torch.int32), out.view(torch.int32), h, D=d,
         NB=fmt.blocks_per_page_head, META_BYTES=fmt.meta_bytes, G=g, USE_PRMT=use_prmt, STREAM=stream_stores,
-        num_warps=num_warps, **_geometry_args(fmt),
+        PAIRED=fmt.paired_low_bytes, num_warps=num_warps, **_geometry_args(fmt),
     )  # fmt: skip
 
 

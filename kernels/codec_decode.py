@@ -44,10 +44,27 @@ def _interleave(lo, hi, USE_PRMT: tl.constexpr):
 
 
 @triton.jit
+def _unpair(p0, p1, USE_PRMT: tl.constexpr):
+    """Two v2 pair words (bytes lo(k), lo(k+H), lo(k+1), lo(k+1+H) and the next two pairs) -> the low-byte
+    words of channels k..k+3 and of k+H..k+3+H, as v1 stores them."""
+    if USE_PRMT:
+        a = tl.inline_asm_elementwise(
+            "prmt.b32 $0, $1, $2, 0x6420;", "=r,r,r", [p0, p1], dtype=tl.uint32, is_pure=True, pack=1
+        )
+        b = tl.inline_asm_elementwise(
+            "prmt.b32 $0, $1, $2, 0x7531;", "=r,r,r", [p0, p1], dtype=tl.uint32, is_pure=True, pack=1
+        )
+    else:
+        a = (p0 & 0xFF) | ((p0 >> 8) & 0xFF00) | ((p1 & 0xFF) << 16) | ((p1 << 8) & 0xFF000000)
+        b = ((p0 >> 8) & 0xFF) | ((p0 >> 16) & 0xFF00) | ((p1 << 8) & 0xFF0000) | (p1 & 0xFF000000)
+    return a, b
+
+
+@triton.jit
 def _decode_page_heads(
     heap_w, page, row0, meta_u8, meta_i32, out_w,
     D: tl.constexpr, R: tl.constexpr, C: tl.constexpr, NB: tl.constexpr, META_BYTES: tl.constexpr,
-    G: tl.constexpr, USE_PRMT: tl.constexpr, STREAM: tl.constexpr,
+    G: tl.constexpr, USE_PRMT: tl.constexpr, STREAM: tl.constexpr, PAIRED: tl.constexpr,
 ):  # fmt: skip
     """Restore G page-heads (metadata rows ``row0 ..``, all K or all V) of the page at byte ``page``."""
     ROWS: tl.constexpr = G * NB * R  # tile rows: block rows of all G page-heads, in order
@@ -77,8 +94,13 @@ def _decode_page_heads(
     m = tl.arange(0, Q)
     row_w = start_row[:, None] + rin[:, None] * (C // 4)
     cw = tl.load(heap_w + start_row[:, None] + 128 + rin[:, None] * Q + m[None, :], mask=comp, other=0)
-    lw1 = tl.load(heap_w + row_w + m[None, :], mask=comp, other=0)
-    lw2 = tl.load(heap_w + row_w + Q + m[None, :], mask=comp, other=0)
+    if PAIRED:  # format v2: pair words (lo(k), lo(k + C/2), lo(k+1), lo(k+1 + C/2)): split them apart
+        pw = tl.load(heap_w + row_w + tl.arange(0, 2 * Q)[None, :], mask=comp, other=0)
+        p0, p1 = tl.split(tl.reshape(pw.to(tl.uint32, bitcast=True), [ROWS, Q, 2]))
+        lw1, lw2 = _unpair(p0, p1, USE_PRMT)
+    else:
+        lw1 = tl.load(heap_w + row_w + m[None, :], mask=comp, other=0)
+        lw2 = tl.load(heap_w + row_w + Q + m[None, :], mask=comp, other=0)
     w = tl.arange(0, 2 * Q)  # C/4 words: half a block row of bf16
     raw_w = start_row[:, None] + rin[:, None] * (C // 2) + w[None, :]
     raw1 = tl.load(heap_w + raw_w, mask=raw, other=0)
@@ -106,7 +128,7 @@ def _decode_pages_kernel(
     heap_w, offsets, meta_u8, meta_i32, out_w, H,
     D: tl.constexpr, KR: tl.constexpr, KC: tl.constexpr, VR: tl.constexpr, VC: tl.constexpr,
     NB: tl.constexpr, META_BYTES: tl.constexpr, G: tl.constexpr, USE_PRMT: tl.constexpr,
-    STREAM: tl.constexpr,
+    STREAM: tl.constexpr, PAIRED: tl.constexpr,
 ):  # fmt: skip
     i = tl.program_id(0).to(tl.int64)
     ph0 = tl.program_id(1) * G  # G divides H: a program's page-heads are all K or all V
@@ -115,13 +137,55 @@ def _decode_pages_kernel(
     # A constexpr test first: with one geometry for K and V, only one copy of the restore is compiled.
     if KR == VR:  # noqa: SIM114
         _decode_page_heads(
-            heap_w, page, row0, meta_u8, meta_i32, out_w, D, KR, KC, NB, META_BYTES, G, USE_PRMT, STREAM
+            heap_w,
+            page,
+            row0,
+            meta_u8,
+            meta_i32,
+            out_w,
+            D,
+            KR,
+            KC,
+            NB,
+            META_BYTES,
+            G,
+            USE_PRMT,
+            STREAM,
+            PAIRED,
         )
     elif ph0 < H:
         _decode_page_heads(
-            heap_w, page, row0, meta_u8, meta_i32, out_w, D, KR, KC, NB, META_BYTES, G, USE_PRMT, STREAM
+            heap_w,
+            page,
+            row0,
+            meta_u8,
+            meta_i32,
+            out_w,
+            D,
+            KR,
+            KC,
+            NB,
+            META_BYTES,
+            G,
+            USE_PRMT,
+            STREAM,
+            PAIRED,
         )
     else:
         _decode_page_heads(
-            heap_w, page, row0, meta_u8, meta_i32, out_w, D, VR, VC, NB, META_BYTES, G, USE_PRMT, STREAM
+            heap_w,
+            page,
+            row0,
+            meta_u8,
+            meta_i32,
+            out_w,
+            D,
+            VR,
+            VC,
+            NB,
+            META_BYTES,
+            G,
+            USE_PRMT,
+            STREAM,
+            PAIRED,
         )

@@ -24,7 +24,7 @@ _TOKENS = tl.constexpr(PAGE_TOKENS)  # globals reach a jitted function only as c
 @triton.jit
 def _encode_page_head(
     heap_i16, heap_u8, src, dst, written, meta_u8, meta_row,
-    R: tl.constexpr, C: tl.constexpr, NB: tl.constexpr, META_BYTES: tl.constexpr,
+    R: tl.constexpr, C: tl.constexpr, NB: tl.constexpr, META_BYTES: tl.constexpr, PAIRED: tl.constexpr,
 ):  # fmt: skip
     """Encode one raw page-head at byte ``src`` into the page at ``dst``, ``written`` bytes in."""
     ROWS: tl.constexpr = NB * R
@@ -64,9 +64,13 @@ def _encode_page_head(
     comp = fits_row[:, None]
     raw = (fits_row.to(tl.int32) == 0)[:, None]
 
-    low = block[:, None] + rin[:, None] * C + k[None, :]
-    tl.store(heap_u8 + low, x_lo.to(tl.uint8), mask=comp)
-    tl.store(heap_u8 + low + HALF, x_hi.to(tl.uint8), mask=comp)
+    if PAIRED:  # format v2: the low bytes of (t, k) and (t, k + C/2) as one 16-bit word
+        pair = (block // 2)[:, None] + rin[:, None] * HALF + k[None, :]
+        tl.store(heap_i16 + pair, ((x_lo & 0xFF) | ((x_hi & 0xFF) << 8)).to(tl.int16), mask=comp)
+    else:
+        low = block[:, None] + rin[:, None] * C + k[None, :]
+        tl.store(heap_u8 + low, x_lo.to(tl.uint8), mask=comp)
+        tl.store(heap_u8 + low + HALF, x_hi.to(tl.uint8), mask=comp)
     d_lo = (e_lo - base_row[:, None]) >> 1
     d_hi = (e_hi - base_row[:, None]) >> 1
     code = ((x_lo >> 15) << 7) | ((x_hi >> 15) << 6) | (d_hi << 3) | d_lo
@@ -82,7 +86,7 @@ def _encode_page_head(
 def _encode_pages_kernel(
     heap_i16, heap_u8, src_offsets, dst_offsets, meta_u8, sizes_out, H, RAW_PAGE_HEAD_BYTES,
     KR: tl.constexpr, KC: tl.constexpr, VR: tl.constexpr, VC: tl.constexpr,
-    NB: tl.constexpr, META_BYTES: tl.constexpr,
+    NB: tl.constexpr, META_BYTES: tl.constexpr, PAIRED: tl.constexpr,
 ):  # fmt: skip
     i = tl.program_id(0).to(tl.int64)
     src = tl.load(src_offsets + i)
@@ -91,12 +95,12 @@ def _encode_pages_kernel(
     for h in range(H):  # K page-heads, then V: page order
         written = _encode_page_head(
             heap_i16, heap_u8, src + h * RAW_PAGE_HEAD_BYTES, dst, written, meta_u8, i * 2 * H + h,
-            KR, KC, NB, META_BYTES,
+            KR, KC, NB, META_BYTES, PAIRED,
         )  # fmt: skip
     for h in range(H):
         written = _encode_page_head(
             heap_i16, heap_u8, src + (H + h) * RAW_PAGE_HEAD_BYTES, dst, written, meta_u8, i * 2 * H + H + h,
-            VR, VC, NB, META_BYTES,
+            VR, VC, NB, META_BYTES, PAIRED,
         )  # fmt: skip
     tl.store(sizes_out + i, written.to(tl.int32))
 

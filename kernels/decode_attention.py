@@ -31,8 +31,10 @@ import torch
 import triton
 import triton.language as tl
 
+from .decode_merge import _merge_kernel
 from .decode_plan import DecodePlan, plan_decode
 from .decode_tiles import _attend_tile, _load_tile, _restore, _row_starts, _tile_loads
+from .decode_tiles_paired import _load_tile_paired
 
 __all__ = ["DecodePlan", "decode_attention", "plan_decode"]
 
@@ -49,7 +51,7 @@ def _decode_kernel(
     NUM_KV_HEADS: tl.constexpr, GROUP: tl.constexpr, G_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
     BLOCK_N: tl.constexpr, SPLIT: tl.constexpr, META_WORDS: tl.constexpr,
     BLOCKS_PER_HEAD: tl.constexpr, COMPRESSED: tl.constexpr, USE_ASM: tl.constexpr,
-    FP32_DOT: tl.constexpr, PREFETCH: tl.constexpr,
+    FP32_DOT: tl.constexpr, PREFETCH: tl.constexpr, PAIRED: tl.constexpr,
 ):  # fmt: skip
     HALF: tl.constexpr = HEAD_DIM // 2
     pid = tl.program_id(0)
@@ -161,14 +163,22 @@ def _decode_kernel(
             for tile in range(first, end, BLOCK_N):
                 tok = tile + offs_n
                 valid = tok < end
-                k_a, k_b = _load_tile(
-                    heap_u8, heap_bf16, k_start, k_marker, tok, valid, HEAD_DIM, COMPRESSED, USE_ASM,
-                    FP32_DOT, False,
-                )  # fmt: skip
-                v_a, v_b = _load_tile(
-                    heap_u8, heap_bf16, v_start, v_marker, tok, valid, HEAD_DIM, COMPRESSED, USE_ASM,
-                    FP32_DOT, True,
-                )  # fmt: skip
+                if PAIRED and COMPRESSED:  # page format v2 (decode_tiles_paired.py)
+                    k_a, k_b = _load_tile_paired(
+                        heap_u8, heap_bf16, k_start, k_marker, tok, valid, HEAD_DIM, USE_ASM, FP32_DOT, False
+                    )
+                    v_a, v_b = _load_tile_paired(
+                        heap_u8, heap_bf16, v_start, v_marker, tok, valid, HEAD_DIM, USE_ASM, FP32_DOT, True
+                    )
+                else:
+                    k_a, k_b = _load_tile(
+                        heap_u8, heap_bf16, k_start, k_marker, tok, valid, HEAD_DIM, COMPRESSED, USE_ASM,
+                        FP32_DOT, False,
+                    )  # fmt: skip
+                    v_a, v_b = _load_tile(
+                        heap_u8, heap_bf16, v_start, v_marker, tok, valid, HEAD_DIM, COMPRESSED, USE_ASM,
+                        FP32_DOT, True,
+                    )  # fmt: skip
                 nxt = tok + BLOCK_N
                 k_start, k_marker = _row_starts(
                     nxt, nxt < end, page_base, page_ids_ptr, page_loc_ptr, meta32_ptr, head,
@@ -193,35 +203,6 @@ def _decode_kernel(
             tl.store(o_part_ptr + part[:, None] * HEAD_DIM + ch, out_a, mask=q_mask)
             tl.store(o_part_ptr + part[:, None] * HEAD_DIM + HALF + ch, out_b, mask=q_mask)
             tl.store(lse_part_ptr + part, m_i + tl.log2(l_i), mask=g < GROUP)
-
-
-@triton.jit
-def _merge_kernel(
-    o_part_ptr, lse_part_ptr, out_ptr, num_splits_ptr, stride_ob, stride_oh, max_splits,
-    NUM_Q_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, CHUNK: tl.constexpr,
-):  # fmt: skip
-    """Combine one (request, query head)'s split outputs by their log2-sum-exp2."""
-    req = tl.program_id(0)
-    q_head = tl.program_id(1)
-    n = tl.load(num_splits_ptr + req)
-    base = (req * NUM_Q_HEADS + q_head) * max_splits
-    offs = tl.arange(0, CHUNK)
-    d = tl.arange(0, HEAD_DIM)
-    m = tl.max(tl.full([CHUNK], float("-inf"), tl.float32), 0)
-    for s0 in range(0, n, CHUNK):
-        lse = tl.load(lse_part_ptr + base + s0 + offs, mask=s0 + offs < n, other=float("-inf"))
-        m = tl.maximum(m, tl.max(lse, 0))
-    acc = tl.zeros([HEAD_DIM], tl.float32)
-    den = tl.sum(tl.zeros([CHUNK], tl.float32), 0)
-    for s0 in range(0, n, CHUNK):
-        live = s0 + offs < n
-        w = tl.exp2(tl.load(lse_part_ptr + base + s0 + offs, mask=live, other=float("-inf")) - m)
-        o = tl.load(
-            o_part_ptr + (base + s0 + offs)[:, None] * HEAD_DIM + d[None, :], mask=live[:, None], other=0.0
-        )
-        acc += tl.sum(w[:, None] * o, 0)
-        den += tl.sum(w, 0)
-    tl.store(out_ptr + req * stride_ob + q_head * stride_oh + d, (acc / den).to(tl.bfloat16))
 
 
 def _interpreting() -> bool:
@@ -274,6 +255,8 @@ def decode_attention(
     """
     _check_inputs(plan, q, heap, page_loc_layer, page_meta_layer)
     fmt = plan.fmt
+    if plan.prefetch and fmt.paired_low_bytes and compressed:
+        raise ValueError("register double-buffering (prefetch) reads page format v1 only; plan without it")
     interpret = _interpreting()
     if use_asm is None:
         use_asm = not interpret
@@ -296,6 +279,7 @@ def decode_attention(
         HEAD_DIM=fmt.head_dim, BLOCK_N=plan.block_n, SPLIT=plan.max_splits > 1,
         META_WORDS=fmt.meta_bytes // 4, BLOCKS_PER_HEAD=fmt.blocks_per_page_head,
         COMPRESSED=compressed, USE_ASM=use_asm, FP32_DOT=interpret, PREFETCH=plan.prefetch,
+        PAIRED=fmt.paired_low_bytes,
         num_warps=plan.num_warps, num_stages=plan.num_stages if compressed else plan.twin_num_stages,
     )  # fmt: skip
     if plan.max_splits > 1:

@@ -37,6 +37,12 @@ run of its blocks in order ``j = 0 ..``. A page that is not compressed (a new pa
 block raw, so it is plain ``[2, num_kv_heads, 16, head_dim]`` bf16 when ``C == head_dim`` (token-major
 blocks), and the same values permuted into block order otherwise.
 
+Version 2 (experimental, for measuring; v1 stays the default) changes one thing: the order of a compressed
+block's low bytes. Row ``t``'s low bytes are stored in code-byte pairs, ``lo(t, 0), lo(t, C/2), lo(t, 1),
+lo(t, C/2 + 1), ...``, so the kernel loads both low bytes of a channel pair as one 16-bit value, exactly
+where a raw row holds the bf16 value of channel ``k``: one load serves both kinds of row. Raw blocks, raw
+pages, codes and metadata are as in v1.
+
 Metadata: per page, per page-head, ``meta_bytes`` bytes: a little-endian int32 byte offset of the
 page-head's first block *relative to the page's start* (so moving a page only rewrites the page table),
 then one marker byte per block: ``RAW_MARKER`` (0xFF) or ``b/2`` (0..127); padded with 0 to a multiple
@@ -48,6 +54,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 FORMAT_VERSION = 1
+SUPPORTED_VERSIONS = (1, 2)  # 2: low bytes in code-byte pairs (see above); experimental
 PAGE_TOKENS = 16
 BLOCK_VALUES = 512
 RAW_BLOCK_BYTES = 1024  # 512 bf16 values
@@ -118,9 +125,10 @@ class PageFormat:
             raise ValueError(f"head_dim {self.head_dim} not supported; use one of {SUPPORTED_HEAD_DIMS}")
         if self.num_kv_heads < 1:
             raise ValueError(f"num_kv_heads must be >= 1, got {self.num_kv_heads}")
-        if self.version != FORMAT_VERSION:
+        if self.version not in SUPPORTED_VERSIONS:
             raise ValueError(
-                f"page format version {self.version} unknown; this build reads v{FORMAT_VERSION}"
+                f"page format version {self.version} unknown; this build reads "
+                + ", ".join(f"v{v}" for v in SUPPORTED_VERSIONS)
             )
         for name in ("k_geometry", "v_geometry"):
             geometry = getattr(self, name)
@@ -128,6 +136,11 @@ class PageFormat:
                 object.__setattr__(self, name, default_geometry(self.head_dim, name[0].upper()))
             elif self.head_dim % geometry.channels != 0:
                 raise ValueError(f"{name} {geometry.name} does not tile head_dim {self.head_dim}")
+
+    @property
+    def paired_low_bytes(self) -> bool:
+        """v2: a compressed row's low bytes of channels k and k + C/2 sit next to each other."""
+        return self.version >= 2
 
     # ---- sizes ----------------------------------------------------------------------------------
     @property

@@ -67,7 +67,11 @@ def encode_page(page: torch.Tensor, fmt: PageFormat) -> tuple[torch.Tensor, torc
     """bf16 ``[2, H, 16, D]`` -> (uint8 ``[nbytes]`` stored page, uint8 ``[2H, meta_bytes]`` metadata)."""
     _check_page(page, fmt)
     encoded = [
-        encode_blocks(page_to_blocks(page[kv], fmt.geometry(kv)).reshape(-1, BLOCK_VALUES), fmt.geometry(kv))
+        encode_blocks(
+            page_to_blocks(page[kv], fmt.geometry(kv)).reshape(-1, BLOCK_VALUES),
+            fmt.geometry(kv),
+            fmt.paired_low_bytes,
+        )
         for kv in (0, 1)
     ]
     markers = torch.cat([e.markers for e in encoded]).view(fmt.page_heads_per_page, -1)
@@ -87,7 +91,11 @@ def _decode_pages(
     for kv in (0, 1):
         heads = slice(kv * h, (kv + 1) * h)
         blocks = _restore(
-            data, starts[:, heads].reshape(-1), markers[:, heads].reshape(-1), fmt.geometry(kv).channels
+            data,
+            starts[:, heads].reshape(-1),
+            markers[:, heads].reshape(-1),
+            fmt.geometry(kv).channels,
+            fmt.paired_low_bytes,
         )
         halves.append(blocks_to_page(blocks.view(n, h, -1, BLOCK_VALUES), fmt.geometry(kv), fmt.head_dim))
     return torch.stack(halves, dim=1)
@@ -188,7 +196,12 @@ def encode_pages(
         heads = slice(kv * h, (kv + 1) * h)
         bits = bf16_bits(blocks[kv].reshape(-1, BLOCK_VALUES))
         _store_blocks(
-            heap, at[:, heads].reshape(-1), markers[:, heads].reshape(-1), bits, fmt.geometry(kv).channels
+            heap,
+            at[:, heads].reshape(-1),
+            markers[:, heads].reshape(-1),
+            bits,
+            fmt.geometry(kv).channels,
+            fmt.paired_low_bytes,
         )
 
 

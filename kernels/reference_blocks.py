@@ -79,6 +79,7 @@ class EncodedBlocks:
     data: torch.Tensor  # uint8 [sum of block sizes], device of the input: 768 or 1024 bytes per block
     markers: torch.Tensor  # uint8 [N], same device: RAW_MARKER or b/2
     geometry: BlockGeometry  # which values pair up in a code byte (value (t, k) with (t, k + C/2))
+    paired: bool = False  # format v2: low bytes stored in code-byte pairs (layout.py)
 
     @property
     def num_blocks(self) -> int:
@@ -117,7 +118,20 @@ def block_markers(values: torch.Tensor) -> torch.Tensor:
     return torch.where(fits, base >> 1, RAW_MARKER).to(torch.uint8)
 
 
-def _compress(bits: torch.Tensor, half_base: torch.Tensor, channels: int) -> torch.Tensor:
+def low_byte_order(channels: int, paired: bool) -> torch.Tensor:
+    """int64 [512]: which value of a block each stored low byte belongs to (v1: identity; v2: row t
+    stores lo(t, 0), lo(t, C/2), lo(t, 1), lo(t, C/2 + 1), ...)."""
+    order = torch.arange(BLOCK_VALUES)
+    if not paired:
+        return order
+    half = channels // 2
+    pos = order % channels
+    return order - pos + (pos // 2) + (pos % 2) * half
+
+
+def _compress(
+    bits: torch.Tensor, half_base: torch.Tensor, channels: int, paired: bool = False
+) -> torch.Tensor:
     """int32 [M, 512] bits of compressible blocks, int32 [M] b/2 -> uint8 [M, 768] stored blocks."""
     m = bits.shape[0]
     sign = bits >> 15
@@ -125,7 +139,8 @@ def _compress(bits: torch.Tensor, half_base: torch.Tensor, channels: int) -> tor
     sign, d = sign.view(m, -1, channels), d.view(m, -1, channels)
     half = channels // 2
     codes = (sign[..., :half] << 7) | (sign[..., half:] << 6) | (d[..., half:] << 3) | d[..., :half]
-    return torch.cat([bits & 0xFF, codes.reshape(m, CODE_BYTES)], dim=1).to(torch.uint8)
+    low = (bits & 0xFF)[:, low_byte_order(channels, paired).to(bits.device)]
+    return torch.cat([low, codes.reshape(m, CODE_BYTES)], dim=1).to(torch.uint8)
 
 
 def _raw_bytes(bits: torch.Tensor) -> torch.Tensor:
@@ -136,20 +151,27 @@ def _raw_bytes(bits: torch.Tensor) -> torch.Tensor:
 
 
 def _store_blocks(
-    data: torch.Tensor, starts: torch.Tensor, markers: torch.Tensor, bits: torch.Tensor, channels: int
+    data: torch.Tensor,
+    starts: torch.Tensor,
+    markers: torch.Tensor,
+    bits: torch.Tensor,
+    channels: int,
+    paired: bool = False,
 ) -> None:
     """Write blocks (int32 [M, 512] bits, uint8 [M] markers) into uint8 ``data`` at byte ``starts`` [M]."""
     raw = markers == RAW_MARKER
     comp = ~raw
     if bool(comp.any()):
         idx = starts[comp][:, None] + torch.arange(COMPRESSED_BLOCK_BYTES, device=data.device)
-        data[idx] = _compress(bits[comp], markers[comp].to(torch.int32), channels)
+        data[idx] = _compress(bits[comp], markers[comp].to(torch.int32), channels, paired)
     if bool(raw.any()):
         idx = starts[raw][:, None] + torch.arange(RAW_BLOCK_BYTES, device=data.device)
         data[idx] = _raw_bytes(bits[raw])
 
 
-def encode_blocks(values: torch.Tensor, geometry: BlockGeometry = DEFAULT_BLOCK_GEOMETRY) -> EncodedBlocks:
+def encode_blocks(
+    values: torch.Tensor, geometry: BlockGeometry = DEFAULT_BLOCK_GEOMETRY, paired: bool = False
+) -> EncodedBlocks:
     """bf16 ``[N, 512]`` blocks (each ``[R, C]`` row-major) -> their stored form, in order."""
     if values.dim() != 2 or values.shape[1] != BLOCK_VALUES:
         raise ValueError(f"encode_blocks takes bf16 [N, {BLOCK_VALUES}], got shape {tuple(values.shape)}")
@@ -157,11 +179,13 @@ def encode_blocks(values: torch.Tensor, geometry: BlockGeometry = DEFAULT_BLOCK_
     markers = block_markers(values)
     sizes = block_sizes(markers)
     data = torch.empty(int(sizes.sum()), dtype=torch.uint8, device=values.device)
-    _store_blocks(data, _exclusive_cumsum(sizes), markers, bits, geometry.channels)
-    return EncodedBlocks(data=data, markers=markers, geometry=geometry)
+    _store_blocks(data, _exclusive_cumsum(sizes), markers, bits, geometry.channels, paired)
+    return EncodedBlocks(data=data, markers=markers, geometry=geometry, paired=paired)
 
 
-def _restore(data: torch.Tensor, starts: torch.Tensor, markers: torch.Tensor, channels: int) -> torch.Tensor:
+def _restore(
+    data: torch.Tensor, starts: torch.Tensor, markers: torch.Tensor, channels: int, paired: bool = False
+) -> torch.Tensor:
     """Blocks stored in uint8 ``data`` at byte ``starts`` (int64 [M]) -> bf16 [M, 512]."""
     m = starts.numel()
     if m and int((starts + block_sizes(markers)).max()) > data.numel():
@@ -176,7 +200,9 @@ def _restore(data: torch.Tensor, starts: torch.Tensor, markers: torch.Tensor, ch
         bits[raw] = b[:, 0::2] | (b[:, 1::2] << 8)
     if bool(comp.any()):
         s = starts[comp][:, None]
-        low = data[s + torch.arange(LOW_BYTES, device=data.device)].to(torch.int32)
+        stored = data[s + torch.arange(LOW_BYTES, device=data.device)].to(torch.int32)
+        low = torch.empty_like(stored)
+        low[:, low_byte_order(channels, paired).to(data.device)] = stored
         codes = data[s + LOW_BYTES + torch.arange(CODE_BYTES, device=data.device)].to(torch.int32)
         codes = codes.view(-1, BLOCK_VALUES // channels, channels // 2)
         half_b = markers[comp].to(torch.int32)[:, None, None]
@@ -189,4 +215,6 @@ def _restore(data: torch.Tensor, starts: torch.Tensor, markers: torch.Tensor, ch
 
 def decode_blocks(encoded: EncodedBlocks) -> torch.Tensor:
     """Inverse of :func:`encode_blocks`: bf16 ``[N, 512]``, bit-identical to the input."""
-    return _restore(encoded.data, encoded.block_offsets(), encoded.markers, encoded.geometry.channels)
+    return _restore(
+        encoded.data, encoded.block_offsets(), encoded.markers, encoded.geometry.channels, encoded.paired
+    )

@@ -70,7 +70,7 @@ def test_bad_shapes_fail_loudly() -> None:
     with pytest.raises(ValueError, match="does not tile"):
         PageFormat(head_dim=64, num_kv_heads=1, k_geometry=BlockGeometry(4, 128))
     with pytest.raises(ValueError, match="version"):
-        PageFormat(head_dim=128, num_kv_heads=1, version=2)
+        PageFormat(head_dim=128, num_kv_heads=1, version=3)
 
 
 def test_scalar_rules_worked_examples() -> None:

@@ -151,3 +151,30 @@ def test_llama_shape_on_gpu_both_restore_paths(use_prmt: bool, page_heads_per_pr
     check_against_reference(
         kv_like(64, fmt, 11), fmt, "cuda", use_prmt=use_prmt, page_heads_per_program=page_heads_per_program
     )
+
+
+def formats_v2() -> list[PageFormat]:
+    """Format v2 (low bytes in code-byte pairs) for the token-major geometry the decode kernel reads, and
+    one other geometry."""
+    return [PageFormat(d, 2, token_major(d), token_major(d), version=2) for d in (64, 128, 256)] + [
+        PageFormat(128, 2, candidate_geometries(128)[-1], candidate_geometries(128)[0], version=2)
+    ]
+
+
+@pytest.mark.parametrize("fmt", formats_v2(), ids=fmt_id)
+def test_format_v2_encode_and_decode_match_reference(fmt: PageFormat, device: str) -> None:
+    check_against_reference(kv_like(3, fmt, fmt.head_dim + 1), fmt, device)
+    check_against_reference(kv_like(2, fmt, 4), fmt, device, page_heads_per_program=2, stream_stores=True)
+
+
+def test_format_v2_every_bit_pattern_round_trips(device: str) -> None:
+    fmt = formats_v2()[1]
+    values = fmt.blocks_per_page * 512
+    order = torch.argsort((ALL_BITS >> 7) & 0xFF, stable=True)
+    shuffled = ALL_BITS[torch.randperm(65536, generator=torch.Generator().manual_seed(8))]
+    bits = torch.cat([ALL_BITS[order], shuffled]).view(-1, values)
+    blocks = ref._bits_to_bf16(bits).view(-1, 2, fmt.num_kv_heads, fmt.blocks_per_page_head, 512)
+    pages = torch.stack(
+        [ref.blocks_to_page(blocks[:, kv], fmt.geometry(kv), fmt.head_dim) for kv in (0, 1)], 1
+    )
+    check_against_reference(pages, fmt, device)

@@ -44,9 +44,10 @@ def make_case(
     device: str,
     raw_fraction: float = 0.3,
     seed: int = 0,
+    version: int = 1,
 ) -> Case:
     g = torch.Generator().manual_seed(seed)
-    fmt = PageFormat(head_dim, kv_heads)
+    fmt = PageFormat(head_dim, kv_heads, version=version)
     counts = [-(-n // PAGE_TOKENS) for n in kv_lens]
     num_pages = sum(counts) + 2  # two pages nobody owns
     pages = torch.randn(num_pages, 2, kv_heads, PAGE_TOKENS, head_dim, generator=g).to(torch.bfloat16)
@@ -170,12 +171,41 @@ def test_bad_inputs_get_clear_errors() -> None:
         plan_decode(case.page_ids, case.indptr, case.kv_lens, case.fmt, 7)
 
 
+@pytest.mark.parametrize(
+    ("head_dim", "group", "kv_lens", "splits"),
+    [(128, 4, [1, 37, 70], None), (64, 8, [50], 1), (256, 1, [40, 3], 2)],
+)
+def test_format_v2_equals_twin_and_v1(head_dim, group, kv_lens, splits, device) -> None:  # type: ignore[no-untyped-def]
+    """Page format v2 (low bytes in code-byte pairs): same output bits as v1 pages and as the twin."""
+    v1 = make_case(head_dim, 2, group, kv_lens, device, seed=3)
+    v2 = make_case(head_dim, 2, group, kv_lens, device, seed=3, version=2)
+    assert torch.equal(v1.pages.view(torch.int16), v2.pages.view(torch.int16))
+    assert not torch.equal(v1.heap, v2.heap), "v2 must store compressed blocks differently"
+    plan = v2.plan(block_n=32, max_splits=splits, num_sms=2)
+    packed2, twin = run_both(v2, plan)
+    packed1, _ = run_both(v1, v1.plan(block_n=32, max_splits=splits, num_sms=2))
+    assert torch.equal(packed2.view(torch.int16), twin.view(torch.int16))
+    assert torch.equal(packed2.view(torch.int16), packed1.view(torch.int16))
+    with pytest.raises(ValueError, match="prefetch"):
+        run_both(v2, v2.plan(block_n=32, num_sms=2, prefetch=True))
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("head_dim", [64, 128, 256])
 @pytest.mark.parametrize("group", [1, 4, 8])
-def test_gpu_ptx_restore_equals_integer_restore_and_twin(head_dim: int, group: int) -> None:
-    case = make_case(head_dim, 4, group, [1, 300, 1000, 77], "cuda", raw_fraction=0.1, seed=head_dim + group)
-    for splits, prefetch in ((1, False), (None, True)):
+@pytest.mark.parametrize("version", [1, 2])
+def test_gpu_ptx_restore_equals_integer_restore_and_twin(head_dim: int, group: int, version: int) -> None:
+    case = make_case(
+        head_dim,
+        4,
+        group,
+        [1, 300, 1000, 77],
+        "cuda",
+        raw_fraction=0.1,
+        seed=head_dim + group,
+        version=version,
+    )
+    for splits, prefetch in ((1, False), (None, version == 1)):
         plan = case.plan(max_splits=splits, prefetch=prefetch)
         packed, twin = run_both(case, plan)
         plain = decode_attention(plan, case.q, case.heap, case.loc, case.meta, head_dim**-0.5, use_asm=False)

@@ -163,3 +163,24 @@ def test_bad_input_is_refused() -> None:
         ref.encode_blocks(torch.zeros(3, 256, dtype=torch.bfloat16))
     with pytest.raises(TypeError, match="bfloat16"):
         ref.encode_blocks(torch.zeros(3, 512))
+
+
+def test_format_v2_pairs_low_bytes_and_keeps_codes() -> None:
+    """v2 stores lo(t, k) and lo(t, k + C/2) side by side; codes, markers and sizes are v1's."""
+    geometry = BlockGeometry(4, 128)
+    gen = torch.Generator().manual_seed(11)
+    values = (torch.randn(6, 512, generator=gen) * 3).bfloat16()
+    values[5, 7] = 0.0  # one raw block
+    v1 = ref.encode_blocks(values, geometry)
+    v2 = ref.encode_blocks(values, geometry, paired=True)
+    assert torch.equal(v1.markers, v2.markers) and v1.data.numel() == v2.data.numel()
+    assert torch.equal(ref.decode_blocks(v2).view(torch.int16), values.view(torch.int16))
+    bits = values.view(torch.int16).to(torch.int32) & 0xFFFF
+    first = v2.data[:768].to(torch.int32)  # block 0 compresses
+    assert int(v2.markers[0]) != 0xFF
+    for t, k in ((0, 0), (1, 5), (3, 63)):
+        assert int(first[t * 128 + 2 * k]) == int(bits[0, t * 128 + k]) & 0xFF
+        assert int(first[t * 128 + 2 * k + 1]) == int(bits[0, t * 128 + k + 64]) & 0xFF
+    assert torch.equal(v1.data[512:768], v2.data[512:768])  # codes
+    last = v1.block_offsets()[5]
+    assert torch.equal(v1.data[last:], v2.data[last:])  # the raw block is plain bf16 in both
