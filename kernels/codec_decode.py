@@ -137,55 +137,16 @@ def _decode_pages_kernel(
     # A constexpr test first: with one geometry for K and V, only one copy of the restore is compiled.
     if KR == VR:  # noqa: SIM114
         _decode_page_heads(
-            heap_w,
-            page,
-            row0,
-            meta_u8,
-            meta_i32,
-            out_w,
-            D,
-            KR,
-            KC,
-            NB,
-            META_BYTES,
-            G,
-            USE_PRMT,
-            STREAM,
+            heap_w, page, row0, meta_u8, meta_i32, out_w, D, KR, KC, NB, META_BYTES, G, USE_PRMT, STREAM,
             PAIRED,
-        )
+        )  # fmt: skip
     elif ph0 < H:
         _decode_page_heads(
-            heap_w,
-            page,
-            row0,
-            meta_u8,
-            meta_i32,
-            out_w,
-            D,
-            KR,
-            KC,
-            NB,
-            META_BYTES,
-            G,
-            USE_PRMT,
-            STREAM,
+            heap_w, page, row0, meta_u8, meta_i32, out_w, D, KR, KC, NB, META_BYTES, G, USE_PRMT, STREAM,
             PAIRED,
-        )
+        )  # fmt: skip
     else:
         _decode_page_heads(
-            heap_w,
-            page,
-            row0,
-            meta_u8,
-            meta_i32,
-            out_w,
-            D,
-            VR,
-            VC,
-            NB,
-            META_BYTES,
-            G,
-            USE_PRMT,
-            STREAM,
+            heap_w, page, row0, meta_u8, meta_i32, out_w, D, VR, VC, NB, META_BYTES, G, USE_PRMT, STREAM,
             PAIRED,
-        )
+        )  # fmt: skip
