@@ -76,19 +76,7 @@ class ServeStack(LocalStack):
         self._say(f"Ray up in {self.timings_s['ray_start']:.1f} s")
         logging.getLogger("ray.serve").setLevel(logging.WARNING)
         serve.start(proxy_location="Disabled")
-        args = {
-            "model": o.model_path or "",
-            "model_name": self.model_name,
-            "router": ",".join(report_addresses),
-            "num_replicas": 1,
-            "cpus_per_replica": o.cpus_per_replica,
-            "kv_budget_mib": o.kv_budget_mib,
-            "compression": o.compression,
-            "device": o.device,
-            "bind_host": "127.0.0.1",
-            "report_interval_ms": 150,
-            **self.worker_args,
-        }
+        args = {**self.replica_args(report_addresses, 1), **self.worker_args}
         self._say(f"starting the worker replica: {json.dumps(args)}")
         self.timings_s["serve_run_at"] = time.monotonic()
         # serve.run returns only once the replica's constructor (the engine's whole start-up) is done; on a

@@ -195,12 +195,21 @@ class LocalStack:
         self._ray_started = True
         logging.getLogger("ray.serve").setLevel(logging.WARNING)  # our own progress lines say it
         serve.start(proxy_location="Disabled")
-        args = {
-            "engine": "reference",
+        args = {"engine": "reference", **self.replica_args(report_addresses, o.workers)}
+        self._say(
+            f"starting {o.workers} worker replica(s) (model {self.model_name}, compression "
+            f"{'on' if o.compression else 'off'}, KV budget {o.kv_budget_mib:g} MiB each)"
+        )
+        serve.run(app_builder(args), name=APP_NAME, route_prefix=None, blocking=False)
+
+    def replica_args(self, report_addresses: list[str], num_replicas: int) -> dict[str, Any]:
+        """The `app_builder` arguments of the local worker replicas (loopback, reports every 150 ms)."""
+        o = self.options
+        return {
             "model": o.model_path or "",
             "model_name": self.model_name,
             "router": ",".join(report_addresses),
-            "num_replicas": o.workers,
+            "num_replicas": num_replicas,
             "cpus_per_replica": o.cpus_per_replica,
             "kv_budget_mib": o.kv_budget_mib,
             "compression": o.compression,
@@ -208,11 +217,6 @@ class LocalStack:
             "bind_host": "127.0.0.1",
             "report_interval_ms": 150,
         }
-        self._say(
-            f"starting {o.workers} worker replica(s) (model {self.model_name}, compression "
-            f"{'on' if o.compression else 'off'}, KV budget {o.kv_budget_mib:g} MiB each)"
-        )
-        serve.run(app_builder(args), name=APP_NAME, route_prefix=None, blocking=False)
 
     def workers(self) -> list[dict[str, Any]]:
         """Live workers as the status tap sees them (latest reports, fresher than 2 s)."""
