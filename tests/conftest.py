@@ -1,7 +1,9 @@
-"""Shared pytest setup: the `gpu` marker skips without CUDA; a real redis-server on loopback."""
+"""Shared pytest setup: the `gpu` marker skips without CUDA; Triton kernels run under its CPU interpreter
+without CUDA; a real redis-server on loopback."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,6 +18,12 @@ def _cuda_available() -> bool:
     except ImportError:
         return False
     return bool(torch.cuda.is_available())
+
+
+# Triton picks the interpreter when `triton.jit` decorates a function, i.e. when a kernel module is first
+# imported: set it here, before any test folder imports one (tests/worker reaches the kernels too).
+if not _cuda_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
