@@ -9,7 +9,10 @@ Filters (a worker is a candidate only if all hold):
 Predictions (documented formulas of the reported state; units in the names):
     stored_bytes_per_token = kv_bytes_per_token * compression_ratio        (compressed KV bytes)
     used_bytes   = (total_tokens - free_tokens) * stored_bytes_per_token    (read every decode step)
-    step_ms      = itl_ms, or placement.idle_itl_ms when the worker has no measurement yet
+    step_ms      = itl_ms; a worker with no measurement yet (a new replica) steps at
+                   min(placement.idle_itl_ms, the smallest itl_ms measured among the candidates): an
+                   idle replica of the model is no slower than its fastest peer, else it would never
+                   be picked over a warm peer that measured faster than the idle prior
     ms_per_byte  = itl_ms / used_bytes when both are > 0, else decode_ms_per_gib / 2**30
     added_bytes  = (prompt_tokens + max_new_tokens / 2) * stored_bytes_per_token   (mean context of the
                    new request over its life)
@@ -81,11 +84,14 @@ def _clamp(x: float) -> float:
     return 0.0 if x < 0.0 else 1.0 if x > 1.0 else x
 
 
-def predict_ms(view: WorkerView, req: RequestShape, cfg: PlacementConfig) -> tuple[float, float]:
-    """(ttft_ms, tpot_ms) predicted for `req` on `view` (formulas in the module doc)."""
+def predict_ms(
+    view: WorkerView, req: RequestShape, cfg: PlacementConfig, unmeasured_itl_ms: float | None = None
+) -> tuple[float, float]:
+    """(ttft_ms, tpot_ms) predicted for `req` on `view` (formulas in the module doc); a worker without
+    an ITL measurement steps at `unmeasured_itl_ms` (default: placement.idle_itl_ms)."""
     ratio = view.compression_ratio if view.compression_ratio > 0 else 1.0
     stored_bpt = view.kv_bytes_per_token * ratio
-    step_ms = view.itl_ms if view.itl_ms > 0 else cfg.idle_itl_ms
+    step_ms = view.itl_ms if view.itl_ms > 0 else (unmeasured_itl_ms or cfg.idle_itl_ms)
     used_bytes = (view.total_tokens - view.free_tokens) * stored_bpt
     if view.itl_ms > 0 and used_bytes > 0:
         ms_per_byte = view.itl_ms / used_bytes
@@ -137,12 +143,13 @@ def place(
         w_head, w_sum = 1.0, 1.0
     need = req.need_tokens
     slo_ttft, slo_tpot = req.slo_ttft_ms, req.slo_tpot_ms
+    peer_itl_ms = min([cfg.idle_itl_ms] + [v.itl_ms for v in kept if v.itl_ms > 0])
     rows = []
     for v in kept:
         headroom = (
             _clamp((v.free_tokens - v.reserved_tokens - need) / v.total_tokens) if v.total_tokens else 0.0
         )
-        ttft_ms, tpot_ms = predict_ms(v, req, cfg)
+        ttft_ms, tpot_ms = predict_ms(v, req, cfg, peer_itl_ms)
         slo = min(_clamp((slo_ttft - ttft_ms) / slo_ttft), _clamp((slo_tpot - tpot_ms) / slo_tpot))
         queue = 1.0 / (1.0 + v.queued_requests)
         score = (w_head * headroom + w_slo * slo + w_queue * queue) / w_sum

@@ -129,6 +129,21 @@ def test_headroom_decides_between_idle_workers() -> None:
     assert d.ranked[1].headroom == pytest.approx(0.24)
 
 
+def test_a_new_replica_is_predicted_like_its_fastest_measured_peer() -> None:
+    # "warm" measured itl 4 ms (below idle_itl 10 ms); "new" has no measurement yet and more headroom.
+    # Without the peer prior "new" would step at 10 ms: tpot slack (100-10)/100 = .9 vs (100-4)/100 = .96.
+    # With it both predict tpot 4 ms and ttft 4 + 100 * 0.5 = 54 ms: slack min(.946, .96) = .946 each,
+    # so headroom decides: (15000-200)/20000 = .74 against (5000-200)/20000 = .24 -> "new" first.
+    warm = view("warm", 5_000, itl_ms=4.0)
+    new = view("new", 15_000)
+    d = place(snap(warm, new), req(), CFG, NOW)
+    assert [c.worker.worker_id for c in d.ranked] == ["new", "warm"]
+    assert d.ranked[0].tpot_ms == pytest.approx(4.0) == d.ranked[1].tpot_ms
+    assert d.ranked[0].slo == pytest.approx(d.ranked[1].slo)
+    # Alone, an unmeasured worker still steps at placement.idle_itl_ms.
+    assert place(snap(new), req(), CFG, NOW).ranked[0].tpot_ms == pytest.approx(CFG.idle_itl_ms)
+
+
 def test_reservations_count_against_headroom() -> None:
     # "a" reports more free tokens but 6000 of them are already reserved: (12000-6000-200)/20000 = .29
     # against "b": (8000-200)/20000 = .39.
