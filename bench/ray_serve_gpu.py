@@ -52,26 +52,18 @@ class ServeStack(LocalStack):
         return path
 
     def _start_workers(self, report_addresses: list[str]) -> None:
-        import ray
         from ray import serve
 
         from zipkv.worker.serve import app_builder
 
         o = self.options
-        os.environ["ZIPKV_REPORT_TOKEN"] = self.report_token
         t0 = time.monotonic()
         self._say(f"starting Ray (local head, {o.ray_num_cpus} CPUs, {self.num_gpus} GPU(s))")
-        ray.init(
-            num_cpus=o.ray_num_cpus,
+        self.start_ray(
             num_gpus=self.num_gpus,
-            include_dashboard=False,
             object_store_memory=256 << 20,  # nothing large crosses Ray here
             _node_ip_address="127.0.0.1",  # no network on the GPU machine; everything is local
-            logging_level=logging.ERROR,
-            log_to_driver=False,
-            runtime_env={"env_vars": {"ZIPKV_REPORT_TOKEN": self.report_token, "OMP_NUM_THREADS": "1"}},
         )
-        self._ray_started = True
         self.timings_s["ray_start"] = time.monotonic() - t0
         self._say(f"Ray up in {self.timings_s['ray_start']:.1f} s")
         logging.getLogger("ray.serve").setLevel(logging.WARNING)

@@ -167,32 +167,13 @@ class LocalStack:
         self._say(f"router{'s' if self.options.routers > 1 else ''} up")
 
     def _start_workers(self, report_addresses: list[str]) -> None:
-        import ray
         from ray import serve
 
         from .serve import app_builder
 
         o = self.options
-        os.environ["ZIPKV_REPORT_TOKEN"] = self.report_token  # inherited by the replicas
         self._say(f"starting Ray (local, {o.ray_num_cpus} CPUs); this takes 10-30 s")
-        replica_env = {"ZIPKV_REPORT_TOKEN": self.report_token, "OMP_NUM_THREADS": "1"}
-        for attempt in (1, 2):
-            try:
-                ray.init(
-                    num_cpus=o.ray_num_cpus,
-                    include_dashboard=False,
-                    logging_level=logging.ERROR,
-                    log_to_driver=False,
-                    configure_logging=True,
-                    runtime_env={"env_vars": replica_env},
-                )
-                break
-            except Exception as exc:  # a busy machine can make Ray's node start time out once
-                ray.shutdown()
-                if attempt == 2:
-                    raise RuntimeError(f"Ray did not start ({exc}); is another Ray still stopping?") from exc
-                self._say(f"Ray did not start ({exc}); trying once more")
-        self._ray_started = True
+        self.start_ray()
         logging.getLogger("ray.serve").setLevel(logging.WARNING)  # our own progress lines say it
         serve.start(proxy_location="Disabled")
         args = {"engine": "reference", **self.replica_args(report_addresses, o.workers)}
@@ -201,6 +182,32 @@ class LocalStack:
             f"{'on' if o.compression else 'off'}, KV budget {o.kv_budget_mib:g} MiB each)"
         )
         serve.run(app_builder(args), name=APP_NAME, route_prefix=None, blocking=False)
+
+    def start_ray(self, **init_kwargs: Any) -> None:
+        """A local Ray head for the replicas (report token in their environment); `init_kwargs` go to
+        `ray.init`. A busy machine can make the node's start time out once: one more try, then an error."""
+        import ray
+
+        os.environ["ZIPKV_REPORT_TOKEN"] = self.report_token  # inherited by the replicas
+        replica_env = {"ZIPKV_REPORT_TOKEN": self.report_token, "OMP_NUM_THREADS": "1"}
+        for attempt in (1, 2):
+            try:
+                ray.init(
+                    num_cpus=self.options.ray_num_cpus,
+                    include_dashboard=False,
+                    logging_level=logging.ERROR,
+                    log_to_driver=False,
+                    configure_logging=True,
+                    runtime_env={"env_vars": replica_env},
+                    **init_kwargs,
+                )
+                break
+            except Exception as exc:
+                ray.shutdown()
+                if attempt == 2:
+                    raise RuntimeError(f"Ray did not start ({exc}); is another Ray still stopping?") from exc
+                self._say(f"Ray did not start ({exc}); trying once more")
+        self._ray_started = True
 
     def replica_args(self, report_addresses: list[str], num_replicas: int) -> dict[str, Any]:
         """The `app_builder` arguments of the local worker replicas (loopback, reports every 150 ms)."""
