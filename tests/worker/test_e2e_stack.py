@@ -204,14 +204,20 @@ def test_replica_killed_mid_stream(stack: LocalStack) -> None:
 
 
 def test_zipkv_status_shows_workers(stack: LocalStack) -> None:
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        rc = cli.main(["status", "--port", str(stack.options.port)])
-    text = out.getvalue()
-    assert rc == 0, text
-    assert "router" in text and ": up;" in text
-    # A replica killed earlier in this module may still show, marked stale, until it ages out.
-    rows = [line for line in text.splitlines() if line.startswith("zipkv-worker-") and " ok " in line]
+    # A replica killed earlier in this module may still show, marked stale, until it ages out; a live one
+    # can show stale for a moment on a loaded 2-core machine (a late report), so look again for a while.
+    end = time.monotonic() + 20
+    while True:
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            rc = cli.main(["status", "--port", str(stack.options.port)])
+        text = out.getvalue()
+        assert rc == 0, text
+        assert "router" in text and ": up;" in text
+        rows = [line for line in text.splitlines() if line.startswith("zipkv-worker-") and " ok " in line]
+        if len(rows) == 2 or time.monotonic() > end:
+            break
+        time.sleep(1.0)
     assert len(rows) == 2, text
     for row in rows:
         assert " ok " in row and "run /" in row and re.search(r"\d+(\.\d)?k? \(\d+%\)", row), row
