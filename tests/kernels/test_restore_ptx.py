@@ -152,3 +152,22 @@ def test_the_emulator_knows_the_sign_replicate_and_lut_conventions() -> None:
     assert _prmt(0x80, 0, 0x9988) == 0x0000FFFF and _prmt(0x7F, 0, 0x8888) == 0
     assert _lop3(0x0F0F0F0F, 0xFFFF0000, 0x00FF00FF, 0xD8) == 0x0FFF0F00
     assert re.search(r"prmt\.b32 \$0", regs(_RESTORE_PAIRED_PTX))
+
+
+def test_codec_v2_unpair_selectors_split_pair_words_like_the_integer_path() -> None:
+    """codec_decode._unpair: its two prmt selectors against the shifts and masks the interpreter runs."""
+    import inspect
+
+    from zipkv.kernels import codec_decode
+
+    src = inspect.getsource(codec_decode._unpair.fn)
+    sel_a, sel_b = (int(x, 16) for x in re.findall(r"prmt\.b32 \$0, \$1, \$2, (0x[0-9A-Fa-f]+);", src))
+    rng = random.Random(9)
+    for _ in range(500):
+        p0, p1 = rng.getrandbits(32), rng.getrandbits(32)
+        a = (p0 & 0xFF) | ((p0 >> 8) & 0xFF00) | ((p1 & 0xFF) << 16) | ((p1 << 8) & 0xFF000000)
+        b = ((p0 >> 8) & 0xFF) | ((p0 >> 16) & 0xFF00) | ((p1 << 8) & 0xFF0000) | (p1 & 0xFF000000)
+        assert _prmt(p0, p1, sel_a) == a and _prmt(p0, p1, sel_b) == b
+        # and both are what v2 means: the low bytes of channels k..k+3, then of k + C/2 ..
+        assert [_byte(a, i) for i in range(4)] == [_byte(p0, 0), _byte(p0, 2), _byte(p1, 0), _byte(p1, 2)]
+        assert [_byte(b, i) for i in range(4)] == [_byte(p0, 1), _byte(p0, 3), _byte(p1, 1), _byte(p1, 3)]
