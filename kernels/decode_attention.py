@@ -33,7 +33,7 @@ import triton.language as tl
 
 from .decode_merge import _merge_kernel
 from .decode_plan import DecodePlan, plan_decode
-from .decode_tiles import _attend_tile, _load_tile, _restore, _row_starts, _tile_loads
+from .decode_tiles import _attend_tile, _kv_row_starts, _load_tile, _restore, _tile_loads
 from .decode_tiles_paired import _load_tile_paired
 
 __all__ = ["DecodePlan", "decode_attention", "plan_decode"]
@@ -86,12 +86,8 @@ def _decode_kernel(
         valid = tok < end
         # Row addresses run one tile ahead: page table -> page location -> metadata is a chain of
         # dependent loads that would otherwise stall every tile before its data loads can start.
-        k_start, k_marker = _row_starts(
-            tok, valid, page_base, page_ids_ptr, page_loc_ptr, meta32_ptr, head,
-            NUM_KV_HEADS, HEAD_DIM, META_WORDS, BLOCKS_PER_HEAD, COMPRESSED,
-        )  # fmt: skip
-        v_start, v_marker = _row_starts(
-            tok, valid, page_base, page_ids_ptr, page_loc_ptr, meta32_ptr, NUM_KV_HEADS + head,
+        k_start, k_marker, v_start, v_marker = _kv_row_starts(
+            tok, end, page_base, page_ids_ptr, page_loc_ptr, meta32_ptr, head,
             NUM_KV_HEADS, HEAD_DIM, META_WORDS, BLOCKS_PER_HEAD, COMPRESSED,
         )  # fmt: skip
         if PREFETCH and COMPRESSED:
@@ -105,12 +101,8 @@ def _decode_kernel(
             k_mark = k_marker
             v_mark = v_marker
             nxt = tok + BLOCK_N
-            k_start, k_marker = _row_starts(
-                nxt, nxt < end, page_base, page_ids_ptr, page_loc_ptr, meta32_ptr, head,
-                NUM_KV_HEADS, HEAD_DIM, META_WORDS, BLOCKS_PER_HEAD, COMPRESSED,
-            )  # fmt: skip
-            v_start, v_marker = _row_starts(
-                nxt, nxt < end, page_base, page_ids_ptr, page_loc_ptr, meta32_ptr, NUM_KV_HEADS + head,
+            k_start, k_marker, v_start, v_marker = _kv_row_starts(
+                nxt, end, page_base, page_ids_ptr, page_loc_ptr, meta32_ptr, head,
                 NUM_KV_HEADS, HEAD_DIM, META_WORDS, BLOCKS_PER_HEAD, COMPRESSED,
             )  # fmt: skip
             for tile in range(first, end, BLOCK_N):
@@ -128,34 +120,18 @@ def _decode_kernel(
                 k_mark = k_marker
                 v_mark = v_marker
                 nn = nxt + BLOCK_N
-                k_start, k_marker = _row_starts(
-                    nn, nn < end, page_base, page_ids_ptr, page_loc_ptr, meta32_ptr, head,
-                    NUM_KV_HEADS, HEAD_DIM, META_WORDS, BLOCKS_PER_HEAD, COMPRESSED,
-                )  # fmt: skip
-                v_start, v_marker = _row_starts(
-                    nn, nn < end, page_base, page_ids_ptr, page_loc_ptr, meta32_ptr, NUM_KV_HEADS + head,
+                k_start, k_marker, v_start, v_marker = _kv_row_starts(
+                    nn, end, page_base, page_ids_ptr, page_loc_ptr, meta32_ptr, head,
                     NUM_KV_HEADS, HEAD_DIM, META_WORDS, BLOCKS_PER_HEAD, COMPRESSED,
                 )  # fmt: skip
                 k_a, k_b = _restore(
-                    c_kl_a,
-                    c_kl_b,
-                    c_k_code,
-                    c_k_mark.to(tl.uint8)[:, None],
-                    c_kr_a,
-                    c_kr_b,
-                    USE_ASM,
-                    FP32_DOT,
-                )
+                    c_kl_a, c_kl_b, c_k_code, c_k_mark.to(tl.uint8)[:, None], c_kr_a, c_kr_b,
+                    USE_ASM, FP32_DOT,
+                )  # fmt: skip
                 v_a, v_b = _restore(
-                    c_vl_a,
-                    c_vl_b,
-                    c_v_code,
-                    c_v_mark.to(tl.uint8)[:, None],
-                    c_vr_a,
-                    c_vr_b,
-                    USE_ASM,
-                    FP32_DOT,
-                )
+                    c_vl_a, c_vl_b, c_v_code, c_v_mark.to(tl.uint8)[:, None], c_vr_a, c_vr_b,
+                    USE_ASM, FP32_DOT,
+                )  # fmt: skip
                 m_i, l_i, acc_a, acc_b = _attend_tile(
                     q_a, q_b, k_a, k_b, v_a, v_b, valid, m_i, l_i, acc_a, acc_b, qk_scale, FP32_DOT
                 )
@@ -180,12 +156,8 @@ def _decode_kernel(
                         FP32_DOT, True,
                     )  # fmt: skip
                 nxt = tok + BLOCK_N
-                k_start, k_marker = _row_starts(
-                    nxt, nxt < end, page_base, page_ids_ptr, page_loc_ptr, meta32_ptr, head,
-                    NUM_KV_HEADS, HEAD_DIM, META_WORDS, BLOCKS_PER_HEAD, COMPRESSED,
-                )  # fmt: skip
-                v_start, v_marker = _row_starts(
-                    nxt, nxt < end, page_base, page_ids_ptr, page_loc_ptr, meta32_ptr, NUM_KV_HEADS + head,
+                k_start, k_marker, v_start, v_marker = _kv_row_starts(
+                    nxt, end, page_base, page_ids_ptr, page_loc_ptr, meta32_ptr, head,
                     NUM_KV_HEADS, HEAD_DIM, META_WORDS, BLOCKS_PER_HEAD, COMPRESSED,
                 )  # fmt: skip
                 m_i, l_i, acc_a, acc_b = _attend_tile(

@@ -127,6 +127,26 @@ def _row_starts(
 
 
 @triton.jit
+def _kv_row_starts(
+    tok, end, page_base, page_ids_ptr, page_loc_ptr, meta32_ptr, head,
+    NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, META_WORDS: tl.constexpr,
+    BLOCKS_PER_HEAD: tl.constexpr, COMPRESSED: tl.constexpr,
+):  # fmt: skip
+    """:func:`_row_starts` of a tile's K rows and V rows (page-heads ``head`` and ``NUM_KV_HEADS + head``):
+    (k_start, k_marker, v_start, v_marker)."""
+    valid = tok < end
+    k_start, k_marker = _row_starts(
+        tok, valid, page_base, page_ids_ptr, page_loc_ptr, meta32_ptr, head,
+        NUM_KV_HEADS, HEAD_DIM, META_WORDS, BLOCKS_PER_HEAD, COMPRESSED,
+    )  # fmt: skip
+    v_start, v_marker = _row_starts(
+        tok, valid, page_base, page_ids_ptr, page_loc_ptr, meta32_ptr, NUM_KV_HEADS + head,
+        NUM_KV_HEADS, HEAD_DIM, META_WORDS, BLOCKS_PER_HEAD, COMPRESSED,
+    )  # fmt: skip
+    return k_start, k_marker, v_start, v_marker
+
+
+@triton.jit
 def _tile_loads(
     heap_u8, heap_bf16, start, marker, tok, valid, HEAD_DIM: tl.constexpr, ZERO_FILL: tl.constexpr,
 ):  # fmt: skip
