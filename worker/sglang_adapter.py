@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from .engine import EngineCapacity, EngineEvent, EngineRequest, FinishReason, RequestRejected
+from .owner_thread import OwnerThread
 from .settings import WorkerSettings
 
 STEP_WAIT_S = 0.005  # how long one step lets SGLang's loop run when requests are in flight
@@ -73,9 +74,9 @@ def engine_kwargs(settings: WorkerSettings, model_path: str, **overrides: Any) -
 
 
 def off_running_loop(factory: Callable[[], T]) -> T:
-    """`factory()` where no asyncio loop is running. ``sglang.Engine`` adopts the running loop if there is
-    one, and Ray Serve runs a replica's constructor inside its own (running) loop: `step` could then never
-    drive SGLang's loop from the engine thread. A helper thread has no loop, so SGLang makes its own."""
+    """`factory()` where no asyncio loop is running: on a helper thread when the caller runs one (a Ray Serve
+    replica's constructor runs inside Serve's loop, where ``run_until_complete`` refuses). Not for anything
+    that starts processes: the helper thread ends (see owner_thread.py)."""
     try:
         asyncio.get_running_loop()
     except RuntimeError:
@@ -108,7 +109,14 @@ class SGLangEngine:
         self._kv_bytes_per_token = kv_bytes_per_token(settings.model_path)
         self._context_tokens = int(_model_config(settings.model_path).get("max_position_embeddings", 0))
         kwargs = engine_kwargs(settings, settings.model_path, **engine_overrides)
-        self._eng = off_running_loop(lambda: sglang_seams.engine_class()(**kwargs))
+        # Built on a thread that outlives it (see owner_thread.py): never on a helper that returns, and not
+        # inside a running loop (a Ray Serve constructor's), which sglang.Engine would adopt.
+        self._owner = OwnerThread("zipkv-sglang-owner")
+        try:
+            self._eng = self._owner.call(lambda: sglang_seams.engine_class()(**kwargs))
+        except BaseException:
+            self._owner.close()
+            raise
         self._loop: asyncio.AbstractEventLoop = sglang_seams.event_loop(self._eng)
         self._running: dict[str, _Running] = {}
         self._events: list[EngineEvent] = []
@@ -169,7 +177,10 @@ class SGLangEngine:
         )
 
     def shutdown(self) -> None:
-        self._eng.shutdown()
+        try:
+            self._eng.shutdown()
+        finally:
+            self._owner.close()
 
     # ---- internals ----------------------------------------------------------------------------------
     def _snapshot(self) -> Any:

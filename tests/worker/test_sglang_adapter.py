@@ -64,7 +64,7 @@ def _running_loop_or_none() -> asyncio.AbstractEventLoop | None:
         return None
 
 
-def test_engine_is_built_where_no_loop_runs_as_inside_a_serve_replica_constructor() -> None:
+def test_capacity_is_read_where_no_loop_runs_as_inside_a_serve_replica_constructor() -> None:
     async def constructor() -> asyncio.AbstractEventLoop | None:  # Ray Serve calls __init__ like this
         assert _running_loop_or_none() is not None
         return off_running_loop(_running_loop_or_none)
