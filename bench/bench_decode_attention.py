@@ -42,7 +42,7 @@ from decode_attention_baselines import (
 from decode_attention_data import encode_packed, plant_raw_blocks, random_pages, undo_plant
 
 from zipkv.kernels import decode_attention as da
-from zipkv.kernels.layout import PageFormat
+from zipkv.kernels.layout import FORMAT_VERSION, PageFormat
 from zipkv.kernels.reference import raw_page_meta
 
 REAL_KV_FRACTION = 0.9425  # docs/format.md: MiniLM, mean of K and V, token-major blocks
@@ -217,8 +217,8 @@ def main() -> None:
     )
     ap.add_argument(
         "--format-versions",
-        default="1",
-        help="page format versions to measure zipkv on, e.g. 1,2 (layout.py)",
+        default=str(FORMAT_VERSION),
+        help="page format versions to measure zipkv on, e.g. 1,2 (layout.py; default: the default format)",
     )
     ap.add_argument("--no-check", dest="check", action="store_false")
     ap.add_argument("--target-s", type=float, default=0.12, help="timed seconds per measurement")
