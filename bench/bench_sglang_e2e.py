@@ -81,8 +81,13 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
     start_s = time.perf_counter() - t0
     rng = np.random.default_rng(0)
     prompts = rng.integers(100, 120000, size=(work.requests, work.input_tokens)).tolist()
+    shared = work.shared_prefix_tokens
+    for p in prompts[1:]:
+        p[:shared] = prompts[0][:shared]
     sp = {"max_new_tokens": work.output_tokens, "temperature": 0.0, "ignore_eos": True}
     eng.generate(input_ids=[p[:256] for p in prompts[:2]], sampling_params={**sp, "max_new_tokens": 8})
+    if shared:  # the radix cache holds the shared prefix before the timed requests arrive
+        eng.generate(input_ids=[prompts[0][: shared + 16]], sampling_params={**sp, "max_new_tokens": 1})
 
     async def one(i: int, t_submit: float) -> tuple[Stream, list[int]]:
         arrival, new, seen, last = [], [], 0, None

@@ -37,12 +37,16 @@ class Workload:
     requests: int
     input_tokens: int
     output_tokens: int
+    shared_prefix_tokens: int = 0  # every prompt starts with the same tokens, cached before timing starts
 
 
 WORKLOADS = {
     "offline": Workload("offline_8192x256", 64, 8192, 256),
     "online": Workload("online_1024x8192", 32, 1024, 8192),
     "small": Workload("small_1024x32", 8, 1024, 32),
+    # Milestone 3's paths: prompts longer than m3's 2048-token prefill chunk, sharing a cached 2048-token
+    # prefix (its pages compressed), so extend reads compressed prefix pages and prefill runs in chunks.
+    "prefix": Workload("prefix_3072x32", 16, 3072, 32, shared_prefix_tokens=2048),
 }
 
 

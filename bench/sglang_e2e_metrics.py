@@ -41,6 +41,7 @@ DECODE_RE = re.compile(
 )
 POOL_RE = re.compile(r"zipkv pool step=(\d+) (.*)")
 RETRACT_RE = re.compile(r"#retracted_reqs: (\d+)")
+CACHED_RE = re.compile(r"Prefill batch.*?#cached-token: (\d+)")  # radix cache hits (milestone 3)
 PAD_PAGES = 1  # zipkv's pool keeps page 0 raw for SGLang's padded CUDA-graph rows
 
 
@@ -161,6 +162,7 @@ def log_metrics(text: str) -> dict[str, Any]:
         **at_max_batch(decode_lines(text)),
         **pool_metrics(pool_lines(text)),
         "retracted_requests": sum(int(x) for x in RETRACT_RE.findall(text)),
+        "cached_prefill_tokens": sum(int(x) for x in CACHED_RE.findall(text)),
         "first_error_lines": errors[:5],
     }
 

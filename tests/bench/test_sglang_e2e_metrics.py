@@ -69,6 +69,8 @@ def test_log_metrics_ignore_prefill_and_pool_start_lines() -> None:
         + "[x] KV cache pool is full. Retract requests. #retracted_reqs: 3, #new_tokens_gained: 9\n"
     )
     assert m["max_running_requests"] == 45 and m["retracted_requests"] == 3
+    hits = "[x] Prefill batch, #new-seq: 2, #new-token: 2048, #cached-token: 4096, token usage: 0.01, \n"
+    assert log_metrics(TRITON_LOG + hits + hits)["cached_prefill_tokens"] == 8192
     assert "compressed_block_fraction" not in m  # the pool's start line is not a step line
     assert m["first_error_lines"] == []
     assert log_metrics("RuntimeError: boom\n")["first_error_lines"] == ["RuntimeError: boom"]
