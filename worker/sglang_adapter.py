@@ -59,8 +59,9 @@ def engine_kwargs(settings: WorkerSettings, model_path: str, **overrides: Any) -
         "max_running_requests": settings.max_running_requests,
         "max_total_tokens": settings.kv_budget_bytes // kv_bytes_per_token(model_path),
         "disable_prefill_cuda_graph": True,  # zipkv's extend runs eagerly (milestone 2 covers decode graphs)
-        # Milestone 3 (radix cache, chunked prefill) is built and CPU-tested but not yet run on a GPU: the
-        # default is the measured milestone 2; sglang_args can turn them back on.
+        # Milestone 3 (radix cache, chunked prefill) runs on the GPU with identical greedy tokens, but its
+        # extend restores cached prefix pages into scratch (slower TTFT) and is measured only at a small
+        # scale: the default is milestone 2, measured end to end; sglang_args can turn them back on.
         "disable_radix_cache": True,
         "chunked_prefill_size": -1,
         "sampling_backend": "pytorch",
