@@ -3,6 +3,8 @@
 Run by bench/run_ray_serve_gpu.sh (on the GPU machine with ``--engine sglang``; on a CPU with
 ``--engine reference``, which proves the same path with the tiny built-in model). Writes one JSON record:
 the responses, the worker report the router saw, and timings (router up, Ray up, replica ready, requests).
+This module holds the CLI, the request checks, the record and its summary; the stack itself (start,
+readiness wait, stop, the replica's logs) is ``ray_serve_gpu_stack``.
 
 The router tokenizes with the built-in byte tokenizer (ids 0..258). Those ids are valid prompt ids for a
 Llama-vocab model too; what such a model generates mostly lies outside the byte range and carries no text
@@ -13,113 +15,20 @@ is mostly empty and `usage.completion_tokens` is what proves the tokens came bac
 from __future__ import annotations
 
 import argparse
-import glob
 import json
-import logging
 import os
 import platform
 import re
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any
 
-from zipkv.worker.local_stack import APP_NAME, LocalStack, StackOptions, free_port, http_get
+from ray_serve_gpu_stack import ServeStack, replica_info, replica_log_tail
+
+from zipkv.worker.local_stack import StackOptions, free_port, http_get
 
 PROMPT = "zipkv serves this request through the router and a Ray Serve replica."
-
-
-class ServeStack(LocalStack):
-    """`zipkv up`'s stack (router process, status tap, local Ray, Serve app) with the engine chosen here:
-    the byte tokenizer at the router and worker arguments beyond `zipkv up`'s (engine, GPUs, SGLang's)."""
-
-    def __init__(
-        self, options: StackOptions, worker_args: dict[str, Any], num_gpus: int, wait_note: str = ""
-    ) -> None:
-        super().__init__(options, progress=lambda line: print(line, flush=True))
-        self.worker_args = worker_args
-        self.num_gpus = num_gpus
-        self.wait_note = wait_note
-        self.timings_s: dict[str, float] = {}
-        self.deploy_error: BaseException | None = None
-
-    def _router_config(self, k: int) -> Path:
-        path = super()._router_config(k)
-        config = json.loads(path.read_text())
-        config["models"][0]["tokenizer"] = "byte"  # a dummy-weights model folder holds no tokenizer
-        path.write_text(json.dumps(config, indent=2))
-        return path
-
-    def _start_workers(self, report_addresses: list[str]) -> None:
-        from ray import serve
-
-        from zipkv.worker.serve import app_builder
-
-        o = self.options
-        t0 = time.monotonic()
-        self._say(f"starting Ray (local head, {o.ray_num_cpus} CPUs, {self.num_gpus} GPU(s))")
-        self.start_ray(
-            num_gpus=self.num_gpus,
-            object_store_memory=256 << 20,  # nothing large crosses Ray here
-            _node_ip_address="127.0.0.1",  # no network on the GPU machine; everything is local
-        )
-        self.timings_s["ray_start"] = time.monotonic() - t0
-        self._say(f"Ray up in {self.timings_s['ray_start']:.1f} s")
-        logging.getLogger("ray.serve").setLevel(logging.WARNING)
-        serve.start(proxy_location="Disabled")
-        args = {**self.replica_args(report_addresses, 1), **self.worker_args}
-        self._say(f"starting the worker replica: {json.dumps(args)}")
-        self.timings_s["serve_run_at"] = time.monotonic()
-        # serve.run returns only once the replica's constructor (the engine's whole start-up) is done; on a
-        # thread, so that the wait below keeps its deadline and shows progress meanwhile.
-        app = app_builder(args)
-        threading.Thread(target=self._serve_run, args=(app,), name="zipkv-serve-run", daemon=True).start()
-
-    def _serve_run(self, app: Any) -> None:
-        from ray import serve
-
-        try:
-            serve.run(app, name=APP_NAME, route_prefix=None, blocking=False)
-        except BaseException as exc:  # reported by _wait_ready
-            self.deploy_error = exc
-
-    def _wait_ready(self, timeout_s: float) -> None:
-        t0 = time.monotonic()
-        last_note = t0
-        while not self.workers():
-            now = time.monotonic()
-            if self.deploy_error is not None:
-                raise RuntimeError(f"the worker replica failed to start: {self.deploy_error}")
-            for k, proc in enumerate(self.routers):
-                if proc.poll() is not None:
-                    raise RuntimeError(
-                        f"router {k} exited ({proc.returncode}):\n{self.router_log(k)[-3000:]}"
-                    )
-            if now - t0 > timeout_s:
-                raise TimeoutError(
-                    f"the replica sent no report within {timeout_s:.0f} s{self.wait_note}; its log: "
-                    "/tmp/ray/session_latest/logs/serve/replica_*.log"
-                )
-            if now - last_note >= 15.0:
-                last_note = now
-                tail = _replica_log_tail(1)
-                self._say(
-                    f"waiting for the replica's first report ({now - t0:.0f} s){self.wait_note}"
-                    + (f"\n      last log line: {tail[-1]}" if tail else "")
-                )
-            time.sleep(0.3)
-        self._say("1/1 workers reporting: ready")
-
-
-def _replica_log_tail(lines: int = 6) -> list[str]:
-    logs = sorted(glob.glob("/tmp/ray/session_latest/logs/serve/replica_*.log"), key=os.path.getmtime)
-    logs += sorted(glob.glob("/tmp/ray/session_latest/logs/worker-*.err"), key=os.path.getmtime)[-2:]
-    out: list[str] = []
-    for path in logs[-3:]:
-        text = Path(path).read_text(errors="replace").splitlines()
-        out += [f"{Path(path).name}: {line[:300]}" for line in text[-lines:]]
-    return out
 
 
 def _metrics_for_workers(base_url: str) -> dict[str, float]:
@@ -183,13 +92,16 @@ def _requests(base_url: str, model: str, max_tokens: int, timeout_s: float) -> d
     }
 
 
-def run(args: argparse.Namespace) -> dict[str, Any]:
+def _worker_args(args: argparse.Namespace) -> dict[str, Any]:
     worker_args: dict[str, Any] = {"engine": args.engine, "max_running_requests": args.max_running_requests}
     if args.engine == "sglang":
         worker_args.update(gpus_per_replica=1, sglang_args=args.sglang_args)
-    port = free_port()
+    return worker_args
+
+
+def _stack(args: argparse.Namespace, worker_args: dict[str, Any]) -> ServeStack:
     options = StackOptions(
-        port=port,
+        port=free_port(),
         workers=1,
         # Absolute: Ray's worker processes need not share this process's working directory.
         model_path=os.path.abspath(args.model) if args.model else None,
@@ -201,8 +113,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         max_context_tokens=args.max_context_tokens,
     )
     cold = " (SGLang: ~40 s with warm JIT caches, ~190 s more cold)" if args.engine == "sglang" else ""
-    stack = ServeStack(options, worker_args, 1 if args.engine == "sglang" else 0, cold)
-    record: dict[str, Any] = {
+    return ServeStack(options, worker_args, 1 if args.engine == "sglang" else 0, cold)
+
+
+def _record_header(args: argparse.Namespace, worker_args: dict[str, Any]) -> dict[str, Any]:
+    return {
         "what": "router -> Ray Serve replica -> engine, OpenAI completions (stream and non-stream)",
         "engine": args.engine,
         "model": args.model or "zipkv-tiny (built in)",
@@ -213,34 +128,44 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "host": platform.node(),
         "python": platform.python_version(),
         "command": " ".join([os.path.basename(sys.executable), *sys.argv]),
-        "ok": False,
+        "ok": False,  # set true only once every check below has passed
     }
+
+
+def _start_and_check(stack: ServeStack, args: argparse.Namespace, record: dict[str, Any]) -> None:
+    """Start the stack, send both requests and fill `record` with what the router and the replica saw."""
     t0 = time.monotonic()
+    _versions(record)
+    stack.start(ready_timeout_s=args.ready_timeout_s)
+    timings = stack.timings_s
+    timings["replica_ready"] = time.monotonic() - timings.pop("serve_run_at")
+    timings["stack_ready"] = time.monotonic() - t0
+    url = stack.base_urls[0]
+    record["worker_report_at_ready"] = stack.workers()
+    record["requests"] = _requests(url, stack.model_name, args.max_tokens, args.request_timeout_s)
+    record["router_readyz"] = json.loads(http_get(f"{url}/readyz")[1])
+    record["router_worker_metrics"] = _metrics_for_workers(url)
+    record["worker_report_after"] = stack.workers()
+    record["replica_info"] = replica_info()
+    record["timings_s"] = timings
+    r = record["requests"]
+    record["ok"] = bool(r["non_stream"]["ok"] and r["stream"]["ok"] and record["router_readyz"]["workers"])
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    worker_args = _worker_args(args)
+    stack = _stack(args, worker_args)
+    record = _record_header(args, worker_args)
     try:
-        _versions(record)
-        stack.start(ready_timeout_s=args.ready_timeout_s)
-        timings = stack.timings_s
-        timings["replica_ready"] = time.monotonic() - timings.pop("serve_run_at")
-        timings["stack_ready"] = time.monotonic() - t0
-        url = stack.base_urls[0]
-        record["worker_report_at_ready"] = stack.workers()
-        record["requests"] = _requests(url, stack.model_name, args.max_tokens, args.request_timeout_s)
-        record["router_readyz"] = json.loads(http_get(f"{url}/readyz")[1])
-        record["router_worker_metrics"] = _metrics_for_workers(url)
-        record["worker_report_after"] = stack.workers()
-        record["replica_info"] = _replica_info()
-        record["timings_s"] = timings
-        r = record["requests"]
-        record["ok"] = bool(
-            r["non_stream"]["ok"] and r["stream"]["ok"] and record["router_readyz"]["workers"]
-        )
+        _start_and_check(stack, args, record)
     except BaseException as exc:
         record["error"] = f"{type(exc).__name__}: {exc}"
         record["router_log_tail"] = stack.router_log(0)[-3000:]
-        record["replica_log_tail"] = _replica_log_tail(30)
+        record["replica_log_tail"] = replica_log_tail(30)
         print("\n".join(["replica logs (last lines):", *record["replica_log_tail"][-15:]]), flush=True)
         raise
     finally:
+        # Written on failure too: the record with its error and log tails is what explains a failed run.
         record.setdefault("timings_s", stack.timings_s)
         Path(args.out).write_text(json.dumps(record, indent=2, default=str))
         print(f"wrote {args.out}", flush=True)
@@ -266,13 +191,6 @@ def _versions(record: dict[str, Any]) -> None:
         record["device"] = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
     except ImportError:
         record["device"] = "unknown (no torch)"
-
-
-def _replica_info() -> dict[str, Any]:
-    from ray import serve
-
-    info: dict[str, Any] = serve.get_app_handle(APP_NAME).remote().result(timeout_s=30)
-    return info
 
 
 def _summary(record: dict[str, Any]) -> None:
