@@ -1,0 +1,124 @@
+"""Registers, spills and load instructions of the decode kernel for a GPU target, compiled on any machine.
+
+The decode kernel's speed is set by how many programs fit on an SM, i.e. by its registers
+(docs/benchmarks.md), so a change to it can be judged before it reaches the GPU: Triton compiles for
+``sm_90`` here with its bundled ``ptxas`` and no GPU. With the GPU machine's Triton (3.6.0, e.g.
+``pip install triton==3.6.0`` into a virtualenv made with ``--system-site-packages``) the figures equal
+those the H200 reports (253 registers for v1's compressed kernel, 244 for v2's, 188 for the twin).
+
+    python bench/kernel_resources.py [--head-dim 128] [--configs 32:1:1,32:1:2] [--arch 90]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import subprocess
+import tempfile
+from dataclasses import dataclass
+
+os.environ.pop("TRITON_INTERPRET", None)  # compile for the GPU, not for the interpreter
+
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+from zipkv.kernels import decode_attention as da
+from zipkv.kernels.layout import PageFormat
+
+_ARG_TYPES = {
+    "q_ptr": "*bf16", "out_ptr": "*bf16", "o_part_ptr": "*fp32", "lse_part_ptr": "*fp32",
+    "heap_u8": "*u8", "heap_bf16": "*bf16", "page_loc_ptr": "*i64", "meta32_ptr": "*i32",
+    "page_ids_ptr": "*i32", "page_indptr_ptr": "*i32", "kv_lens_ptr": "*i32", "num_splits_ptr": "*i32",
+    "split_tokens_ptr": "*i32", "qk_scale": "fp32", "stride_qb": "i32", "stride_qh": "i32",
+    "stride_ob": "i32", "stride_oh": "i32", "max_splits": "i32",
+}  # fmt: skip
+_STRIDES = {"stride_qb", "stride_qh", "stride_ob", "stride_oh"}
+_ALIGNED = {n for n, t in _ARG_TYPES.items() if t.startswith("*")} | _STRIDES  # as Triton specialises them
+
+
+@dataclass(frozen=True)
+class Resources:
+    variant: str
+    registers: int
+    spill_bytes: int
+    shared_bytes: int
+    global_loads: int  # ld.global instructions in the PTX
+    async_copies: int  # cp.async instructions (pipelined loads through shared memory)
+
+
+def _constexprs(fmt: PageFormat, block_n: int, compressed: bool, group: int) -> dict[str, object]:
+    return dict(
+        NUM_KV_HEADS=fmt.num_kv_heads, GROUP=group, G_PAD=max(16, triton.next_power_of_2(group)),
+        HEAD_DIM=fmt.head_dim, BLOCK_N=block_n, SPLIT=True, META_WORDS=fmt.meta_bytes // 4,
+        BLOCKS_PER_HEAD=fmt.blocks_per_page_head, COMPRESSED=compressed, USE_ASM=True, FP32_DOT=False,
+        PREFETCH=False, PAIRED=fmt.paired_low_bytes,
+    )  # fmt: skip
+
+
+def compile_decode_kernel(
+    fmt: PageFormat,
+    compressed: bool,
+    block_n: int,
+    num_warps: int,
+    num_stages: int,
+    arch: int = 90,
+    group: int = 4,
+) -> Resources:
+    """Compile the decode kernel as `decode_attention` would launch it and read its resources."""
+    fn = da._decode_kernel
+    const = _constexprs(fmt, block_n, compressed, group)
+    signature = {n: _ARG_TYPES.get(n, "constexpr") for n in fn.arg_names}
+    constexprs = {(i,): const[n] for i, n in enumerate(fn.arg_names) if n not in _ARG_TYPES}
+    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names) if n in _ALIGNED}
+    kernel = triton.compile(
+        ASTSource(fn, signature, constexprs, attrs),
+        target=GPUTarget("cuda", arch, 32),
+        options={"num_warps": num_warps, "num_stages": num_stages},
+    )
+    registers, spill_bytes = _cubin_usage(kernel.asm["cubin"])
+    ptx = kernel.asm["ptx"]
+    kind = f"v{fmt.version} compressed" if compressed else "twin"
+    return Resources(
+        variant=f"{kind} head_dim {fmt.head_dim} block_n {block_n} warps {num_warps} stages {num_stages}",
+        registers=registers,
+        spill_bytes=spill_bytes,
+        shared_bytes=int(kernel.metadata.shared),
+        global_loads=len(re.findall(r"\bld\.global", ptx)),
+        async_copies=len(re.findall(r"\bcp\.async\.c[ag]", ptx)),
+    )
+
+
+def _cubin_usage(cubin: bytes) -> tuple[int, int]:
+    """(registers, spill stack bytes) from ``cuobjdump --dump-resource-usage`` (bundled with Triton)."""
+    from triton.backends import nvidia
+
+    tool = os.path.join(os.path.dirname(nvidia.__file__), "bin", "cuobjdump")
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        out = subprocess.run([tool, "--dump-resource-usage", f.name], capture_output=True, text=True).stdout
+    found = re.search(r"REG:(\d+).*?STACK:(\d+)", out)
+    if found is None:
+        raise RuntimeError(f"cuobjdump gave no resource line for the kernel: {out[:300]!r}")
+    return int(found.group(1)), int(found.group(2))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--head-dim", type=int, default=128)
+    ap.add_argument("--configs", default="32:1:1,32:1:2", help="block_n:warps:stages list")
+    ap.add_argument("--versions", default="1,2", help="page format versions of the compressed kernel")
+    ap.add_argument("--arch", type=int, default=90, help="compute capability, e.g. 90 for H100/H200")
+    args = ap.parse_args()
+    print(f"triton {triton.__version__}, sm_{args.arch}", flush=True)
+    for cfg in args.configs.split(","):
+        block_n, warps, stages = (int(x) for x in cfg.split(":"))
+        runs = [(PageFormat(args.head_dim, 8, version=int(v)), True) for v in args.versions.split(",")]
+        for fmt, compressed in [*runs, (PageFormat(args.head_dim, 8), False)]:
+            print(compile_decode_kernel(fmt, compressed, block_n, warps, stages, args.arch), flush=True)
+
+
+if __name__ == "__main__":
+    main()
