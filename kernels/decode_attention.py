@@ -34,7 +34,7 @@ import triton.language as tl
 from .decode_merge import _merge_kernel
 from .decode_plan import DecodePlan, plan_decode
 from .decode_tiles import _attend_tile, _kv_row_starts, _load_tile, _restore, _tile_loads
-from .decode_tiles_paired import _load_tile_paired
+from .decode_tiles_paired import _attend_prefetched_paired, _load_tile_paired
 
 __all__ = ["DecodePlan", "decode_attention", "plan_decode"]
 
@@ -90,7 +90,13 @@ def _decode_kernel(
             tok, end, page_base, page_ids_ptr, page_loc_ptr, meta32_ptr, head,
             NUM_KV_HEADS, HEAD_DIM, META_WORDS, BLOCKS_PER_HEAD, COMPRESSED,
         )  # fmt: skip
-        if PREFETCH and COMPRESSED:
+        if PREFETCH and COMPRESSED and PAIRED:  # page format v2 (decode_tiles_paired.py)
+            m_i, l_i, acc_a, acc_b = _attend_prefetched_paired(
+                q_a, q_b, m_i, l_i, acc_a, acc_b, qk_scale, first, end, page_base, head,
+                k_start, k_marker, v_start, v_marker, heap_u8, heap_bf16, page_ids_ptr, page_loc_ptr,
+                meta32_ptr, NUM_KV_HEADS, HEAD_DIM, META_WORDS, BLOCKS_PER_HEAD, BLOCK_N, USE_ASM, FP32_DOT,
+            )  # fmt: skip
+        elif PREFETCH and COMPRESSED:
             # Register double-buffering: the next tile's loads are in flight while this one computes.
             kl_a, kl_b, k_code, kr_a, kr_b = _tile_loads(
                 heap_u8, heap_bf16, k_start, k_marker, tok, valid, HEAD_DIM, False
@@ -227,8 +233,6 @@ def decode_attention(
     """
     _check_inputs(plan, q, heap, page_loc_layer, page_meta_layer)
     fmt = plan.fmt
-    if plan.prefetch and fmt.paired_low_bytes and compressed:
-        raise ValueError("register double-buffering (prefetch) reads page format v1 only; plan without it")
     interpret = _interpreting()
     if use_asm is None:
         use_asm = not interpret

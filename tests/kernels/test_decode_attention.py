@@ -186,8 +186,10 @@ def test_format_v2_equals_twin_and_v1(head_dim, group, kv_lens, splits, device) 
     packed1, _ = run_both(v1, v1.plan(block_n=32, max_splits=splits, num_sms=2))
     assert torch.equal(packed2.view(torch.int16), twin.view(torch.int16))
     assert torch.equal(packed2.view(torch.int16), packed1.view(torch.int16))
-    with pytest.raises(ValueError, match="prefetch"):
-        run_both(v2, v2.plan(block_n=32, num_sms=2, prefetch=True))
+    # register double-buffering (loads one tile ahead): same bits, including a 1-token context
+    prefetched, twin = run_both(v2, v2.plan(block_n=32, max_splits=splits, num_sms=2, prefetch=True))
+    assert torch.equal(prefetched.view(torch.int16), twin.view(torch.int16))
+    assert torch.equal(prefetched.view(torch.int16), packed1.view(torch.int16))
 
 
 @pytest.mark.gpu
@@ -205,7 +207,7 @@ def test_gpu_ptx_restore_equals_integer_restore_and_twin(head_dim: int, group: i
         seed=head_dim + group,
         version=version,
     )
-    for splits, prefetch in ((1, False), (None, version == 1)):
+    for splits, prefetch in ((1, False), (None, True)):
         plan = case.plan(max_splits=splits, prefetch=prefetch)
         packed, twin = run_both(case, plan)
         plain = decode_attention(plan, case.q, case.heap, case.loc, case.meta, head_dim**-0.5, use_asm=False)
