@@ -12,17 +12,18 @@ those the H200 reports (253 registers for v1's compressed kernel, 244 for v2's, 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import json
 import os
 import re
 import subprocess
 import tempfile
 from dataclasses import dataclass
 
-os.environ.pop("TRITON_INTERPRET", None)  # compile for the GPU, not for the interpreter
-
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
+from triton.runtime.jit import JITFunction
 
 from zipkv.kernels import decode_attention as da
 from zipkv.kernels.layout import PageFormat
@@ -68,6 +69,8 @@ def compile_decode_kernel(
 ) -> Resources:
     """Compile the decode kernel as `decode_attention` would launch it and read its resources."""
     fn = da._decode_kernel
+    if not isinstance(fn, JITFunction):  # TRITON_INTERPRET=1 at import made it an interpreted function
+        raise RuntimeError("the kernels were built for Triton's interpreter: run with TRITON_INTERPRET unset")
     const = _constexprs(fmt, block_n, compressed, group)
     signature = {n: _ARG_TYPES.get(n, "constexpr") for n in fn.arg_names}
     constexprs = {(i,): const[n] for i, n in enumerate(fn.arg_names) if n not in _ARG_TYPES}
@@ -111,13 +114,20 @@ def main() -> None:
     ap.add_argument("--configs", default="32:1:1,32:1:2", help="block_n:warps:stages list")
     ap.add_argument("--versions", default="1,2", help="page format versions of the compressed kernel")
     ap.add_argument("--arch", type=int, default=90, help="compute capability, e.g. 90 for H100/H200")
+    ap.add_argument("--json", action="store_true", help="one JSON list on stdout instead of lines")
     args = ap.parse_args()
-    print(f"triton {triton.__version__}, sm_{args.arch}", flush=True)
+    if not args.json:
+        print(f"triton {triton.__version__}, sm_{args.arch}", flush=True)
+    found = []
     for cfg in args.configs.split(","):
         block_n, warps, stages = (int(x) for x in cfg.split(":"))
         runs = [(PageFormat(args.head_dim, 8, version=int(v)), True) for v in args.versions.split(",")]
         for fmt, compressed in [*runs, (PageFormat(args.head_dim, 8), False)]:
-            print(compile_decode_kernel(fmt, compressed, block_n, warps, stages, args.arch), flush=True)
+            found.append(compile_decode_kernel(fmt, compressed, block_n, warps, stages, args.arch))
+            if not args.json:
+                print(found[-1], flush=True)
+    if args.json:
+        print(json.dumps([dataclasses.asdict(r) for r in found]))
 
 
 if __name__ == "__main__":
