@@ -157,7 +157,10 @@ class SGLangEngine:
     def capacity(self) -> EngineCapacity:
         loads = self._snapshot()
         total = int(getattr(loads, "max_total_num_tokens", 0))
-        used = int(getattr(loads, "num_used_tokens", 0))
+        # SGLang's used = total - available - evictable; with the radix cache on it counts cached tokens at
+        # full size although their pages are compressed, so it can go below zero (seen on the H200, milestone
+        # 3). Clamped: the headroom reported to the router never exceeds the pool.
+        used = min(max(int(getattr(loads, "num_used_tokens", 0)), 0), total)
         held = sum(len(r.request.prompt_token_ids) + r.emitted for r in self._running.values())
         committed = sum(r.request.sampling.max_new_tokens - r.emitted for r in self._running.values())
         started = [r for r in self._running.values() if r.first_token_s is None]
