@@ -22,7 +22,9 @@ torch.cuda.synchronize()
 print("flashinfer warm")
 PY
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,power.draw --format=csv | tee "$OUT/gpu.txt"
-timeout 90 python3 -m pytest -q -p no:cacheprovider -n 16 tests/kernels/test_decode_attention.py 2>&1 | tail -15 | tee "$OUT/gpu_tests.log"
+# every GPU test of the kernels, codec and pool: 23 tests, ~145 s with 16 workers (both page format versions)
+timeout "${TESTS_TIMEOUT:-220}" python3 -m pytest -q -p no:cacheprovider -n 16 -m gpu tests/kernels tests/allocator/test_pool.py \
+  2>&1 | tail -15 | tee "$OUT/gpu_tests.log"
 wait
 tail -2 "$OUT/flashinfer_warm.log"
 timeout "${BENCH_TIMEOUT:-400}" python3 bench/bench_decode_attention.py "$@" 2>&1 | tee "$OUT/bench.log"
