@@ -16,7 +16,9 @@ at once, the step time goes as ``ceil(w * s / slots) / s``; the smallest ``s`` t
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass
+from functools import lru_cache
 
 import torch
 
@@ -41,6 +43,9 @@ KERNEL_CONFIGS: dict[int, tuple[int, int, int, int, int]] = {
 # Per head_dim: whether the compressed kernel double-buffers its tile loads in registers (measured
 # slower for head_dim 128: it costs more registers than the overlap gains).
 PREFETCH: dict[int, bool] = {64: False, 128: False, 256: False}
+# Overrides both tables for every head_dim, e.g. to run a shape a kernel sweep picked inside SGLang before it
+# becomes the default: ``block_n:warps:stages:twin_stages:ctas_per_sm:prefetch`` (the bench's --configs).
+KERNEL_CONFIG_ENV = "ZIPKV_DECODE_KERNEL"
 MAX_SPLITS = 128
 MIN_SPLIT_TILES = 2  # a split reads at least this many tiles, so its fixed cost stays small
 CPU_NUM_SMS = 4  # the Triton interpreter: keep grids small
@@ -129,7 +134,7 @@ def plan_decode(
             f"decode attention reads token-major blocks (512/head_dim tokens x head_dim channels); "
             f"this format has K {fmt.k_geometry.name}, V {fmt.v_geometry.name}"
         )
-    cfg_block_n, cfg_warps, cfg_stages, cfg_twin_stages, cfg_ctas = KERNEL_CONFIGS[fmt.head_dim]
+    cfg_block_n, cfg_warps, cfg_stages, cfg_twin_stages, cfg_ctas, cfg_prefetch = kernel_config(fmt.head_dim)
     block_n = block_n or cfg_block_n
     num_warps = num_warps or cfg_warps
     num_stages = num_stages or cfg_stages
@@ -172,5 +177,34 @@ def plan_decode(
         num_warps=num_warps,
         num_stages=num_stages,
         twin_num_stages=twin_num_stages,
-        prefetch=PREFETCH[fmt.head_dim] if prefetch is None else prefetch,
+        prefetch=cfg_prefetch if prefetch is None else prefetch,
     )
+
+
+def kernel_config(head_dim: int) -> tuple[int, int, int, int, int, bool]:
+    """(block_n, warps, stages, twin_stages, ctas_per_sm, prefetch): the tuned tables, or the override
+    in ``$ZIPKV_DECODE_KERNEL``."""
+    override = os.environ.get(KERNEL_CONFIG_ENV, "")
+    if override:
+        return parse_kernel_config(override)
+    return (*KERNEL_CONFIGS[head_dim], PREFETCH[head_dim])
+
+
+@lru_cache(maxsize=8)
+def parse_kernel_config(text: str) -> tuple[int, int, int, int, int, bool]:
+    """Parse ``block_n:warps:stages:twin_stages:ctas_per_sm:prefetch``; ValueError says what is wrong."""
+    want = (
+        f"{KERNEL_CONFIG_ENV}={text!r}: expected block_n:warps:stages:twin_stages:ctas_per_sm:prefetch, "
+        "e.g. 32:1:1:2:8:0"
+    )
+    try:
+        block_n, warps, stages, twin_stages, ctas, prefetch = (int(x) for x in text.split(":"))
+    except ValueError as exc:
+        raise ValueError(want) from exc
+    if block_n < PAGE_TOKENS or block_n & (block_n - 1):
+        raise ValueError(f"{want}; block_n must be a power of two >= {PAGE_TOKENS}")
+    if warps not in (1, 2, 4, 8) or not 1 <= stages <= 4 or not 1 <= twin_stages <= 4 or ctas < 1:
+        raise ValueError(f"{want}; warps in 1/2/4/8, stages 1..4, ctas_per_sm >= 1")
+    if prefetch not in (0, 1):
+        raise ValueError(f"{want}; prefetch is 0 or 1")
+    return block_n, warps, stages, twin_stages, ctas, bool(prefetch)

@@ -130,6 +130,10 @@ class ZipkvAttention:
         self.kv, self.allocator, self.req_to_token = kv, allocator, req_to_token
         self.num_q_heads, self.compressed, self.extend_kernel = num_q_heads, compressed, extend_kernel
         self.max_pages_per_req = -(-req_to_token.shape[1] // PAGE_TOKENS)
+        from zipkv.kernels.decode_plan import kernel_config
+
+        # the decode kernel's shape, read (and a malformed $ZIPKV_DECODE_KERNEL refused) at start-up
+        self.kernel_config = kernel_config(kv.fmt.head_dim)
         self.plan: Any = None
         self.extend_meta: _Extend | None = None
         self._graph: dict[str, torch.Tensor] = {}

@@ -1,0 +1,53 @@
+"""The decode kernel's shape: the tuned tables, or an override from $ZIPKV_DECODE_KERNEL validated loudly."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from zipkv.kernels.decode_plan import KERNEL_CONFIG_ENV, KERNEL_CONFIGS, PREFETCH, kernel_config, plan_decode
+from zipkv.kernels.layout import PageFormat
+
+
+def _plan(fmt: PageFormat):  # type: ignore[no-untyped-def]
+    lens = torch.tensor([100, 7], dtype=torch.int32)
+    pages = (lens + 15) // 16
+    indptr = torch.cat([torch.zeros(1, dtype=torch.int64), pages.cumsum(0)]).to(torch.int32)
+    return plan_decode(torch.arange(int(pages.sum()), dtype=torch.int32), indptr, lens, fmt, 8)
+
+
+def test_defaults_are_the_tuned_tables(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(KERNEL_CONFIG_ENV, raising=False)
+    assert kernel_config(128) == (*KERNEL_CONFIGS[128], PREFETCH[128])
+    plan = _plan(PageFormat(128, 2))
+    assert (plan.block_n, plan.num_warps, plan.num_stages) == KERNEL_CONFIGS[128][:3]
+
+
+def test_override_reaches_the_plan(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(KERNEL_CONFIG_ENV, "64:2:2:3:4:1")
+    plan = _plan(PageFormat(128, 2))
+    assert (plan.block_n, plan.num_warps, plan.num_stages, plan.twin_num_stages, plan.prefetch) == (
+        64, 2, 2, 3, True,
+    )  # fmt: skip
+    assert kernel_config(64) == (64, 2, 2, 3, 4, True)  # every head_dim
+
+
+@pytest.mark.parametrize(
+    ("text", "why"),
+    [
+        ("32:1:1:2:8", "expected block_n:warps"),
+        ("32:1:x:2:8:0", "expected block_n:warps"),
+        ("24:1:1:2:8:0", "power of two"),
+        ("8:1:1:2:8:0", "power of two"),
+        ("32:3:1:2:8:0", "warps in 1/2/4/8"),
+        ("32:1:0:2:8:0", "stages 1..4"),
+        ("32:1:1:2:0:0", "ctas_per_sm >= 1"),
+        ("32:1:1:2:8:2", "prefetch is 0 or 1"),
+    ],
+)
+def test_a_malformed_override_is_refused_with_the_expected_form(
+    monkeypatch: pytest.MonkeyPatch, text: str, why: str
+) -> None:
+    monkeypatch.setenv(KERNEL_CONFIG_ENV, text)
+    with pytest.raises(ValueError, match=why):
+        _plan(PageFormat(128, 2))
