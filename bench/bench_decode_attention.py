@@ -42,6 +42,7 @@ from decode_attention_baselines import (
 from decode_attention_data import encode_packed, plant_raw_blocks, random_pages, undo_plant
 
 from zipkv.kernels import decode_attention as da
+from zipkv.kernels.decode_plan import kernel_config
 from zipkv.kernels.layout import FORMAT_VERSION, PageFormat
 from zipkv.kernels.reference import raw_page_meta
 
@@ -233,8 +234,7 @@ def main() -> None:
     fractions = [float(f) for f in args.fractions.split(",")]
     args.impls = set(args.impls.split(","))
     args.format_versions = [int(v) for v in args.format_versions.split(",")]
-    plan_globals = da.plan_decode.__globals__
-    default_cfg = (*plan_globals["KERNEL_CONFIGS"][HEAD_DIM], int(plan_globals["PREFETCH"][HEAD_DIM]))
+    default_cfg = tuple(int(x) for x in kernel_config(HEAD_DIM))  # the tuned table or $ZIPKV_DECODE_KERNEL
     configs = [tuple(int(x) for x in c.split(":")) for c in args.configs.split(",")] if args.configs else [
         default_cfg]  # fmt: skip
     timer = Timer(args.target_s, 10, 200)
