@@ -118,6 +118,20 @@ def _load_tile_paired(
 
 
 @triton.jit
+def _kv_tile_loads_paired(
+    heap_u8, heap_bf16, k_start, k_marker, v_start, v_marker, tok, end, HEAD_DIM: tl.constexpr
+):  # fmt: skip
+    """`_tile_loads_paired` of a tile's K rows and V rows (V zero-filled past the context)."""
+    k_pair, k_raw_b, k_code = _tile_loads_paired(
+        heap_u8, heap_bf16, k_start, k_marker, tok, tok < end, HEAD_DIM, False
+    )
+    v_pair, v_raw_b, v_code = _tile_loads_paired(
+        heap_u8, heap_bf16, v_start, v_marker, tok, tok < end, HEAD_DIM, True
+    )
+    return k_pair, k_raw_b, k_code, v_pair, v_raw_b, v_code
+
+
+@triton.jit
 def _attend_prefetched_paired(
     q_a, q_b, m_i, l_i, acc_a, acc_b, qk_scale, first, end, page_base, head,
     k_start, k_marker, v_start, v_marker, heap_u8, heap_bf16, page_ids_ptr, page_loc_ptr, meta32_ptr,
@@ -129,11 +143,8 @@ def _attend_prefetched_paired(
     addresses then run two tiles ahead (their loads form a dependent chain)."""
     offs_n = tl.arange(0, BLOCK_N)
     tok = first + offs_n
-    k_pair, k_raw_b, k_code = _tile_loads_paired(
-        heap_u8, heap_bf16, k_start, k_marker, tok, tok < end, HEAD_DIM, False
-    )
-    v_pair, v_raw_b, v_code = _tile_loads_paired(
-        heap_u8, heap_bf16, v_start, v_marker, tok, tok < end, HEAD_DIM, True
+    k_pair, k_raw_b, k_code, v_pair, v_raw_b, v_code = _kv_tile_loads_paired(
+        heap_u8, heap_bf16, k_start, k_marker, v_start, v_marker, tok, end, HEAD_DIM
     )
     k_mark = k_marker
     v_mark = v_marker
@@ -146,11 +157,8 @@ def _attend_prefetched_paired(
         c_k_pair, c_k_raw_b, c_k_code, c_k_mark = k_pair, k_raw_b, k_code, k_mark
         c_v_pair, c_v_raw_b, c_v_code, c_v_mark = v_pair, v_raw_b, v_code, v_mark
         nxt = tok + BLOCK_N
-        k_pair, k_raw_b, k_code = _tile_loads_paired(
-            heap_u8, heap_bf16, k_start, k_marker, nxt, nxt < end, HEAD_DIM, False
-        )
-        v_pair, v_raw_b, v_code = _tile_loads_paired(
-            heap_u8, heap_bf16, v_start, v_marker, nxt, nxt < end, HEAD_DIM, True
+        k_pair, k_raw_b, k_code, v_pair, v_raw_b, v_code = _kv_tile_loads_paired(
+            heap_u8, heap_bf16, k_start, k_marker, v_start, v_marker, nxt, end, HEAD_DIM
         )
         k_mark = k_marker
         v_mark = v_marker
