@@ -14,16 +14,19 @@ POISON = 0x7FBF  # a NaN pattern no test page holds at every position
 
 
 def formats(num_kv_heads: int = 2) -> list[PageFormat]:
+    """Format v1 (still readable) in every head_dim, token-major and another geometry; v2, the default, is
+    `formats_v2` below."""
     out = []
     for head_dim in (64, 128, 256):
         first, last = candidate_geometries(head_dim)[0], candidate_geometries(head_dim)[-1]
-        out.append(PageFormat(head_dim, num_kv_heads, token_major(head_dim), token_major(head_dim)))
-        out.append(PageFormat(head_dim, num_kv_heads, last, first))
+        major = token_major(head_dim)
+        out.append(PageFormat(head_dim, num_kv_heads, major, major, version=1))
+        out.append(PageFormat(head_dim, num_kv_heads, last, first, version=1))
     return out
 
 
 def fmt_id(fmt: PageFormat) -> str:
-    return f"D{fmt.head_dim}-H{fmt.num_kv_heads}-K{fmt.k_geometry.name}-V{fmt.v_geometry.name}"
+    return f"v{fmt.version}-D{fmt.head_dim}-H{fmt.num_kv_heads}-K{fmt.k_geometry.name}-V{fmt.v_geometry.name}"
 
 
 def kv_like(n: int, fmt: PageFormat, seed: int) -> torch.Tensor:

@@ -25,17 +25,20 @@ def formats() -> list[PageFormat]:
     for head_dim in layout.SUPPORTED_HEAD_DIMS:
         geoms = layout.candidate_geometries(head_dim)
         for kg, vg in itertools.product(geoms, geoms):
-            out.append(PageFormat(head_dim=head_dim, num_kv_heads=2, k_geometry=kg, v_geometry=vg))
+            for version in layout.SUPPORTED_VERSIONS:
+                out.append(PageFormat(head_dim, 2, k_geometry=kg, v_geometry=vg, version=version))
     return out
+
+
+def fmt_id(f: PageFormat) -> str:
+    return f"v{f.version}-D{f.head_dim}-K{f.k_geometry.name}-V{f.v_geometry.name}"
 
 
 def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
     return torch.equal(a.view(torch.int16), b.view(torch.int16))
 
 
-@pytest.mark.parametrize(
-    "fmt", formats(), ids=lambda f: f"D{f.head_dim}-K{f.k_geometry.name}-V{f.v_geometry.name}"
-)
+@pytest.mark.parametrize("fmt", formats(), ids=fmt_id)
 def test_page_round_trip(fmt: PageFormat) -> None:
     gen = torch.Generator().manual_seed(fmt.head_dim)
     page = kv_like((2, fmt.num_kv_heads, 16, fmt.head_dim), gen)
@@ -103,9 +106,7 @@ def test_page_errors_are_clear() -> None:
         ref.decode_page(data, meta[:, :4], fmt)
 
 
-@pytest.mark.parametrize(
-    "fmt", formats()[::3], ids=lambda f: f"D{f.head_dim}-K{f.k_geometry.name}-V{f.v_geometry.name}"
-)
+@pytest.mark.parametrize("fmt", formats()[::3], ids=fmt_id)
 def test_batched_encode_and_decode_pages_match_page_by_page(fmt: PageFormat) -> None:
     n = 3
     pages = kv_like((n, 2, fmt.num_kv_heads, 16, fmt.head_dim), torch.Generator().manual_seed(4))
