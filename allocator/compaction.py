@@ -24,9 +24,11 @@ if TYPE_CHECKING:
 I64 = np.int64
 
 
-def candidates(led: Ledger) -> np.ndarray:
-    """LOG chunks with no encode in flight whose live bytes are below the threshold of the chunk."""
-    cut = math.ceil(led.cfg.compaction_live_fraction * led.cu)  # live < x <=> live < ceil(x) for ints
+def candidates(led: Ledger, live_fraction: float | None = None) -> np.ndarray:
+    """LOG chunks with no encode in flight whose live bytes are below the threshold of the chunk
+    (``live_fraction``, default the pool's ``compaction_live_fraction``)."""
+    fraction = led.cfg.compaction_live_fraction if live_fraction is None else live_fraction
+    cut = math.ceil(fraction * led.cu)  # live < x <=> live < ceil(x) for ints
     mask = (led.chunk_kind == ChunkKind.LOG) & (led.chunk_pending == 0) & (led.chunk_live < cut)
     return np.flatnonzero(mask)
 
@@ -50,14 +52,16 @@ def _select(led: Ledger, layer: int, chunks: np.ndarray) -> tuple[np.ndarray, in
     return chunks[: best + 1], int(need[best])
 
 
-def plan_compaction(led: Ledger, max_pages: int, max_layers: int) -> MovePlan | None:
+def plan_compaction(
+    led: Ledger, max_pages: int, max_layers: int, live_fraction: float | None = None
+) -> MovePlan | None:
     """Plan moves for at most ``max_pages`` (layer, page) pairs in at most ``max_layers`` layers (those with
     the most candidate chunks first); updates the host tables at once.
 
     The caller copies the bytes on the device and then calls ``Ledger.moved`` so that the emptied chunks
     start draining behind the copy.
     """
-    cands = candidates(led)
+    cands = candidates(led, live_fraction)
     if cands.size == 0:
         return None
     n_l = led.cfg.num_layers

@@ -203,8 +203,10 @@ class Ledger(ChunkTable):
         """Apply encode batches and release draining chunks whose fences are done (never blocks)."""
         encode.poll(self)
 
-    def plan_compaction(self, max_pages: int = 2048, max_layers: int = 1) -> MovePlan | None:
-        return compaction.plan_compaction(self, max_pages, max_layers)
+    def plan_compaction(
+        self, max_pages: int = 2048, max_layers: int = 1, live_fraction: float | None = None
+    ) -> MovePlan | None:
+        return compaction.plan_compaction(self, max_pages, max_layers, live_fraction)
 
     def moved(self, plan: MovePlan) -> None:
         compaction.moved(self, plan)

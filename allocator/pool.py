@@ -131,6 +131,12 @@ class PagePool:
         """Take in what finished on the device (sizes, drained chunks) without waiting; cheap."""
         self.ledger.poll()
 
+    def settle(self) -> None:
+        """Wait for the device's pending encodes and moves, then take them in (a sync: for reclaim only)."""
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        self.ledger.poll()
+
     def end_step(self) -> None:
         """Apply finished launches, issue one encode launch for all full pages, maybe compact. No sync."""
         self.ledger.poll()
@@ -142,9 +148,11 @@ class PagePool:
             self.compact()
         self.ledger.poll()
 
-    def compact(self) -> int:
-        """Move live pages out of mostly-dead compressed chunks; returns (layer, page) pairs moved."""
-        move = self.ledger.plan_compaction()
+    def compact(self, max_layers: int = 1, live_fraction: float | None = None) -> int:
+        """Move live pages out of mostly-dead compressed chunks; returns (layer, page) pairs moved.
+        ``live_fraction`` overrides the pool's threshold (a reclaim under pressure takes any chunk that
+        frees room)."""
+        move = self.ledger.plan_compaction(max_layers=max_layers, live_fraction=live_fraction)
         if move is None:
             return 0
         self._launch_move(move)

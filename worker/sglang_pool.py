@@ -32,6 +32,7 @@ from zipkv.allocator import OutOfPages, PagePool
 from zipkv.kernels.layout import PAGE_TOKENS
 
 from .sglang_readback import Readback, copy_to_host
+from .sglang_reclaim import PrefixCache, overcount_tokens, reclaim
 from .sglang_slots import decode_slots, extend_slots, plan_extend, to_device
 
 log = logging.getLogger("zipkv.worker.sglang")
@@ -68,18 +69,27 @@ class ZipkvAllocator:
         self.extend_kernel: ExtendKernel | None = (
             None  # SGLang's Triton alloc_extend_kernel, set by the seams
         )
+        self.prefix_cache: PrefixCache | None = None  # SGLang's radix cache, when on (set by the seams)
 
     # ---- capacity -----------------------------------------------------------------------------------
     def free_page_ids(self) -> int:
         return self.max_pages - 1 - self._live_pages
 
+    def pages_fit(self) -> int:
+        """New (raw) pages that fit now: pool bytes and free page ids."""
+        return min(self.pool.new_pages_fit(), self.free_page_ids())
+
     def available_size(self) -> int:
-        """Tokens of new (raw) pages that fit now, under compression; live, never optimistic."""
+        """Tokens of new (raw) pages that fit now, under compression; live, never optimistic. With a
+        compressed radix cache, less what SGLang over-counts in its evictable tokens (sglang_reclaim.py)."""
         self.drain(block=False)
         # Chunks emptied by frees return to the shared pool once their fences pass; without this poll they
         # would only come back at the next forward step, and an idle server could never admit into them.
         self.pool.poll()
-        return min(self.pool.new_pages_fit(), self.free_page_ids()) * PAGE_TOKENS
+        tokens = self.pages_fit() * PAGE_TOKENS
+        if self.compression and self.prefix_cache is not None:
+            tokens = max(0, tokens - overcount_tokens(self.prefix_cache.evictable_tokens()))
+        return tokens
 
     def held_tokens(self) -> int:
         """Slots of pages SGLang holds (requests and the prefix cache), after every pending free landed."""
@@ -105,6 +115,12 @@ class ZipkvAllocator:
 
     # ---- allocation ---------------------------------------------------------------------------------
     def _new_pages(self, n: int) -> list[int] | None:
+        ids = self._take_pages(n)
+        if ids is None and self.prefix_cache is not None and reclaim(self, self.prefix_cache, n):
+            ids = self._take_pages(n)
+        return ids
+
+    def _take_pages(self, n: int) -> list[int] | None:
         if n == 0:
             return []
         if n > self.free_page_ids():

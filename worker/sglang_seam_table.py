@@ -83,6 +83,12 @@ sglang.srt.managers.scheduler_components.invariant_checker | SchedulerInvariantC
 sglang.srt.managers.scheduler_components.invariant_checker | SchedulerInvariantChecker | | \
     tree_cache token_to_kv_pool_allocator pool_stats_observer
 sglang.srt.managers.scheduler | Scheduler.get_new_batch_prefill | self running_batch |
+sglang.srt.managers.scheduler | Scheduler | | tree_cache token_to_kv_pool_allocator
+sglang.srt.mem_cache.base_prefix_cache | BasePrefixCache.evict | self params |
+sglang.srt.mem_cache.base_prefix_cache | BasePrefixCache.evictable_size | self |
+sglang.srt.mem_cache.base_prefix_cache | BasePrefixCache.is_chunk_cache | self |
+sglang.srt.mem_cache.base_prefix_cache | EvictParams | | num_tokens
+sglang.srt.mem_cache.base_prefix_cache | EvictResult | | num_tokens_evicted
 sglang.srt.managers.schedule_batch | ScheduleBatch | | batch_is_full
 sglang.srt.managers.scheduler | run_scheduler_process | server_args port_args gpu_id tp_rank attn_cp_rank \
     moe_dp_rank moe_ep_rank pp_rank dp_rank pipe_writer display_tp_rank display_dp_rank display_moe_ep_rank |

@@ -24,6 +24,7 @@ from typing import Any, cast
 import torch
 
 from .sglang_admission import AdmissionLatch
+from .sglang_reclaim import PrefixCache
 from .sglang_seam_table import SEAMS as SEAMS
 from .sglang_seam_table import SGLANG_VERSION
 from .sglang_seam_table import Seam as Seam
@@ -323,6 +324,10 @@ def install() -> None:
         if _CLASSES and isinstance(allocator, _CLASSES["allocator"]):
             latch = self.__dict__.setdefault("_zipkv_admission_latch", AdmissionLatch())
             latch.release(running_batch, allocator)
+            # with the radix cache on, the allocator reclaims from it (sglang_reclaim.py)
+            ours = cast(Any, allocator)
+            if ours.prefix_cache is None and not self.tree_cache.is_chunk_cache():
+                ours.prefix_cache = _prefix_cache(self.tree_cache)
         return get_new_batch_prefill(self, running_batch)
 
     KVCacheConfigurator._build_mha_kv_pool = _build_mha_kv_pool
@@ -371,3 +376,13 @@ def engine_class() -> type:
     return type(
         "ZipkvSGLangEngine", (Engine,), {"run_scheduler_process_func": staticmethod(run_scheduler_process)}
     )
+
+
+def _prefix_cache(tree_cache: Any) -> PrefixCache:
+    """SGLang's radix cache as zipkv's allocator reclaims from it (sglang_reclaim.py)."""
+    from sglang.srt.mem_cache.base_prefix_cache import EvictParams
+
+    def evict_tokens(n: int) -> int:
+        return int(tree_cache.evict(EvictParams(num_tokens=n)).num_tokens_evicted)
+
+    return PrefixCache(lambda: int(tree_cache.evictable_size()), evict_tokens)

@@ -69,12 +69,23 @@ def _find(tree: ast.Module, qualname: str) -> ast.AST | None:
 
 
 def _class_fields(cls: ast.ClassDef) -> set[str]:
+    """Class-level names (dataclass fields, class attributes) and ``self.<name> = ...`` in its methods."""
     names: set[str] = set()
     for n in cls.body:
         if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name):
             names.add(n.target.id)
         elif isinstance(n, ast.Assign):
             names.update(t.id for t in n.targets if isinstance(t, ast.Name))
+    for fn in (n for n in cls.body if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)):
+        for n in ast.walk(fn):
+            targets = (
+                n.targets if isinstance(n, ast.Assign) else [n.target] if isinstance(n, ast.AnnAssign) else []
+            )
+            names.update(
+                t.attr
+                for t in targets
+                if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == "self"
+            )
     return names
 
 

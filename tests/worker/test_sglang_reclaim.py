@@ -1,0 +1,144 @@
+"""Room from a compressed prefix cache: admission never over-promises and allocation reclaims (CPU).
+
+Runs over a real PagePool and ZipkvAllocator. SGLang's RadixCache cannot be imported here (no sglang
+package in the test environment), so `LruPrefixCache` stands in for it: cached requests' slots in LRU order,
+evicted whole through the allocator's ``free_segment`` as ``RadixCache.evict`` does.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+import pytest
+import torch
+from test_sglang_pool import fill, make
+
+from zipkv.kernels.layout import PAGE_TOKENS
+from zipkv.worker.sglang_pool import ZipkvAllocator
+from zipkv.worker.sglang_reclaim import PrefixCache, overcount_tokens
+
+
+class LruPrefixCache:
+    """Stand-in for SGLang's RadixCache (see the module docstring)."""
+
+    def __init__(self, alloc: ZipkvAllocator) -> None:
+        self.alloc, self.entries = alloc, deque[torch.Tensor]()
+        self.evicted_tokens = 0
+
+    def evictable_tokens(self) -> int:
+        return sum(int(e.numel()) for e in self.entries)
+
+    def evict_tokens(self, n: int) -> int:
+        done = 0
+        while done < n and self.entries:
+            slots = self.entries.popleft()
+            self.alloc.free_segment(slots, start_pos=0)
+            done += int(slots.numel())
+        self.evicted_tokens += done
+        return done
+
+    def hooks(self) -> PrefixCache:
+        return PrefixCache(self.evictable_tokens, self.evict_tokens)
+
+
+def prefill(alloc: ZipkvAllocator, tokens: int, seed: int) -> torch.Tensor | None:
+    """One request's prefill: its pages allocated, written, then compressed over the next steps."""
+    one = torch.tensor([tokens])
+    out = alloc.alloc_extend(torch.tensor([0]), torch.tensor([0]), one, one, torch.tensor([-1]), tokens)
+    if out is None:
+        return None
+    alloc.compress_step()
+    fill(alloc, out, seed)
+    for _ in range(6):
+        alloc.compress_step()
+    return out
+
+
+def cached_pool(tokens: int) -> tuple[ZipkvAllocator, LruPrefixCache]:
+    """A pool whose memory is held by finished requests kept in the prefix cache (compressed pages):
+    requests of ``tokens`` arrive until the next one no longer fits."""
+    alloc = make()
+    cache = LruPrefixCache(alloc)
+    for i in range(1000):
+        out = prefill(alloc, tokens, seed=i)
+        if out is None:
+            break
+        cache.entries.append(out)
+    assert len(cache.entries) >= 3, "the pool should hold a few requests"
+    return alloc, cache
+
+
+def sglang_alloc(alloc: ZipkvAllocator, cache: LruPrefixCache, tokens: int) -> torch.Tensor | None:
+    """What SGLang does for a prefill: evict only the shortfall (evict_from_tree_cache), then allocate."""
+    short = tokens + PAGE_TOKENS - alloc.available_size()  # SGLang over-asks by a page per request
+    if short > 0:
+        cache.evict_tokens(short)
+    one = torch.tensor([tokens])
+    return alloc.alloc_extend(torch.tensor([0]), torch.tensor([0]), one, one, torch.tensor([-1]), tokens)
+
+
+def test_overcount_is_a_quarter_of_the_evictable_pages_rounded_up() -> None:
+    assert [overcount_tokens(t) for t in (0, 1, 16, 64, 65, 640)] == [0, 16, 16, 16, 32, 160]
+
+
+def test_available_size_holds_back_the_overcount_only_with_a_compressed_cache() -> None:
+    alloc, cache = cached_pool(tokens=8 * PAGE_TOKENS)
+    raw = alloc.available_size()
+    alloc.prefix_cache = cache.hooks()
+    assert alloc.available_size() == max(0, raw - overcount_tokens(cache.evictable_tokens()))
+    twin = make(compression=False)
+    twin.prefix_cache = LruPrefixCache(twin).hooks()
+    assert twin.available_size() == make(compression=False).available_size()  # raw pages: no overcount
+
+
+def test_admission_promise_is_kept_when_the_cache_holds_the_memory() -> None:
+    # Without reclaim, SGLang's promise (available + evictable) outruns what the shortfall eviction frees.
+    alloc, cache = cached_pool(tokens=8 * PAGE_TOKENS)
+    promise = (alloc.available_size() + cache.evictable_tokens()) // PAGE_TOKENS * PAGE_TOKENS - PAGE_TOKENS
+    assert sglang_alloc(alloc, cache, promise) is None, "the case must need more than the shortfall frees"
+
+    alloc, cache = cached_pool(tokens=8 * PAGE_TOKENS)
+    alloc.prefix_cache = cache.hooks()
+    promise = (alloc.available_size() + cache.evictable_tokens()) // PAGE_TOKENS * PAGE_TOKENS - PAGE_TOKENS
+    out = sglang_alloc(alloc, cache, promise)
+    assert out is not None and out.numel() == promise
+    assert cache.evicted_tokens > 0 and len(set((out // PAGE_TOKENS).tolist())) == promise // PAGE_TOKENS
+    alloc.free(out)
+    leak, msg = alloc.idle_check(cache.evictable_tokens(), 0, 0, 0)
+    assert not leak, msg
+
+
+def test_an_allocation_beyond_what_fits_reclaims_from_the_cache_by_itself() -> None:
+    for wired in (False, True):
+        alloc, cache = cached_pool(tokens=8 * PAGE_TOKENS)
+        alloc.prefix_cache = cache.hooks() if wired else None
+        tokens = (alloc.pages_fit() + 4) * PAGE_TOKENS  # no eviction by the caller first
+        one, zero = torch.tensor([tokens]), torch.tensor([0])
+        out = alloc.alloc_extend(zero, zero, one, one, torch.tensor([-1]), tokens)
+        assert (out is not None) == wired and (cache.evicted_tokens > 0) == wired
+
+
+def test_reclaim_gives_up_when_the_cache_is_empty() -> None:
+    alloc, cache = cached_pool(tokens=8 * PAGE_TOKENS)
+    alloc.prefix_cache = cache.hooks()
+    too_many = alloc.max_pages * PAGE_TOKENS
+    assert sglang_alloc(alloc, cache, too_many) is None
+    assert cache.evictable_tokens() == 0  # it evicted what there was, then stopped
+    leak, msg = alloc.idle_check(0, 0, 0, 0)
+    assert not leak, msg
+
+
+@pytest.mark.parametrize("tokens", [3 * PAGE_TOKENS, 8 * PAGE_TOKENS, 13 * PAGE_TOKENS])
+def test_a_steady_stream_of_cached_requests_never_fails_to_allocate(tokens: int) -> None:
+    """A server with the radix cache on: every finished request stays cached; new ones keep arriving."""
+    alloc = make()
+    cache = LruPrefixCache(alloc)
+    alloc.prefix_cache = cache.hooks()
+    for i in range(40):
+        short = tokens + PAGE_TOKENS - alloc.available_size()
+        if short > 0:
+            cache.evict_tokens(short)
+        out = prefill(alloc, tokens, seed=i)
+        assert out is not None, f"request {i}: allocation failed with {cache.evictable_tokens()} cached"
+        cache.entries.append(out)
+    assert cache.evicted_tokens > 0

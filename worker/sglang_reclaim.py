@@ -1,0 +1,80 @@
+"""Room from SGLang's prefix cache (radix cache) when its pages are compressed.
+
+SGLang counts the radix cache's evictable tokens as free room one for one: admission checks
+``available_size() + evictable_size()``, and before an allocation it evicts only the shortfall
+(``evict_from_tree_cache``). With zipkv a cached page is compressed, so evicting it gives back its stored
+bytes (at least 768/1024 of a raw page, and only once the chunks it sat in are empty or compacted), not a
+whole raw page. Left alone, admission over-promises and an allocation after the shortfall eviction can
+still fail, which SGLang turns into "Prefill out of memory" (seen in a milestone-3 run's counters going
+below zero on the H200).
+
+Two parts, both active only while a radix cache is wired in (`PrefixCache`):
+- `overcount_tokens`: what ``available_size()`` holds back so that SGLang's available + evictable never
+  promises more than evicting can give (a quarter of the evictable tokens, whole pages);
+- `reclaim`: when an allocation finds no room, evict more of the cache, let the pool apply the frees and
+  compact, wait for the device, and look again; a few rounds, then give up (the allocation fails as before).
+No sglang import: sglang_seams.py wires a `PrefixCache` over the scheduler's tree cache.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from zipkv.kernels.layout import COMPRESSED_BLOCK_BYTES, PAGE_TOKENS, RAW_BLOCK_BYTES
+
+if TYPE_CHECKING:
+    from .sglang_pool import ZipkvAllocator
+
+# Stored bytes of a compressed page are at least this share of a raw page's: all blocks compressed.
+MIN_STORED_SHARE = (COMPRESSED_BLOCK_BYTES, RAW_BLOCK_BYTES)  # 768 / 1024, as an exact fraction
+RECLAIM_ROUNDS = 6
+RECLAIM_LIVE_FRACTION = 0.99  # under pressure, compact any chunk whose dead bytes could make room
+
+
+@dataclass(frozen=True)
+class PrefixCache:
+    """SGLang's radix cache as the allocator sees it."""
+
+    evictable_tokens: Callable[[], int]  # tree_cache.evictable_size()
+    evict_tokens: Callable[[int], int]  # evict at least n tokens if it can; returns tokens evicted
+
+
+def overcount_tokens(evictable_tokens: int) -> int:
+    """Tokens SGLang over-counts when it treats ``evictable_tokens`` compressed tokens as free: the share
+    of each page that evicting may not give back, rounded up to whole pages."""
+    share_num, share_den = MIN_STORED_SHARE
+    pages = -(-evictable_tokens // PAGE_TOKENS)
+    return -(-pages * (share_den - share_num) // share_den) * PAGE_TOKENS
+
+
+def reclaim(alloc: ZipkvAllocator, cache: PrefixCache, need_pages: int) -> bool:
+    """Make room for ``need_pages`` new pages from the prefix cache; True once they fit."""
+    share_num, share_den = MIN_STORED_SHARE
+    for _ in range(RECLAIM_ROUNDS):
+        fit = alloc.pages_fit()
+        if fit >= need_pages:
+            return True
+        # evict enough that even fully compressed pages cover the shortfall
+        want_tokens = -(-(need_pages - fit) * share_den // share_num) * PAGE_TOKENS
+        evicted = cache.evict_tokens(want_tokens) if cache.evictable_tokens() > 0 else 0
+        alloc.drain(block=True)  # the evicted pages' frees land in the pool
+        moved = _compact(alloc)
+        alloc.pool.settle()
+        if evicted == 0 and moved == 0:
+            break
+    return alloc.pages_fit() >= need_pages
+
+
+def _compact(alloc: ZipkvAllocator) -> int:
+    """Compact every layer until nothing moves (each pass plans at most one layer's worth per layer)."""
+    layers = int(alloc.pool.page_loc.shape[0])
+    total = 0
+    for _ in range(4):
+        moved = alloc.pool.compact(max_layers=layers, live_fraction=RECLAIM_LIVE_FRACTION)
+        alloc.pool.settle()
+        total += moved
+        if moved == 0:
+            break
+    return total
