@@ -7,6 +7,7 @@ evicted whole through the allocator's ``free_segment`` as ``RadixCache.evict`` d
 
 from __future__ import annotations
 
+import random
 from collections import deque
 
 import pytest
@@ -142,3 +143,32 @@ def test_a_steady_stream_of_cached_requests_never_fails_to_allocate(tokens: int)
         assert out is not None, f"request {i}: allocation failed with {cache.evictable_tokens()} cached"
         cache.entries.append(out)
     assert cache.evicted_tokens > 0
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_random_arrivals_within_the_admission_promise_always_allocate(seed: int) -> None:
+    """Requests of random sizes, some finishing into the cache and some dropped: whenever SGLang's
+    admission would take one (size + a page <= available + evictable), its allocation succeeds."""
+    rng = random.Random(seed)
+    alloc = make()
+    cache = LruPrefixCache(alloc)
+    alloc.prefix_cache = cache.hooks()
+    admitted = 0
+    for i in range(60):
+        tokens = rng.randint(1, 20) * PAGE_TOKENS
+        if tokens + PAGE_TOKENS > alloc.available_size() + cache.evictable_tokens():
+            continue  # SGLang would not admit it now
+        out = sglang_alloc(alloc, cache, tokens)
+        assert out is not None, f"request {i} ({tokens} tokens) was admitted but could not allocate"
+        admitted += 1
+        alloc.compress_step()
+        fill(alloc, out, seed=i)
+        for _ in range(3):
+            alloc.compress_step()
+        if rng.random() < 0.7:
+            cache.entries.append(out)  # finished into the prefix cache
+        else:
+            alloc.free(out)  # finished, not cached
+    assert admitted > 30 and cache.evicted_tokens > 0
+    leak, msg = alloc.idle_check(cache.evictable_tokens(), 0, 0, 0)
+    assert not leak, msg
