@@ -8,12 +8,17 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 import time
 from pathlib import Path
+from typing import ClassVar
+
+import pytest
 
 from zipkv.worker.engine import EngineRequest, FinishReason, SamplingOptions
 from zipkv.worker.settings import WorkerSettings
 from zipkv.worker.sglang_adapter import (
+    WARMUP_PROMPT_TOKENS,
     SGLangEngine,
     _Running,
     _Timings,
@@ -147,3 +152,52 @@ def test_worker_defaults_are_the_measured_sglang_milestone(tmp_path: Path) -> No
     kw = engine_kwargs(WorkerSettings(engine="sglang", model_path=str(tmp_path)), str(tmp_path))
     for key in ("disable_radix_cache", "chunked_prefill_size", "disable_prefill_cuda_graph"):
         assert kw[key] == module.MILESTONES["m2"][key], key
+
+
+class _StandInEngine:
+    """Stands in for ``sglang.Engine``, which cannot start without a GPU: records where it is called."""
+
+    calls: ClassVar[list[tuple[object, ...]]] = []
+    fail_warm_up: ClassVar[bool] = False
+
+    def __init__(self, **kwargs: object) -> None:
+        self.calls.append(("init", threading.current_thread().name))
+        self.loop = asyncio.new_event_loop()
+
+    def generate(self, input_ids: list[int], sampling_params: dict[str, object]) -> None:
+        name = threading.current_thread().name
+        self.calls.append(("generate", name, len(input_ids), _running_loop_or_none() is None))
+        if self.fail_warm_up:
+            raise RuntimeError("CUDA error: out of memory")
+
+    def shutdown(self) -> None:
+        self.calls.append(("shutdown",))
+        self.loop.close()
+
+
+def test_engine_is_built_and_warmed_on_its_owner_thread_before_it_serves(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from zipkv.worker import sglang_seams
+
+    (tmp_path / "config.json").write_text(json.dumps(LLAMA_8B))
+    settings = WorkerSettings(engine="sglang", model_path=str(tmp_path), kv_budget_bytes=1 << 30)
+    monkeypatch.setattr(sglang_seams, "engine_class", lambda: _StandInEngine)
+    _StandInEngine.calls = []
+
+    async def constructor() -> SGLangEngine:  # Ray Serve builds the replica inside its running loop
+        return SGLangEngine(settings)
+
+    eng = asyncio.run(constructor())
+    owner = "zipkv-sglang-owner"
+    assert _StandInEngine.calls == [("init", owner), ("generate", owner, WARMUP_PROMPT_TOKENS, True)]
+    eng.shutdown()
+    assert _StandInEngine.calls[-1] == ("shutdown",) and not eng._owner._thread.is_alive()
+
+    _StandInEngine.fail_warm_up = True  # a failed warm-up fails the start, and leaves no thread behind
+    try:
+        with pytest.raises(RuntimeError, match="out of memory"):
+            SGLangEngine(settings)
+    finally:
+        _StandInEngine.fail_warm_up = False
+    assert not any(t.name == owner and t.is_alive() for t in threading.enumerate())
