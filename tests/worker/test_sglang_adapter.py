@@ -190,7 +190,8 @@ def test_engine_is_built_and_warmed_on_its_owner_thread_before_it_serves(
 
     eng = asyncio.run(constructor())
     owner = "zipkv-sglang-owner"
-    assert _StandInEngine.calls == [("init", owner), ("generate", owner, WARMUP_PROMPT_TOKENS, True)]
+    warm = ("generate", owner, WARMUP_PROMPT_TOKENS, True)
+    assert _StandInEngine.calls == [("init", owner), warm, warm]
     eng.shutdown()
     assert _StandInEngine.calls[-1] == ("shutdown",) and not eng._owner._thread.is_alive()
 
