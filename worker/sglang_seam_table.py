@@ -101,9 +101,9 @@ sglang.srt.entrypoints.engine | Engine.async_generate | self prompt sampling_par
     routed_experts_start_len stream bootstrap_host bootstrap_port bootstrap_room routed_dp_rank \
     disagg_prefill_dp_rank data_parallel_rank external_trace_header rid session_params priority session_id |
 sglang.srt.entrypoints.engine | Engine.shutdown | self |
-sglang.srt.entrypoints.engine | Engine.generate | self prompt sampling_params input_ids image_data audio_data \
-    video_data mm_hashes return_logprob logprob_start_len top_logprobs_num token_ids_logprob lora_path \
-    custom_logit_processor require_reasoning return_hidden_states return_routed_experts \
+sglang.srt.entrypoints.engine | Engine.generate | self prompt sampling_params input_ids image_data \
+    audio_data video_data mm_hashes return_logprob logprob_start_len top_logprobs_num token_ids_logprob \
+    lora_path custom_logit_processor require_reasoning return_hidden_states return_routed_experts \
     routed_experts_start_len stream bootstrap_host bootstrap_port bootstrap_room routed_dp_rank \
     disagg_prefill_dp_rank data_parallel_rank external_trace_header rid session_params priority session_id |
 sglang.srt.managers.tokenizer_manager | TokenizerManager.abort_request | self rid abort_all |
