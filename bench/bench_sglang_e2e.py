@@ -15,6 +15,9 @@ Workloads (all requests submitted at once):
   included: 8192 decode steps at ~8-10 ms take 65-80 s. 32 x 9216 tokens fit every system's budget, so the
   running batch is equal and the throughput ratio isolates the attention kernel over compressed pages.
 - ``small_1024x32``: 8 requests, 1024 -> 32 tokens (smoke runs).
+- ``prefix_3072x32``: 16 requests sharing a cached 2048-token prefix (milestone 3: radix cache, chunking).
+- ``evict_4096x32``: 192 distinct 4096-token prompts, more than the budget holds: the radix cache must evict
+  compressed pages to admit the later ones (milestone 3 under memory pressure).
 
 Metrics: defined in ``sglang_e2e_metrics`` (its docstring). Results: ``rows`` (one per system, workload and
 milestone) plus ``greedy_tokens_identical`` (zipkv vs zipkv_uncompressed per workload, request by request)
@@ -22,7 +25,8 @@ and ``zipkv_over_flashinfer`` (throughput ratios per workload). ``--merge`` adds
 
     python bench/bench_sglang_e2e.py --model DIR --runs zipkv:m2,flashinfer:m2:offline:240
     python bench/bench_sglang_e2e.py --model DIR --runs zipkv:m2:online,flashinfer:m2:online --merge
-Run spec: SYSTEM:MILESTONE[:WORKLOAD[:TIMEOUT_S]], WORKLOAD offline (default) | online | small.
+Run spec: SYSTEM:MILESTONE[:WORKLOAD[:TIMEOUT_S]], WORKLOAD offline (default) | online | small | prefix |
+evict.
 """
 
 from __future__ import annotations

@@ -47,6 +47,9 @@ WORKLOADS = {
     # Milestone 3's paths: prompts longer than m3's 2048-token prefill chunk, sharing a cached 2048-token
     # prefix (its pages compressed), so extend reads compressed prefix pages and prefill runs in chunks.
     "prefix": Workload("prefix_3072x32", 16, 3072, 32, shared_prefix_tokens=2048),
+    # The radix cache under memory pressure (milestone 3): 192 distinct 4096-token prompts, 793k tokens in all
+    # against the 389k-token budget, so finished requests' cached pages must be evicted to admit the rest.
+    "evict": Workload("evict_4096x32", 192, 4096, 32),
 }
 
 

@@ -192,3 +192,17 @@ def test_run_specs_and_cross_row_summary() -> None:
     summarize(results)
     assert results["greedy_tokens_identical"]["online_1024x8192"]["requests_differing"] == 1
     assert results["zipkv_over_flashinfer"] == {"online_1024x8192": {"decode_tokens_per_s": 1.5}}
+
+
+def test_milestone_3_workloads_exercise_what_they_are_for() -> None:
+    from sglang_e2e_config import BUDGET_TOKENS, MILESTONES
+
+    chunk = MILESTONES["m3"]["chunked_prefill_size"]
+    prefix = WORKLOADS["prefix"]
+    assert prefix.input_tokens > chunk and 0 < prefix.shared_prefix_tokens <= chunk  # chunked, prefix cached
+    evict = WORKLOADS["evict"]
+    # more tokens than the budget holds, even counting zipkv's compression (3/4 of raw at best), so the
+    # cache must evict; each request alone fits
+    assert evict.requests * (evict.input_tokens + evict.output_tokens) * 3 // 4 > BUDGET_TOKENS
+    assert evict.input_tokens + evict.output_tokens < BUDGET_TOKENS // 8
+    assert evict.shared_prefix_tokens == 0
