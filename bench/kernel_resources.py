@@ -49,15 +49,6 @@ class Resources:
     async_copies: int  # cp.async instructions (pipelined loads through shared memory)
 
 
-def _constexprs(fmt: PageFormat, block_n: int, compressed: bool, group: int) -> dict[str, object]:
-    return dict(
-        NUM_KV_HEADS=fmt.num_kv_heads, GROUP=group, G_PAD=max(16, triton.next_power_of_2(group)),
-        HEAD_DIM=fmt.head_dim, BLOCK_N=block_n, SPLIT=True, META_WORDS=fmt.meta_bytes // 4,
-        BLOCKS_PER_HEAD=fmt.blocks_per_page_head, COMPRESSED=compressed, USE_ASM=True, FP32_DOT=False,
-        PREFETCH=False, PAIRED=fmt.paired_low_bytes,
-    )  # fmt: skip
-
-
 def compile_decode_kernel(
     fmt: PageFormat,
     compressed: bool,
@@ -66,12 +57,14 @@ def compile_decode_kernel(
     num_stages: int,
     arch: int = 90,
     group: int = 4,
+    prefetch: bool = False,
 ) -> Resources:
     """Compile the decode kernel as `decode_attention` would launch it and read its resources."""
     fn = da._decode_kernel
     if not isinstance(fn, JITFunction):  # TRITON_INTERPRET=1 at import made it an interpreted function
         raise RuntimeError("the kernels were built for Triton's interpreter: run with TRITON_INTERPRET unset")
-    const = _constexprs(fmt, block_n, compressed, group)
+    # as a split launch on the GPU: the PTX restore, bf16 dots
+    const = da.kernel_constexprs(fmt, group, block_n, True, compressed, True, False, prefetch)
     signature = {n: _ARG_TYPES.get(n, "constexpr") for n in fn.arg_names}
     constexprs = {(i,): const[n] for i, n in enumerate(fn.arg_names) if n not in _ARG_TYPES}
     attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names) if n in _ALIGNED}
@@ -82,7 +75,7 @@ def compile_decode_kernel(
     )
     registers, spill_bytes = _cubin_usage(kernel.asm["cubin"])
     ptx = kernel.asm["ptx"]
-    kind = f"v{fmt.version} compressed" if compressed else "twin"
+    kind = (f"v{fmt.version} compressed" + (" prefetch" if prefetch else "")) if compressed else "twin"
     return Resources(
         variant=f"{kind} head_dim {fmt.head_dim} block_n {block_n} warps {num_warps} stages {num_stages}",
         registers=registers,

@@ -35,6 +35,7 @@ from .decode_merge import _merge_kernel
 from .decode_plan import DecodePlan, plan_decode
 from .decode_tiles import _attend_tile, _kv_row_starts, _load_tile, _restore, _tile_loads
 from .decode_tiles_paired import _attend_prefetched_paired, _load_tile_paired
+from .layout import PageFormat
 
 __all__ = ["DecodePlan", "decode_attention", "plan_decode"]
 
@@ -215,6 +216,20 @@ def _check_inputs(
         raise ValueError(f"all tensors must be on one device, got {sorted(map(str, devices))}")
 
 
+def kernel_constexprs(
+    fmt: PageFormat, group: int, block_n: int, split: bool, compressed: bool, use_asm: bool,
+    fp32_dot: bool, prefetch: bool,
+) -> dict[str, object]:  # fmt: skip
+    """The decode kernel's compile-time arguments, as every launch passes them (bench/kernel_resources.py
+    compiles the kernel offline from the same)."""
+    return dict(
+        NUM_KV_HEADS=fmt.num_kv_heads, GROUP=group, G_PAD=max(_MIN_DOT_ROWS, triton.next_power_of_2(group)),
+        HEAD_DIM=fmt.head_dim, BLOCK_N=block_n, SPLIT=split, META_WORDS=fmt.meta_bytes // 4,
+        BLOCKS_PER_HEAD=fmt.blocks_per_page_head, COMPRESSED=compressed, USE_ASM=use_asm, FP32_DOT=fp32_dot,
+        PREFETCH=prefetch, PAIRED=fmt.paired_low_bytes,
+    )  # fmt: skip
+
+
 def decode_attention(
     plan: DecodePlan,
     q: torch.Tensor,
@@ -251,11 +266,9 @@ def decode_attention(
         heap, heap.view(torch.bfloat16), page_loc_layer, page_meta_layer.view(torch.int32),
         plan.page_ids, plan.page_indptr, plan.kv_lens, plan.num_splits, plan.split_tokens,
         sm_scale * _LOG2E, q.stride(0), q.stride(1), out.stride(0), out.stride(1), plan.max_splits,
-        NUM_KV_HEADS=fmt.num_kv_heads, GROUP=group, G_PAD=max(_MIN_DOT_ROWS, triton.next_power_of_2(group)),
-        HEAD_DIM=fmt.head_dim, BLOCK_N=plan.block_n, SPLIT=plan.max_splits > 1,
-        META_WORDS=fmt.meta_bytes // 4, BLOCKS_PER_HEAD=fmt.blocks_per_page_head,
-        COMPRESSED=compressed, USE_ASM=use_asm, FP32_DOT=interpret, PREFETCH=plan.prefetch,
-        PAIRED=fmt.paired_low_bytes,
+        **kernel_constexprs(
+            fmt, group, plan.block_n, plan.max_splits > 1, compressed, use_asm, interpret, plan.prefetch
+        ),
         num_warps=plan.num_warps, num_stages=plan.num_stages if compressed else plan.twin_num_stages,
     )  # fmt: skip
     if plan.max_splits > 1:
