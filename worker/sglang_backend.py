@@ -132,7 +132,7 @@ class ZipkvAttention:
         self.max_pages_per_req = -(-req_to_token.shape[1] // PAGE_TOKENS)
         from zipkv.kernels.decode_plan import kernel_config
 
-        # the decode kernel's shape, read (and a malformed $ZIPKV_DECODE_KERNEL refused) at start-up
+        # the decode kernel's shape for every step, read at start-up (a malformed $ZIPKV_DECODE_KERNEL fails)
         self.kernel_config = kernel_config(kv.fmt.head_dim)
         self.plan: Any = None
         self.extend_meta: _Extend | None = None
@@ -160,7 +160,12 @@ class ZipkvAttention:
         bs = view.batch_size
         indptr = torch.arange(bs + 1, dtype=torch.int32, device=table.device) * max_pages
         kv_lens = view.seq_lens[:bs].to(torch.int32)
-        return plan_decode(table.reshape(-1), indptr, kv_lens, self.kv.fmt, self.num_q_heads)
+        block_n, warps, stages, twin_stages, ctas, prefetch = self.kernel_config
+        return plan_decode(
+            table.reshape(-1), indptr, kv_lens, self.kv.fmt, self.num_q_heads, block_n=block_n,
+            num_warps=warps, num_stages=stages, twin_num_stages=twin_stages, ctas_per_sm=ctas,
+            prefetch=prefetch,
+        )  # fmt: skip
 
     def _extend_meta(self, view: BatchView) -> _Extend:
         if view.extend_seq_lens_cpu is None or view.extend_prefix_lens_cpu is None:
