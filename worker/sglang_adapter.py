@@ -13,15 +13,13 @@ SGLang's stream into `EngineEvent`s; `step` runs that loop for a moment and retu
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import json
 import logging
 import os
 import time
 from collections import deque
-from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any
 
 from .engine import EngineCapacity, EngineEvent, EngineRequest, FinishReason, RequestRejected
 from .owner_thread import OwnerThread
@@ -36,7 +34,6 @@ STEP_WAIT_S = 0.005  # how long one step lets SGLang's loop run when requests ar
 LOADS_EVERY_S = 0.2  # capacity is read from SGLang's load snapshot at most this often
 log = logging.getLogger("zipkv.worker.sglang")
 _FINISH = {"length": FinishReason.LENGTH, "stop": FinishReason.STOP, "abort": FinishReason.ABORT}
-T = TypeVar("T")
 
 
 @dataclass
@@ -79,18 +76,6 @@ def engine_kwargs(settings: WorkerSettings, model_path: str, **overrides: Any) -
     kwargs.update(settings.sglang_kwargs())
     kwargs.update(overrides)
     return kwargs
-
-
-def off_running_loop(factory: Callable[[], T]) -> T:
-    """`factory()` where no asyncio loop is running: on a helper thread when the caller runs one (a Ray Serve
-    replica's constructor runs inside Serve's loop, where ``run_until_complete`` refuses). Not for anything
-    that starts processes: the helper thread ends (see owner_thread.py)."""
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return factory()
-    with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="zipkv-sglang-init") as pool:
-        return pool.submit(factory).result()
 
 
 def warm_up(engine: Any) -> float:
@@ -216,10 +201,15 @@ class SGLangEngine:
         return self._loads
 
     def _drive(self, coro: Any) -> Any:
-        """Run SGLang's loop until ``coro`` completes. The worker's engine thread has no loop of its own,
-        but a Ray Serve replica's constructor asks for the first capacity from inside Serve's running loop,
-        where ``run_until_complete`` refuses (seen on the H200): then it runs on a helper thread."""
-        return off_running_loop(lambda: self._loop.run_until_complete(coro))
+        """Run SGLang's loop until ``coro`` completes: in place on the worker's engine thread, which has no
+        loop of its own; on the owner thread when the caller runs one (a Ray Serve replica's constructor
+        asks for the first capacity inside Serve's running loop, where ``run_until_complete`` refuses, seen
+        on the H200)."""
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            return self._loop.run_until_complete(coro)
+        return self._owner.call(lambda: self._loop.run_until_complete(coro))
 
     async def _consume(self, run: _Running) -> None:
         req, rid = run.request, run.request.request_id

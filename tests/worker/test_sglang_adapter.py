@@ -16,6 +16,7 @@ from typing import ClassVar
 import pytest
 
 from zipkv.worker.engine import EngineRequest, FinishReason, SamplingOptions
+from zipkv.worker.owner_thread import OwnerThread
 from zipkv.worker.settings import WorkerSettings
 from zipkv.worker.sglang_adapter import (
     WARMUP_PROMPT_TOKENS,
@@ -24,7 +25,6 @@ from zipkv.worker.sglang_adapter import (
     _Timings,
     engine_kwargs,
     kv_bytes_per_token,
-    off_running_loop,
 )
 
 LLAMA_8B = {
@@ -69,13 +69,23 @@ def _running_loop_or_none() -> asyncio.AbstractEventLoop | None:
         return None
 
 
-def test_capacity_is_read_where_no_loop_runs_as_inside_a_serve_replica_constructor() -> None:
-    async def constructor() -> asyncio.AbstractEventLoop | None:  # Ray Serve calls __init__ like this
-        assert _running_loop_or_none() is not None
-        return off_running_loop(_running_loop_or_none)
+def test_sglangs_loop_is_driven_where_no_other_loop_runs_as_inside_a_serve_replica_constructor() -> None:
+    eng = bare_engine()
+    eng._loop, eng._owner = asyncio.new_event_loop(), OwnerThread("test-owner")
 
-    assert asyncio.run(constructor()) is None
-    assert off_running_loop(lambda: 7) == 7  # no loop running: built in place
+    async def where() -> tuple[asyncio.AbstractEventLoop | None, str]:
+        return _running_loop_or_none(), threading.current_thread().name
+
+    async def constructor() -> tuple[asyncio.AbstractEventLoop | None, str]:  # Ray Serve calls __init__ so
+        assert _running_loop_or_none() is not None
+        return eng._drive(where())
+
+    try:
+        assert asyncio.run(constructor()) == (eng._loop, "test-owner")  # SGLang's loop, off Serve's
+        assert eng._drive(where()) == (eng._loop, threading.current_thread().name)  # no loop here: in place
+    finally:
+        eng._owner.close()
+        eng._loop.close()
 
 
 def bare_engine() -> SGLangEngine:
@@ -123,6 +133,7 @@ def test_capacity_inside_a_serve_constructor_drives_sglangs_loop_off_the_running
         return snapshot
 
     eng._loop, eng._eng, eng._loads, eng._loads_s = own_loop, None, None, 0.0
+    eng._owner = OwnerThread("test-owner")
     eng._seams = type("Seams", (), {"load_snapshot": staticmethod(load_snapshot)})  # type: ignore[assignment]
     eng._kv_bytes_per_token, eng._context_tokens = 131072, 8192
 
@@ -138,6 +149,7 @@ def test_capacity_inside_a_serve_constructor_drives_sglangs_loop_off_the_running
         snapshot.num_used_tokens, eng._loads = -2800, None  # type: ignore[attr-defined]
         assert eng.capacity().free_tokens == 1000
     finally:
+        eng._owner.close()
         own_loop.close()
 
 
