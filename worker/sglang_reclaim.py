@@ -60,15 +60,15 @@ def reclaim(alloc: ZipkvAllocator, cache: PrefixCache, need_pages: int) -> bool:
         want_tokens = -(-(need_pages - fit) * share_den // share_num) * PAGE_TOKENS
         evicted = cache.evict_tokens(want_tokens) if cache.evictable_tokens() > 0 else 0
         alloc.drain(block=True)  # the evicted pages' frees land in the pool
-        moved = _compact(alloc)
-        alloc.pool.settle()
+        moved = _compact(alloc)  # waits for the device: drained chunks and moves are taken in
         if evicted == 0 and moved == 0:
             break
     return alloc.pages_fit() >= need_pages
 
 
 def _compact(alloc: ZipkvAllocator) -> int:
-    """Compact every layer until nothing moves (each pass plans at most one layer's worth per layer)."""
+    """Compact all layers until a pass moves nothing (a pass moves a bounded number of pages), waiting
+    for the device after each pass; returns the pages moved."""
     layers = int(alloc.pool.page_loc.shape[0])
     total = 0
     for _ in range(4):
