@@ -33,8 +33,9 @@ import triton.language as tl
 
 from .decode_merge import _merge_kernel
 from .decode_plan import DecodePlan, plan_decode
-from .decode_tiles import _attend_tile, _kv_row_starts, _load_tile, _restore, _tile_loads
-from .decode_tiles_paired import _attend_prefetched_paired, _load_tile_paired
+from .decode_prefetch import _attend_prefetched
+from .decode_tiles import _attend_tile, _kv_row_starts, _load_tile
+from .decode_tiles_paired import _load_tile_paired
 from .layout import PageFormat
 
 __all__ = ["DecodePlan", "decode_attention", "plan_decode"]
@@ -91,57 +92,13 @@ def _decode_kernel(
             tok, end, page_base, page_ids_ptr, page_loc_ptr, meta32_ptr, head,
             NUM_KV_HEADS, HEAD_DIM, META_WORDS, BLOCKS_PER_HEAD, COMPRESSED,
         )  # fmt: skip
-        if PREFETCH and COMPRESSED and PAIRED:  # page format v2 (decode_tiles_paired.py)
-            m_i, l_i, acc_a, acc_b = _attend_prefetched_paired(
+        if PREFETCH and COMPRESSED:  # register double-buffering (decode_prefetch.py)
+            m_i, l_i, acc_a, acc_b = _attend_prefetched(
                 q_a, q_b, m_i, l_i, acc_a, acc_b, qk_scale, first, end, page_base, head,
                 k_start, k_marker, v_start, v_marker, heap_u8, heap_bf16, page_ids_ptr, page_loc_ptr,
                 meta32_ptr, NUM_KV_HEADS, HEAD_DIM, META_WORDS, BLOCKS_PER_HEAD, BLOCK_N, USE_ASM, FP32_DOT,
+                PAIRED,
             )  # fmt: skip
-        elif PREFETCH and COMPRESSED:
-            # Register double-buffering: the next tile's loads are in flight while this one computes.
-            kl_a, kl_b, k_code, kr_a, kr_b = _tile_loads(
-                heap_u8, heap_bf16, k_start, k_marker, tok, valid, HEAD_DIM, False
-            )
-            vl_a, vl_b, v_code, vr_a, vr_b = _tile_loads(
-                heap_u8, heap_bf16, v_start, v_marker, tok, valid, HEAD_DIM, True
-            )
-            k_mark = k_marker
-            v_mark = v_marker
-            nxt = tok + BLOCK_N
-            k_start, k_marker, v_start, v_marker = _kv_row_starts(
-                nxt, end, page_base, page_ids_ptr, page_loc_ptr, meta32_ptr, head,
-                NUM_KV_HEADS, HEAD_DIM, META_WORDS, BLOCKS_PER_HEAD, COMPRESSED,
-            )  # fmt: skip
-            for tile in range(first, end, BLOCK_N):
-                tok = tile + offs_n
-                valid = tok < end
-                c_kl_a, c_kl_b, c_k_code, c_kr_a, c_kr_b, c_k_mark = kl_a, kl_b, k_code, kr_a, kr_b, k_mark
-                c_vl_a, c_vl_b, c_v_code, c_vr_a, c_vr_b, c_v_mark = vl_a, vl_b, v_code, vr_a, vr_b, v_mark
-                nxt = tok + BLOCK_N
-                kl_a, kl_b, k_code, kr_a, kr_b = _tile_loads(
-                    heap_u8, heap_bf16, k_start, k_marker, nxt, nxt < end, HEAD_DIM, False
-                )
-                vl_a, vl_b, v_code, vr_a, vr_b = _tile_loads(
-                    heap_u8, heap_bf16, v_start, v_marker, nxt, nxt < end, HEAD_DIM, True
-                )
-                k_mark = k_marker
-                v_mark = v_marker
-                nn = nxt + BLOCK_N
-                k_start, k_marker, v_start, v_marker = _kv_row_starts(
-                    nn, end, page_base, page_ids_ptr, page_loc_ptr, meta32_ptr, head,
-                    NUM_KV_HEADS, HEAD_DIM, META_WORDS, BLOCKS_PER_HEAD, COMPRESSED,
-                )  # fmt: skip
-                k_a, k_b = _restore(
-                    c_kl_a, c_kl_b, c_k_code, c_k_mark.to(tl.uint8)[:, None], c_kr_a, c_kr_b,
-                    USE_ASM, FP32_DOT,
-                )  # fmt: skip
-                v_a, v_b = _restore(
-                    c_vl_a, c_vl_b, c_v_code, c_v_mark.to(tl.uint8)[:, None], c_vr_a, c_vr_b,
-                    USE_ASM, FP32_DOT,
-                )  # fmt: skip
-                m_i, l_i, acc_a, acc_b = _attend_tile(
-                    q_a, q_b, k_a, k_b, v_a, v_b, valid, m_i, l_i, acc_a, acc_b, qk_scale, FP32_DOT
-                )
         else:
             for tile in range(first, end, BLOCK_N):
                 tok = tile + offs_n

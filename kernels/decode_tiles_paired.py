@@ -7,9 +7,6 @@ row adds its code byte. Per channel pair that is 5 bytes of registers instead of
 code byte and two bf16 values), so more programs fit per SM. The restored tiles are the same bits as
 v1's, and the twin (raw pages) is unchanged. The default format since the H200 measured it 1-3.5% faster
 than v1 (docs/benchmarks.md).
-
-`_attend_prefetched_paired` is the register double-buffered loop (``prefetch``): the next tile's loads are
-issued before this tile is restored and attended, so they are in flight during the compute.
 """
 
 from __future__ import annotations
@@ -17,7 +14,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .decode_tiles import _attend_tile, _bf16_boundary, _kv_row_starts
+from .decode_tiles import _bf16_boundary
 
 # Four channel pairs per call. $4/$5: the 16-bit words of channels k..k+3 (compressed rows: bytes
 # lo(k), lo(k + D/2), lo(k+1), lo(k+1 + D/2), ...; raw rows: bf16 of channels k..k+3); $6/$7: bf16 of
@@ -115,64 +112,3 @@ def _load_tile_paired(
     """The two bf16 [N, D/2] halves of a v2 K or V tile, restored in registers where compressed."""
     pair, raw_b, code = _tile_loads_paired(heap_u8, heap_bf16, start, marker, tok, valid, HEAD_DIM, ZERO_FILL)
     return _restore_paired(pair, raw_b, code, marker.to(tl.uint8)[:, None], USE_ASM, INTERPRET)
-
-
-@triton.jit
-def _kv_tile_loads_paired(
-    heap_u8, heap_bf16, k_start, k_marker, v_start, v_marker, tok, end, HEAD_DIM: tl.constexpr
-):  # fmt: skip
-    """`_tile_loads_paired` of a tile's K rows and V rows (V zero-filled past the context)."""
-    k_pair, k_raw_b, k_code = _tile_loads_paired(
-        heap_u8, heap_bf16, k_start, k_marker, tok, tok < end, HEAD_DIM, False
-    )
-    v_pair, v_raw_b, v_code = _tile_loads_paired(
-        heap_u8, heap_bf16, v_start, v_marker, tok, tok < end, HEAD_DIM, True
-    )
-    return k_pair, k_raw_b, k_code, v_pair, v_raw_b, v_code
-
-
-@triton.jit
-def _attend_prefetched_paired(
-    q_a, q_b, m_i, l_i, acc_a, acc_b, qk_scale, first, end, page_base, head,
-    k_start, k_marker, v_start, v_marker, heap_u8, heap_bf16, page_ids_ptr, page_loc_ptr, meta32_ptr,
-    NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, META_WORDS: tl.constexpr,
-    BLOCKS_PER_HEAD: tl.constexpr, BLOCK_N: tl.constexpr, USE_ASM: tl.constexpr, INTERPRET: tl.constexpr,
-):  # fmt: skip
-    """Online softmax over tokens ``first .. end`` of v2 pages with the loads one tile ahead; returns
-    (m_i, l_i, acc_a, acc_b). ``k_start .. v_marker``: the first tile's rows (`_kv_row_starts`); row
-    addresses then run two tiles ahead (their loads form a dependent chain)."""
-    offs_n = tl.arange(0, BLOCK_N)
-    tok = first + offs_n
-    k_pair, k_raw_b, k_code, v_pair, v_raw_b, v_code = _kv_tile_loads_paired(
-        heap_u8, heap_bf16, k_start, k_marker, v_start, v_marker, tok, end, HEAD_DIM
-    )
-    k_mark = k_marker
-    v_mark = v_marker
-    k_start, k_marker, v_start, v_marker = _kv_row_starts(
-        tok + BLOCK_N, end, page_base, page_ids_ptr, page_loc_ptr, meta32_ptr, head,
-        NUM_KV_HEADS, HEAD_DIM, META_WORDS, BLOCKS_PER_HEAD, True,
-    )  # fmt: skip
-    for tile in range(first, end, BLOCK_N):
-        tok = tile + offs_n
-        c_k_pair, c_k_raw_b, c_k_code, c_k_mark = k_pair, k_raw_b, k_code, k_mark
-        c_v_pair, c_v_raw_b, c_v_code, c_v_mark = v_pair, v_raw_b, v_code, v_mark
-        nxt = tok + BLOCK_N
-        k_pair, k_raw_b, k_code, v_pair, v_raw_b, v_code = _kv_tile_loads_paired(
-            heap_u8, heap_bf16, k_start, k_marker, v_start, v_marker, nxt, end, HEAD_DIM
-        )
-        k_mark = k_marker
-        v_mark = v_marker
-        k_start, k_marker, v_start, v_marker = _kv_row_starts(
-            nxt + BLOCK_N, end, page_base, page_ids_ptr, page_loc_ptr, meta32_ptr, head,
-            NUM_KV_HEADS, HEAD_DIM, META_WORDS, BLOCKS_PER_HEAD, True,
-        )  # fmt: skip
-        k_a, k_b = _restore_paired(
-            c_k_pair, c_k_raw_b, c_k_code, c_k_mark.to(tl.uint8)[:, None], USE_ASM, INTERPRET
-        )
-        v_a, v_b = _restore_paired(
-            c_v_pair, c_v_raw_b, c_v_code, c_v_mark.to(tl.uint8)[:, None], USE_ASM, INTERPRET
-        )
-        m_i, l_i, acc_a, acc_b = _attend_tile(
-            q_a, q_b, k_a, k_b, v_a, v_b, tok < end, m_i, l_i, acc_a, acc_b, qk_scale, INTERPRET
-        )
-    return m_i, l_i, acc_a, acc_b
