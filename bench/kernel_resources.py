@@ -47,6 +47,10 @@ class Resources:
     shared_bytes: int
     global_loads: int  # ld.global instructions in the PTX
     async_copies: int  # cp.async instructions (pipelined loads through shared memory)
+    shared_stores: int  # st.shared: tiles moved to another register layout go through shared memory
+    barriers: int  # bar.sync
+    ldmatrix: int  # ldmatrix: tensor-core operands read from shared memory
+    ptx_statements: int  # every ';' of the PTX: the static size of the program
 
 
 def compile_decode_kernel(
@@ -83,6 +87,10 @@ def compile_decode_kernel(
         shared_bytes=int(kernel.metadata.shared),
         global_loads=len(re.findall(r"\bld\.global", ptx)),
         async_copies=len(re.findall(r"\bcp\.async\.c[ag]", ptx)),
+        shared_stores=len(re.findall(r"\bst\.shared", ptx)),
+        barriers=len(re.findall(r"\bbar\.sync", ptx)),
+        ldmatrix=len(re.findall(r"\bldmatrix", ptx)),
+        ptx_statements=ptx.count(";"),
     )
 
 
