@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .ray_head import start_local_ray
 from .status_tap import StatusTap
 
 APP_NAME = "zipkv"
@@ -185,28 +186,10 @@ class LocalStack:
 
     def start_ray(self, **init_kwargs: Any) -> None:
         """A local Ray head for the replicas (report token in their environment); `init_kwargs` go to
-        `ray.init`. A busy machine can make the node's start time out once: one more try, then an error."""
-        import ray
-
+        `ray.init` (worker/ray_head.py: a patient start, and the GCS log when it fails)."""
         os.environ["ZIPKV_REPORT_TOKEN"] = self.report_token  # inherited by the replicas
         replica_env = {"ZIPKV_REPORT_TOKEN": self.report_token, "OMP_NUM_THREADS": "1"}
-        for attempt in (1, 2):
-            try:
-                ray.init(
-                    num_cpus=self.options.ray_num_cpus,
-                    include_dashboard=False,
-                    logging_level=logging.ERROR,
-                    log_to_driver=False,
-                    configure_logging=True,
-                    runtime_env={"env_vars": replica_env},
-                    **init_kwargs,
-                )
-                break
-            except Exception as exc:
-                ray.shutdown()
-                if attempt == 2:
-                    raise RuntimeError(f"Ray did not start ({exc}); is another Ray still stopping?") from exc
-                self._say(f"Ray did not start ({exc}); trying once more")
+        start_local_ray(self.options.ray_num_cpus, replica_env, self._say, **init_kwargs)
         self._ray_started = True
 
     def replica_args(self, report_addresses: list[str], num_replicas: int) -> dict[str, Any]:

@@ -1,0 +1,64 @@
+"""Start a local Ray head for the worker replicas, patiently, and say why when it does not come up.
+
+Ray's driver waits 30 s by default for the GCS to write its port file. On a cold 2-core machine (the first
+Ray start after boot: the GCS binary and its libraries still on disk, not in the page cache) that wait can
+run out while the GCS is still starting, and a retry then races the first GCS. So the wait is longer
+(`RAY_gcs_server_port_wait_time_s`, unless the operator set it), and a failure carries the GCS log tail.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+GCS_PORT_WAIT_S = 120  # the driver's wait for the GCS port file; Ray's own default is 30
+RAY_SESSION_LOGS = Path("/tmp/ray/session_latest/logs")
+
+
+def gcs_log_tail(lines: int = 8, logs_dir: Path | None = None) -> str:
+    """The last lines of the newest session's GCS logs, or '' when there are none."""
+    logs_dir = RAY_SESSION_LOGS if logs_dir is None else logs_dir
+    tails = []
+    for name in ("gcs_server.err", "gcs_server.out"):
+        path = logs_dir / name
+        if path.is_file():
+            text = path.read_text(errors="replace").strip().splitlines()[-lines:]
+            if text:
+                tails.append(f"{name}: " + " | ".join(text))
+    return "; ".join(tails)
+
+
+def start_local_ray(
+    num_cpus: int, env_vars: dict[str, str], say: Callable[[str], None], **init_kwargs: Any
+) -> None:
+    """`ray.init` of a local head (no dashboard, quiet driver); `env_vars` reach every replica.
+
+    Two attempts; the error after the second says what the GCS logged and what to check."""
+    import ray
+
+    os.environ.setdefault("RAY_gcs_server_port_wait_time_s", str(GCS_PORT_WAIT_S))
+    for attempt in (1, 2):
+        try:
+            ray.init(
+                num_cpus=num_cpus,
+                include_dashboard=False,
+                logging_level=logging.ERROR,
+                log_to_driver=False,
+                configure_logging=True,
+                runtime_env={"env_vars": env_vars},
+                **init_kwargs,
+            )
+            return
+        except Exception as exc:
+            ray.shutdown()
+            logs = gcs_log_tail()
+            detail = f"{exc}" + (f"; GCS log: {logs}" if logs else "")
+            if attempt == 2:
+                raise RuntimeError(
+                    f"Ray did not start ({detail}); check that no other Ray is still stopping (`ray stop`) "
+                    f"and that {RAY_SESSION_LOGS.parent.parent} is writable"
+                ) from exc
+            say(f"Ray did not start ({detail}); trying once more")
