@@ -16,36 +16,55 @@ from .layout import PAGE_TOKENS, RAW_MARKER
 if PAGE_TOKENS != 16 or RAW_MARKER != 0xFF:
     raise ImportError("the decode tiles hard-code 16-token pages and the 0xFF raw marker (layout.py)")
 
-# Four values per call: $4/$5 low bytes of channels k and k + D/2, $6 their code bytes, $7 each value's
-# block marker (b/2, or 0xFF for a raw block), $8-$11 the same values read as raw bf16 (pairs).
-# high = (d + b/2) | sign, four bytes at once (no carries: b/2 + d <= 127, and the marker is masked to 7
-# bits first); prmt interleaves low and high bytes into bf16 pairs; a raw block's marker has its top bit
-# set, which prmt's sign-replicate mode spreads into a 16-bit mask per value that selects the raw pair.
-# Outputs: $0/$1 channels k..k+3, $2/$3 channels k + D/2 ...
-_RESTORE_PTX = tl.constexpr("""
-{
-.reg .b32 t, u, h, hb, m0, m1;
-prmt.b32 m0, $7, 0, 0x9988;
-prmt.b32 m1, $7, 0, 0xBBAA;
-and.b32 hb, $7, 0x7F7F7F7F;
-and.b32 t, $6, 0x07070707;
-add.u32 t, t, hb;
-lop3.b32 h, t, $6, 0x80808080, 0xF8;
-prmt.b32 $0, $4, h, 0x5140;
-prmt.b32 $1, $4, h, 0x7362;
-lop3.b32 $0, $0, $8, m0, 0xD8;
-lop3.b32 $1, $1, $9, m1, 0xD8;
-shr.b32 t, $6, 3;
-and.b32 t, t, 0x07070707;
-add.u32 t, t, hb;
-shl.b32 u, $6, 1;
-lop3.b32 h, t, u, 0x80808080, 0xF8;
-prmt.b32 $2, $5, h, 0x5140;
-prmt.b32 $3, $5, h, 0x7362;
-lop3.b32 $2, $2, $10, m0, 0xD8;
-lop3.b32 $3, $3, $11, m1, 0xD8;
-}
-""")
+
+def restore_program(code: str, marker: str, picks: tuple[tuple[str, str], ...], raws: tuple[str, ...]) -> str:
+    """The PTX that restores four values per output register pair, for either page format version.
+
+    ``code``/``marker``: the registers of four code bytes and of each value's block marker (b/2, or 0xFF for
+    a raw block). ``picks``: per output $0..$3, the register holding its low bytes and the prmt selector that
+    interleaves them with the high bytes. ``raws``: per output, the register of the same values read as raw
+    bf16 pairs. high = (d + b/2) | sign, four bytes at once (no carries: b/2 + d <= 127, and the marker is
+    masked to 7 bits first); the first pair of outputs takes d and the sign from bits 0-2 and 7 of the code,
+    the second from bits 3-5 and 6. A raw block's marker has its top bit set, which prmt's sign-replicate
+    mode spreads into a 16-bit mask per value that selects the raw pair instead.
+    """
+    first = [
+        "and.b32 t, {code}, 0x07070707;",
+        "add.u32 t, t, hb;",
+        "lop3.b32 h, t, {code}, 0x80808080, 0xF8;",
+    ]
+    second = [
+        "shr.b32 t, {code}, 3;",
+        "and.b32 t, t, 0x07070707;",
+        "add.u32 t, t, hb;",
+        "shl.b32 u, {code}, 1;",
+        "lop3.b32 h, t, u, 0x80808080, 0xF8;",
+    ]
+    lines = [
+        "{",
+        ".reg .b32 t, u, h, hb, m0, m1;",
+        f"prmt.b32 m0, {marker}, 0, 0x9988;",
+        f"prmt.b32 m1, {marker}, 0, 0xBBAA;",
+        f"and.b32 hb, {marker}, 0x7F7F7F7F;",
+    ]
+    for half, high in ((0, first), (1, second)):
+        lines += [line.format(code=code) for line in high]
+        outs = (2 * half, 2 * half + 1)
+        lines += [f"prmt.b32 ${o}, {picks[o][0]}, h, {picks[o][1]};" for o in outs]
+        lines += [f"lop3.b32 ${o}, ${o}, {raws[o]}, m{o % 2}, 0xD8;" for o in outs]
+    return "\n" + "\n".join([*lines, "}"]) + "\n"
+
+
+# v1: $4/$5 low bytes of channels k and k + D/2, $6 their code bytes, $7 the markers, $8-$11 the same values
+# read as raw bf16 (pairs). Outputs: $0/$1 channels k..k+3, $2/$3 channels k + D/2 ...
+_RESTORE_PTX = tl.constexpr(
+    restore_program(
+        "$6",
+        "$7",
+        (("$4", "0x5140"), ("$4", "0x7362"), ("$5", "0x5140"), ("$5", "0x7362")),
+        ("$8", "$9", "$10", "$11"),
+    )
+)
 
 
 @triton.jit

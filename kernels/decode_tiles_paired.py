@@ -14,38 +14,21 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .decode_tiles import _bf16_boundary
+from .decode_tiles import _bf16_boundary, restore_program
 
-# Four channel pairs per call. $4/$5: the 16-bit words of channels k..k+3 (compressed rows: bytes
-# lo(k), lo(k + D/2), lo(k+1), lo(k+1 + D/2), ...; raw rows: bf16 of channels k..k+3); $6/$7: bf16 of
-# channels k + D/2 .. (raw rows only); $8: code bytes; $9: each value's block marker (b/2 or 0xFF).
-# high = (d + b/2) | sign as in v1; prmt picks each low byte out of the pair words; a raw block's marker
-# spreads (sign-replicate prmt) into a 16-bit mask per value that selects the raw words instead.
+# Four channel pairs per call (decode_tiles.restore_program). $4/$5: the 16-bit words of channels k..k+3
+# (compressed rows: bytes lo(k), lo(k + D/2), lo(k+1), lo(k+1 + D/2), ...; raw rows: bf16 of channels
+# k..k+3); $6/$7: bf16 of channels k + D/2 .. (raw rows only); $8: code bytes; $9: the markers. prmt picks
+# each low byte out of the pair words; raw rows select the pair words themselves for the first half.
 # Outputs: $0/$1 channels k..k+3, $2/$3 channels k + D/2 ...
-_RESTORE_PAIRED_PTX = tl.constexpr("""
-{
-.reg .b32 t, u, h, hb, m0, m1;
-prmt.b32 m0, $9, 0, 0x9988;
-prmt.b32 m1, $9, 0, 0xBBAA;
-and.b32 hb, $9, 0x7F7F7F7F;
-and.b32 t, $8, 0x07070707;
-add.u32 t, t, hb;
-lop3.b32 h, t, $8, 0x80808080, 0xF8;
-prmt.b32 $0, $4, h, 0x5240;
-prmt.b32 $1, $5, h, 0x7260;
-lop3.b32 $0, $0, $4, m0, 0xD8;
-lop3.b32 $1, $1, $5, m1, 0xD8;
-shr.b32 t, $8, 3;
-and.b32 t, t, 0x07070707;
-add.u32 t, t, hb;
-shl.b32 u, $8, 1;
-lop3.b32 h, t, u, 0x80808080, 0xF8;
-prmt.b32 $2, $4, h, 0x5341;
-prmt.b32 $3, $5, h, 0x7361;
-lop3.b32 $2, $2, $6, m0, 0xD8;
-lop3.b32 $3, $3, $7, m1, 0xD8;
-}
-""")
+_RESTORE_PAIRED_PTX = tl.constexpr(
+    restore_program(
+        "$8",
+        "$9",
+        (("$4", "0x5240"), ("$5", "0x7260"), ("$4", "0x5341"), ("$5", "0x7361")),
+        ("$4", "$5", "$6", "$7"),
+    )
+)
 
 
 @triton.jit
