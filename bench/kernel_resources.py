@@ -20,12 +20,14 @@ import subprocess
 import tempfile
 from dataclasses import dataclass
 
+import torch
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from triton.runtime.jit import JITFunction
 
 from zipkv.kernels import decode_attention as da
+from zipkv.kernels import extend_attention as ea
 from zipkv.kernels.layout import PageFormat
 
 _ARG_TYPES = {
@@ -37,6 +39,14 @@ _ARG_TYPES = {
 }  # fmt: skip
 _STRIDES = {"stride_qb", "stride_qh", "stride_ob", "stride_oh"}
 _ALIGNED = {n for n, t in _ARG_TYPES.items() if t.startswith("*")} | _STRIDES  # as Triton specialises them
+_EXTEND_ARG_TYPES = {
+    "q_ptr": "*bf16", "k_ptr": "*bf16", "v_ptr": "*bf16", "out_ptr": "*bf16", "heap_u8": "*u8",
+    "heap_bf16": "*bf16", "page_loc_ptr": "*i64", "meta32_ptr": "*i32", "page_ids_ptr": "*i32",
+    "page_indptr_ptr": "*i32", "prefix_lens_ptr": "*i32", "qo_indptr_ptr": "*i32", "block_req_ptr": "*i32",
+    "block_first_ptr": "*i32", "qk_scale": "fp32",
+    **{f"stride_{t}{d}": "i32" for t in "qkvo" for d in "th"},
+}  # fmt: skip
+_EXTEND_ALIGNED = {n for n in _EXTEND_ARG_TYPES if n != "qk_scale"}
 
 
 @dataclass(frozen=True)
@@ -64,24 +74,52 @@ def compile_decode_kernel(
     prefetch: bool = False,
 ) -> Resources:
     """Compile the decode kernel as `decode_attention` would launch it and read its resources."""
-    fn = da._decode_kernel
-    if not isinstance(fn, JITFunction):  # TRITON_INTERPRET=1 at import made it an interpreted function
-        raise RuntimeError("the kernels were built for Triton's interpreter: run with TRITON_INTERPRET unset")
     # as a split launch on the GPU: the PTX restore, bf16 dots
     const = da.kernel_constexprs(fmt, group, block_n, True, compressed, True, False, prefetch)
-    signature = {n: _ARG_TYPES.get(n, "constexpr") for n in fn.arg_names}
-    constexprs = {(i,): const[n] for i, n in enumerate(fn.arg_names) if n not in _ARG_TYPES}
-    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names) if n in _ALIGNED}
-    kernel = triton.compile(
+    kernel = _compile(da._decode_kernel, const, _ARG_TYPES, _ALIGNED, arch, num_warps, num_stages)
+    kind = (f"v{fmt.version} compressed" + (" prefetch" if prefetch else "")) if compressed else "twin"
+    return _resources(
+        kernel, f"{kind} head_dim {fmt.head_dim} block_n {block_n} warps {num_warps} stages {num_stages}"
+    )
+
+
+def compile_extend_kernel(
+    fmt: PageFormat,
+    compressed: bool,
+    block_m: int,
+    block_n: int,
+    num_warps: int,
+    arch: int = 90,
+    group: int = 4,
+) -> Resources:
+    """Compile the extend kernel (kernels/extend_attention.py) as `extend_attention` launches it on a GPU."""
+    plan = ea.ExtendPlan(fmt, fmt.num_kv_heads * group, *[torch.empty(0)] * 6, block_m, block_n, num_warps)  # type: ignore[arg-type]
+    const = ea.extend_constexprs(plan, compressed, True, False)
+    kernel = _compile(ea._extend_kernel, const, _EXTEND_ARG_TYPES, _EXTEND_ALIGNED, arch, num_warps, 1)
+    kind = f"extend v{fmt.version} compressed" if compressed else "extend twin"
+    return _resources(
+        kernel, f"{kind} head_dim {fmt.head_dim} block_m {block_m} block_n {block_n} warps {num_warps}"
+    )
+
+
+def _compile(fn, const, arg_types, aligned, arch, num_warps, num_stages):  # type: ignore[no-untyped-def]
+    if not isinstance(fn, JITFunction):  # TRITON_INTERPRET=1 at import made it an interpreted function
+        raise RuntimeError("the kernels were built for Triton's interpreter: run with TRITON_INTERPRET unset")
+    signature = {n: arg_types.get(n, "constexpr") for n in fn.arg_names}
+    constexprs = {(i,): const[n] for i, n in enumerate(fn.arg_names) if n not in arg_types}
+    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names) if n in aligned}
+    return triton.compile(
         ASTSource(fn, signature, constexprs, attrs),
         target=GPUTarget("cuda", arch, 32),
         options={"num_warps": num_warps, "num_stages": num_stages},
     )
+
+
+def _resources(kernel, variant: str) -> Resources:  # type: ignore[no-untyped-def]
     registers, spill_bytes = _cubin_usage(kernel.asm["cubin"])
     ptx = kernel.asm["ptx"]
-    kind = (f"v{fmt.version} compressed" + (" prefetch" if prefetch else "")) if compressed else "twin"
     return Resources(
-        variant=f"{kind} head_dim {fmt.head_dim} block_n {block_n} warps {num_warps} stages {num_stages}",
+        variant=variant,
         registers=registers,
         spill_bytes=spill_bytes,
         shared_bytes=int(kernel.metadata.shared),
@@ -111,20 +149,29 @@ def _cubin_usage(cubin: bytes) -> tuple[int, int]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--kernel", choices=["decode", "extend"], default="decode")
     ap.add_argument("--head-dim", type=int, default=128)
-    ap.add_argument("--configs", default="32:1:1,32:1:2", help="block_n:warps:stages list")
+    ap.add_argument(
+        "--configs",
+        default="",
+        help="decode: block_n:warps:stages list (32:1:1,32:1:2); extend: block_m:block_n:warps",
+    )
     ap.add_argument("--versions", default="1,2", help="page format versions of the compressed kernel")
     ap.add_argument("--arch", type=int, default=90, help="compute capability, e.g. 90 for H100/H200")
     ap.add_argument("--json", action="store_true", help="one JSON list on stdout instead of lines")
     args = ap.parse_args()
     if not args.json:
         print(f"triton {triton.__version__}, sm_{args.arch}", flush=True)
+    configs = args.configs or ("32:1:1,32:1:2" if args.kernel == "decode" else "16:32:4")
     found = []
-    for cfg in args.configs.split(","):
-        block_n, warps, stages = (int(x) for x in cfg.split(":"))
+    for cfg in configs.split(","):
+        a, b, c = (int(x) for x in cfg.split(":"))
         runs = [(PageFormat(args.head_dim, 8, version=int(v)), True) for v in args.versions.split(",")]
         for fmt, compressed in [*runs, (PageFormat(args.head_dim, 8), False)]:
-            found.append(compile_decode_kernel(fmt, compressed, block_n, warps, stages, args.arch))
+            if args.kernel == "decode":
+                found.append(compile_decode_kernel(fmt, compressed, a, b, c, args.arch))
+            else:
+                found.append(compile_extend_kernel(fmt, compressed, a, b, c, args.arch))
             if not args.json:
                 print(found[-1], flush=True)
     if args.json:

@@ -125,7 +125,7 @@ def _decode_kernel(
                     NUM_KV_HEADS, HEAD_DIM, META_WORDS, BLOCKS_PER_HEAD, COMPRESSED,
                 )  # fmt: skip
                 m_i, l_i, acc_a, acc_b = _attend_tile(
-                    q_a, q_b, k_a, k_b, v_a, v_b, valid, m_i, l_i, acc_a, acc_b, qk_scale, FP32_DOT
+                    q_a, q_b, k_a, k_b, v_a, v_b, valid[None, :], m_i, l_i, acc_a, acc_b, qk_scale, FP32_DOT
                 )
 
         out_a = acc_a / l_i[:, None]
@@ -145,15 +145,8 @@ def _interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
-def _check_inputs(
-    plan: DecodePlan, q: torch.Tensor, heap: torch.Tensor, page_loc: torch.Tensor, page_meta: torch.Tensor
-) -> None:
-    fmt = plan.fmt
-    want_q = (plan.batch_size, plan.num_q_heads, fmt.head_dim)
-    if q.dtype != torch.bfloat16 or tuple(q.shape) != want_q or q.stride(-1) != 1:
-        raise ValueError(
-            f"q must be bf16 {list(want_q)} with unit last stride, got {q.dtype} {list(q.shape)}"
-        )
+def check_pages(fmt: PageFormat, heap: torch.Tensor, page_loc: torch.Tensor, page_meta: torch.Tensor) -> None:
+    """One layer's pool tensors as the kernels read them: clear errors instead of wrong reads."""
     if heap.dtype != torch.uint8 or heap.dim() != 1 or heap.numel() % 4 != 0:
         raise ValueError(
             f"heap must be a 1-D uint8 tensor of a multiple of 4 bytes, got {heap.dtype} {list(heap.shape)}"
@@ -168,6 +161,18 @@ def _check_inputs(
             f"page_meta_layer must be contiguous uint8 {list(want_meta)}, "
             f"got {page_meta.dtype} {list(page_meta.shape)}"
         )
+
+
+def _check_inputs(
+    plan: DecodePlan, q: torch.Tensor, heap: torch.Tensor, page_loc: torch.Tensor, page_meta: torch.Tensor
+) -> None:
+    fmt = plan.fmt
+    want_q = (plan.batch_size, plan.num_q_heads, fmt.head_dim)
+    if q.dtype != torch.bfloat16 or tuple(q.shape) != want_q or q.stride(-1) != 1:
+        raise ValueError(
+            f"q must be bf16 {list(want_q)} with unit last stride, got {q.dtype} {list(q.shape)}"
+        )
+    check_pages(fmt, heap, page_loc, page_meta)
     devices = {t.device for t in (q, heap, page_loc, page_meta, plan.page_ids, plan.kv_lens)}
     if len(devices) != 1:
         raise ValueError(f"all tensors must be on one device, got {sorted(map(str, devices))}")

@@ -85,6 +85,6 @@ def _attend_prefetched(
         k_a, k_b = _restore_tile(c_k0, c_k1, c_k2, c_k3, c_k4, c_k_mark, USE_ASM, INTERPRET, PAIRED)
         v_a, v_b = _restore_tile(c_v0, c_v1, c_v2, c_v3, c_v4, c_v_mark, USE_ASM, INTERPRET, PAIRED)
         m_i, l_i, acc_a, acc_b = _attend_tile(
-            q_a, q_b, k_a, k_b, v_a, v_b, valid, m_i, l_i, acc_a, acc_b, qk_scale, INTERPRET
+            q_a, q_b, k_a, k_b, v_a, v_b, valid[None, :], m_i, l_i, acc_a, acc_b, qk_scale, INTERPRET
         )
     return m_i, l_i, acc_a, acc_b

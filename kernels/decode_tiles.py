@@ -225,16 +225,18 @@ def _load_tile(
 
 @triton.jit
 def _attend_tile(
-    q_a, q_b, k_a, k_b, v_a, v_b, valid, m_i, l_i, acc_a, acc_b, qk_scale, FP32_DOT: tl.constexpr
+    q_a, q_b, k_a, k_b, v_a, v_b, mask, m_i, l_i, acc_a, acc_b, qk_scale, FP32_DOT: tl.constexpr
 ):  # fmt: skip
-    """One online-softmax step over a tile: scores, running max and sum, rescaled P @ V."""
+    """One online-softmax step over a tile: scores, running max and sum, rescaled P @ V. ``mask``: which
+    (query row, key) scores count, broadcast to [rows, N] ([1, N] in decode, causal [rows, N] in extend);
+    every row must keep a score in the first tile it sees, or its running max stays -inf."""
     if FP32_DOT:
         s = tl.dot(q_a, tl.trans(k_a.to(tl.float32)))
         s = tl.dot(q_b, tl.trans(k_b.to(tl.float32)), s)
     else:
         s = tl.dot(q_a, tl.trans(k_a))
         s = tl.dot(q_b, tl.trans(k_b), s)
-    s = tl.where(valid[None, :], s * qk_scale, float("-inf"))
+    s = tl.where(mask, s * qk_scale, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(s, 1))
     alpha = tl.exp2(m_i - m_new)
     p = tl.exp2(s - m_new[:, None])

@@ -45,3 +45,43 @@ def decode_attention_reference(
         scores = torch.einsum("hd,hld->hl", q[b].to(dtype), k) * sm_scale
         out[b] = torch.einsum("hl,hld->hd", torch.softmax(scores, dim=-1), v)
     return out
+
+
+def extend_attention_reference(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    pages: torch.Tensor,
+    page_ids: torch.Tensor,
+    page_indptr: torch.Tensor,
+    prefix_lens: list[int],
+    qo_lens: list[int],
+    sm_scale: float,
+    dtype: torch.dtype = torch.float64,
+) -> torch.Tensor:
+    """Causal attention of new tokens over their cached prefix and themselves, in ``dtype``.
+
+    ``q``: ``[N, Hq, D]``, ``k``/``v``: ``[N, H, D]``, the new tokens of every request in order (request b
+    has ``qo_lens[b]``); its first ``prefix_lens[b]`` tokens are in ``pages`` (as in
+    :func:`decode_attention_reference`). New token i of a request sees the whole prefix and new tokens <= i.
+    """
+    num_kv_heads, head_dim = pages.shape[2], pages.shape[4]
+    group = q.shape[1] // num_kv_heads
+    indptr = page_indptr.tolist()
+    out = torch.empty(q.shape, dtype=dtype, device=q.device)
+    start = 0
+    for b, (n_prefix, n_new) in enumerate(zip(prefix_lens, qo_lens, strict=True)):
+        ids = page_ids[indptr[b] : indptr[b + 1]].to(torch.int64)
+        kv = pages[ids].to(dtype).permute(1, 0, 3, 2, 4).reshape(2, -1, num_kv_heads, head_dim)[:, :n_prefix]
+        new = slice(start, start + n_new)
+        keys = torch.cat([kv[0], k[new].to(dtype)]).repeat_interleave(group, dim=1)  # [L, Hq, D]
+        values = torch.cat([kv[1], v[new].to(dtype)]).repeat_interleave(group, dim=1)
+        scores = torch.einsum("nhd,lhd->hnl", q[new].to(dtype), keys) * sm_scale
+        seen = (
+            torch.arange(n_prefix + n_new, device=q.device)[None, :]
+            <= (n_prefix + torch.arange(n_new, device=q.device))[:, None]
+        )
+        scores = scores.masked_fill(~seen, float("-inf"))
+        out[new] = torch.einsum("hnl,lhd->nhd", torch.softmax(scores, dim=-1), values)
+        start += n_new
+    return out

@@ -9,7 +9,9 @@ No sglang import here: `sglang_seams` subclasses SGLang's ``AttentionBackend`` a
   shape is static and the whole plan is recorded into SGLang's decode CUDA graph. ``compressed=False`` is the
   uncompressed twin: the same kernel source reading every page as raw.
 - **Extend** (prefill, chunked prefill, prefix hits): attention for the new tokens with SGLang's Triton extend
-  kernel; a prefix (chunked prefill, radix hit) is restored from its pages into a scratch buffer first.
+  kernel; a prefix (chunked prefill, radix hit) is restored from its pages into a scratch buffer first, or,
+  with ``ZIPKV_EXTEND_KERNEL=fused``, read from its pages inside zipkv's extend kernel
+  (kernels/extend_attention.py: compressed tiles restored in registers, no scratch copy).
 - **Compression**: at the start of every forward step, `ZipkvAllocator.compress_step` marks the pages the
   previous step filled and runs the pool's step (one encode launch for all of them, all layers).
 """
@@ -104,6 +106,7 @@ def page_table(req_to_token: torch.Tensor, req_pool_indices: torch.Tensor, max_p
 @dataclass(frozen=True)
 class _Prefix:
     page_ids: torch.Tensor  # int64 [n]: all prefix pages of the batch, request by request
+    page_counts: list[int]  # prefix pages per request
     kv_indptr: torch.Tensor  # int32 [B + 1]: prefix tokens per request
     kv_indices: torch.Tensor  # int64 [sum prefix]: each prefix token's row in the restored scratch
 
@@ -113,6 +116,7 @@ class _Extend:
     qo_indptr: torch.Tensor  # int32 [B + 1]
     max_extend_tokens: int
     prefix: _Prefix | None
+    fused: Any = None  # ExtendPlan when the fused extend kernel reads the prefix pages (EXTEND_KERNEL_ENV)
 
 
 class ZipkvAttention:
@@ -131,9 +135,12 @@ class ZipkvAttention:
         self.num_q_heads, self.compressed, self.extend_kernel = num_q_heads, compressed, extend_kernel
         self.max_pages_per_req = -(-req_to_token.shape[1] // PAGE_TOKENS)
         from zipkv.kernels.decode_plan import kernel_config
+        from zipkv.kernels.extend_attention import extend_kernel_choice
 
-        # the decode kernel's shape for every step, read at start-up (a malformed $ZIPKV_DECODE_KERNEL fails)
+        # the kernels' choices for every step, read at start-up: malformed $ZIPKV_DECODE_KERNEL or
+        # $ZIPKV_EXTEND_KERNEL values fail here
         self.kernel_config = kernel_config(kv.fmt.head_dim)
+        self.fused_extend = extend_kernel_choice() == "fused"
         self.plan: Any = None
         self.extend_meta: _Extend | None = None
         self._graph: dict[str, torch.Tensor] = {}
@@ -177,7 +184,12 @@ class ZipkvAttention:
         ext, pre = view.extend_seq_lens_cpu, view.extend_prefix_lens_cpu
         qo = to_device([0, *torch.tensor(ext).cumsum(0).tolist()], device).to(torch.int32)
         prefix = self._prefix(view, pre) if any(pre) else None
-        return _Extend(qo, max(ext) if ext else 0, prefix)
+        fused = None
+        if prefix is not None and self.fused_extend:
+            from zipkv.kernels.extend_attention import plan_extend
+
+            fused = plan_extend(ext, pre, prefix.page_ids, prefix.page_counts, self.kv.fmt, self.num_q_heads)
+        return _Extend(qo, max(ext) if ext else 0, prefix, fused)
 
     def _prefix(self, view: BatchView, prefix_lens: list[int]) -> _Prefix:
         device = view.req_pool_indices.device
@@ -189,7 +201,7 @@ class ZipkvAttention:
         starts = torch.tensor([0, *torch.tensor(pages).cumsum(0).tolist()[:-1]]) * PAGE_TOKENS
         rows = torch.cat([s + torch.arange(p) for s, p in zip(starts.tolist(), prefix_lens, strict=True)])
         indptr = to_device([0, *torch.tensor(prefix_lens).cumsum(0).tolist()], device).to(torch.int32)
-        return _Prefix(page_ids, indptr, to_device(rows.tolist(), device))
+        return _Prefix(page_ids, pages, indptr, to_device(rows.tolist(), device))
 
     # ---- CUDA graphs (decode) -----------------------------------------------------------------------
     def init_graph_state(self, max_bs: int, device: torch.device) -> None:
@@ -238,8 +250,10 @@ class ZipkvAttention:
             raise RuntimeError("zipkv extend called before begin_step")
         fmt = self.kv.fmt
         q3 = q.reshape(-1, self.num_q_heads, fmt.head_dim)
-        o3 = torch.empty_like(q3)
         k3, v3 = k.reshape(-1, fmt.num_kv_heads, fmt.head_dim), v.reshape(-1, fmt.num_kv_heads, fmt.head_dim)
+        if meta.fused is not None:
+            return self._extend_fused(meta.fused, q3, k3, v3, layer_id, sm_scale)
+        o3 = torch.empty_like(q3)
         if meta.prefix is None:
             k_buf, v_buf = k3.contiguous(), v3.contiguous()  # never read: no request has a prefix
             bs = meta.qo_indptr.numel() - 1
@@ -269,3 +283,16 @@ class ZipkvAttention:
             sm_scale,
         )
         return o3.reshape(q3.shape[0], -1)
+
+    def _extend_fused(
+        self, plan: Any, q3: torch.Tensor, k3: torch.Tensor, v3: torch.Tensor, layer_id: int, sm_scale: float
+    ) -> torch.Tensor:
+        """The new tokens over their prefix pages, read compressed in the kernel (no scratch copy)."""
+        from zipkv.kernels.extend_attention import extend_attention
+
+        pool, l_ = self.kv.pool, self.kv.layer(layer_id)
+        out = extend_attention(
+            plan, q3, k3.contiguous(), v3.contiguous(), pool.heap, pool.page_loc[l_], pool.page_meta[l_],
+            sm_scale, compressed=self.compressed,
+        )  # fmt: skip
+        return out.reshape(q3.shape[0], -1)

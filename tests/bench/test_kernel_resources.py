@@ -43,3 +43,15 @@ def test_interpreted_kernels_are_refused_with_what_to_do() -> None:
     cmd = [sys.executable, str(ROOT / "bench" / "kernel_resources.py"), "--configs", "32:1:1"]
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode != 0 and "TRITON_INTERPRET unset" in done.stderr
+
+
+def test_extend_kernel_compiles_for_sm90_without_spills() -> None:
+    found = {
+        str(r["variant"]): r for r in _resources("--kernel", "extend", "--head-dim", "64", "--versions", "2")
+    }
+    assert set(found) == {
+        "extend v2 compressed head_dim 64 block_m 16 block_n 32 warps 4",
+        "extend twin head_dim 64 block_m 16 block_n 32 warps 4",
+    }
+    for r in found.values():
+        assert 0 < int(r["registers"]) <= 255 and r["spill_bytes"] == 0  # type: ignore[call-overload]

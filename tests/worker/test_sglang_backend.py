@@ -122,26 +122,51 @@ def test_decode_equals_twin_and_reference_and_graph_path() -> None:
     assert torch.equal(graph.decode(q, layer_id=1, sm_scale=SCALE), outs[True])
 
 
-def test_extend_reads_a_compressed_prefix() -> None:
-    alloc, kv, r2t = setup()
-    keys, vals = prefill(alloc, kv, r2t, [32])  # two full pages, compressed
+def refuse_sglang_extend(*_: object) -> None:
+    raise AssertionError("the fused extend must not call SGLang's extend kernel")
+
+
+def extend_after_prefill(prefix: int, compression: bool, extend_kernel) -> tuple[torch.Tensor, torch.Tensor]:  # type: ignore[no-untyped-def]
+    """Prefill `prefix` tokens (full pages compressed), then extend 5 new tokens over them in layer 0:
+    (the extend's output, the float reference)."""
+    alloc, kv, r2t = setup(compression=compression)
+    keys, vals = prefill(alloc, kv, r2t, [prefix])
     new = 5
     gen = torch.Generator().manual_seed(1)
     k_new, v_new = (
         torch.randn(new, FMT.num_kv_heads, FMT.head_dim, generator=gen).to(torch.bfloat16) for _ in "kv"
     )
     q = torch.randn(new, HQ * FMT.head_dim, generator=gen).to(torch.bfloat16)
-    out = alloc.alloc_extend(torch.tensor([32]), torch.tensor([32]), torch.tensor([37]), torch.tensor([37]),
-                             r2t[1, 31:32], new)  # fmt: skip
-    r2t[1, 32:37] = out.to(torch.int32)
-    attn = ZipkvAttention(kv, alloc, r2t, HQ, True, extend_twin)
-    view = BatchView(False, False, 1, torch.tensor([1]), torch.tensor([37]), [37], [32], [new])
+    lens = torch.tensor([prefix + new])
+    out = alloc.alloc_extend(torch.tensor([prefix]), torch.tensor([prefix]), lens, lens,
+                             r2t[1, prefix - 1 : prefix], new)  # fmt: skip
+    r2t[1, prefix : prefix + new] = out.to(torch.int32)
+    attn = ZipkvAttention(kv, alloc, r2t, HQ, compression, extend_kernel)
+    view = BatchView(False, False, 1, torch.tensor([1]), lens, lens.tolist(), [prefix], [new])
     attn.begin_step(view)
     kv.store(0, out, k_new, v_new)
     got = attn.extend(q, k_new, v_new, layer_id=0, sm_scale=SCALE)
     want = attend(q.view(new, HQ, -1).float(), torch.cat([keys[0], k_new]).float(),
-                  torch.cat([vals[0], v_new]).float(), SCALE, first_pos=32)  # fmt: skip
-    torch.testing.assert_close(got.float(), want.reshape(new, -1), atol=2e-2, rtol=2e-2)
+                  torch.cat([vals[0], v_new]).float(), SCALE, first_pos=prefix)  # fmt: skip
+    return got, want.reshape(new, -1)
+
+
+@pytest.mark.parametrize("prefix", [32, 37])  # whole pages; and a raw, partly filled last prefix page
+def test_extend_reads_a_compressed_prefix(prefix: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    got, want = extend_after_prefill(prefix, True, extend_twin)
+    torch.testing.assert_close(got.float(), want, atol=2e-2, rtol=2e-2)
+    monkeypatch.setenv("ZIPKV_EXTEND_KERNEL", "fused")  # the prefix pages read inside zipkv's extend kernel
+    fused, want = extend_after_prefill(prefix, True, refuse_sglang_extend)
+    torch.testing.assert_close(fused.float(), want, atol=2e-2, rtol=2e-2)
+    twin, _ = extend_after_prefill(prefix, False, refuse_sglang_extend)  # a pool that never compresses
+    assert torch.equal(fused, twin)
+
+
+def test_a_malformed_extend_kernel_choice_fails_at_start(monkeypatch: pytest.MonkeyPatch) -> None:
+    alloc, kv, r2t = setup()
+    monkeypatch.setenv("ZIPKV_EXTEND_KERNEL", "fast")
+    with pytest.raises(ValueError, match="ZIPKV_EXTEND_KERNEL='fast': expected one of restore, fused"):
+        ZipkvAttention(kv, alloc, r2t, HQ, True, extend_twin)
 
 
 def test_extend_metadata_needs_cpu_lengths() -> None:
