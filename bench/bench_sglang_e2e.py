@@ -118,6 +118,7 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
         "first_request_ids": res[0][1][:16],
         "kwargs": {k: v for k, v in kwargs.items() if k != "model_path"},
         "decode_kernel": os.environ.get("ZIPKV_DECODE_KERNEL", "tuned default"),  # kernels/decode_plan.py
+        "extend_kernel": os.environ.get("ZIPKV_EXTEND_KERNEL", "restore"),  # kernels/extend_attention.py
     }
 
 
