@@ -1,9 +1,9 @@
 """Start a local Ray head for the worker replicas, patiently, and say why when it does not come up.
 
-Ray's driver waits 30 s by default for the GCS to write its port file. On a cold 2-core machine (the first
-Ray start after boot: the GCS binary and its libraries still on disk, not in the page cache) that wait can
-run out while the GCS is still starting, and a retry then races the first GCS. So the wait is longer
-(`RAY_gcs_server_port_wait_time_s`, unless the operator set it), and a failure carries the GCS log tail.
+Ray's driver waits 30 s for the GCS to write its port file and another 30 s (fixed) for the raylet to
+register. A busy 2-core machine has run past both in turn (seen once in CI: the GCS wait on the first
+try, the raylet's on the second). So the GCS wait is longer (`RAY_gcs_server_port_wait_time_s`, unless
+the operator set it), a start gets three tries, and a failure carries the GCS log tail.
 """
 
 from __future__ import annotations
@@ -14,7 +14,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-GCS_PORT_WAIT_S = 120  # the driver's wait for the GCS port file; Ray's own default is 30
+GCS_PORT_WAIT_S = 60  # the driver's wait for the GCS port file; Ray's own default is 30
+ATTEMPTS = 3
 RAY_SESSION_LOGS = Path("/tmp/ray/session_latest/logs")
 
 
@@ -36,11 +37,11 @@ def start_local_ray(
 ) -> None:
     """`ray.init` of a local head (no dashboard, quiet driver); `env_vars` reach every replica.
 
-    Two attempts; the error after the second says what the GCS logged and what to check."""
+    Three tries; the error after the last says what the GCS logged and what to check."""
     import ray
 
     os.environ.setdefault("RAY_gcs_server_port_wait_time_s", str(GCS_PORT_WAIT_S))
-    for attempt in (1, 2):
+    for attempt in range(1, ATTEMPTS + 1):
         try:
             ray.init(
                 num_cpus=num_cpus,
@@ -56,9 +57,9 @@ def start_local_ray(
             ray.shutdown()
             logs = gcs_log_tail()
             detail = f"{exc}" + (f"; GCS log: {logs}" if logs else "")
-            if attempt == 2:
+            if attempt == ATTEMPTS:
                 raise RuntimeError(
                     f"Ray did not start ({detail}); check that no other Ray is still stopping (`ray stop`) "
                     f"and that {RAY_SESSION_LOGS.parent.parent} is writable"
                 ) from exc
-            say(f"Ray did not start ({detail}); trying once more")
+            say(f"Ray did not start ({detail}); try {attempt + 1} of {ATTEMPTS}")

@@ -17,24 +17,38 @@ def test_gcs_log_tail_reads_the_last_lines_of_both_logs(tmp_path: Path) -> None:
     assert ray_head.gcs_log_tail(logs_dir=tmp_path / "missing") == ""
 
 
-def test_two_failed_starts_raise_with_the_gcs_log(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+def fake_ray(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, failures: int) -> list[dict[str, object]]:
+    """`ray.init` failing its first `failures` calls as a slow GCS does; the GCS log in `tmp_path`."""
     import ray
 
     (tmp_path / "gcs_server.out").write_text("GCS started\nsegfault in rocksdb\n")
     monkeypatch.setattr(ray_head, "RAY_SESSION_LOGS", tmp_path)
     calls: list[dict[str, object]] = []
 
-    def failing_init(**kwargs: object) -> None:
+    def init(**kwargs: object) -> None:
         calls.append(kwargs)
-        raise TimeoutError("Timed out waiting for file gcs_server_port")
+        if len(calls) <= failures:
+            raise TimeoutError("Timed out waiting for file gcs_server_port")
 
-    monkeypatch.setattr(ray, "init", failing_init)
+    monkeypatch.setattr(ray, "init", init)
     monkeypatch.setattr(ray, "shutdown", lambda: None)
     monkeypatch.delenv("RAY_gcs_server_port_wait_time_s", raising=False)  # restored after the test
+    return calls
+
+
+def test_every_failed_start_raises_with_the_gcs_log(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    calls = fake_ray(monkeypatch, tmp_path, failures=99)
     said: list[str] = []
     with pytest.raises(RuntimeError, match=r"segfault in rocksdb.*ray stop"):
         ray_head.start_local_ray(2, {"A": "1"}, said.append, num_gpus=0)
-    assert (
-        len(calls) == 2 and calls[0]["num_gpus"] == 0 and calls[0]["runtime_env"] == {"env_vars": {"A": "1"}}
-    )
-    assert len(said) == 1 and "trying once more" in said[0] and "segfault in rocksdb" in said[0]
+    assert len(calls) == 3 and calls[0]["num_gpus"] == 0
+    assert calls[0]["runtime_env"] == {"env_vars": {"A": "1"}}
+    assert len(said) == 2 and said[-1].endswith("try 3 of 3")
+    assert all("segfault in rocksdb" in line for line in said)
+
+
+def test_a_start_that_fails_once_is_tried_again(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    calls = fake_ray(monkeypatch, tmp_path, failures=1)
+    said: list[str] = []
+    ray_head.start_local_ray(2, {}, said.append)
+    assert len(calls) == 2 and len(said) == 1 and said[0].endswith("try 2 of 3")
