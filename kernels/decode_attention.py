@@ -34,8 +34,8 @@ import triton.language as tl
 from .decode_merge import _merge_kernel
 from .decode_plan import DecodePlan, plan_decode
 from .decode_prefetch import _attend_prefetched
-from .decode_tiles import _attend_tile, _kv_row_starts, _load_tile
-from .decode_tiles_paired import _load_tile_paired
+from .decode_tiles import _attend_tile, _kv_row_starts
+from .decode_tiles_paired import _load_kv_tiles
 from .layout import PageFormat
 
 __all__ = ["DecodePlan", "decode_attention", "plan_decode"]
@@ -103,22 +103,10 @@ def _decode_kernel(
             for tile in range(first, end, BLOCK_N):
                 tok = tile + offs_n
                 valid = tok < end
-                if PAIRED and COMPRESSED:  # page format v2 (decode_tiles_paired.py)
-                    k_a, k_b = _load_tile_paired(
-                        heap_u8, heap_bf16, k_start, k_marker, tok, valid, HEAD_DIM, USE_ASM, FP32_DOT, False
-                    )
-                    v_a, v_b = _load_tile_paired(
-                        heap_u8, heap_bf16, v_start, v_marker, tok, valid, HEAD_DIM, USE_ASM, FP32_DOT, True
-                    )
-                else:
-                    k_a, k_b = _load_tile(
-                        heap_u8, heap_bf16, k_start, k_marker, tok, valid, HEAD_DIM, COMPRESSED, USE_ASM,
-                        FP32_DOT, False,
-                    )  # fmt: skip
-                    v_a, v_b = _load_tile(
-                        heap_u8, heap_bf16, v_start, v_marker, tok, valid, HEAD_DIM, COMPRESSED, USE_ASM,
-                        FP32_DOT, True,
-                    )  # fmt: skip
+                k_a, k_b, v_a, v_b = _load_kv_tiles(
+                    heap_u8, heap_bf16, k_start, k_marker, v_start, v_marker, tok, valid,
+                    HEAD_DIM, COMPRESSED, USE_ASM, FP32_DOT, PAIRED,
+                )  # fmt: skip
                 nxt = tok + BLOCK_N
                 k_start, k_marker, v_start, v_marker = _kv_row_starts(
                     nxt, end, page_base, page_ids_ptr, page_loc_ptr, meta32_ptr, head,

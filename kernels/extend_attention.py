@@ -24,8 +24,8 @@ import triton
 import triton.language as tl
 
 from .decode_attention import _interpreting, check_pages
-from .decode_tiles import _attend_tile, _kv_row_starts, _load_tile
-from .decode_tiles_paired import _load_tile_paired
+from .decode_tiles import _attend_tile, _kv_row_starts
+from .decode_tiles_paired import _load_kv_tiles
 from .layout import PageFormat
 
 _LOG2E = 1.4426950408889634
@@ -164,22 +164,10 @@ def _extend_kernel(
             tok, prefix_len, page_base, page_ids_ptr, page_loc_ptr, meta32_ptr, head,
             NUM_KV_HEADS, HEAD_DIM, META_WORDS, BLOCKS_PER_HEAD, COMPRESSED,
         )  # fmt: skip
-        if PAIRED and COMPRESSED:
-            k_a, k_b = _load_tile_paired(
-                heap_u8, heap_bf16, k_start, k_marker, tok, valid, HEAD_DIM, USE_ASM, FP32_DOT, False
-            )
-            v_a, v_b = _load_tile_paired(
-                heap_u8, heap_bf16, v_start, v_marker, tok, valid, HEAD_DIM, USE_ASM, FP32_DOT, True
-            )
-        else:
-            k_a, k_b = _load_tile(
-                heap_u8, heap_bf16, k_start, k_marker, tok, valid, HEAD_DIM, COMPRESSED, USE_ASM, FP32_DOT,
-                False,
-            )  # fmt: skip
-            v_a, v_b = _load_tile(
-                heap_u8, heap_bf16, v_start, v_marker, tok, valid, HEAD_DIM, COMPRESSED, USE_ASM, FP32_DOT,
-                True,
-            )  # fmt: skip
+        k_a, k_b, v_a, v_b = _load_kv_tiles(
+            heap_u8, heap_bf16, k_start, k_marker, v_start, v_marker, tok, valid,
+            HEAD_DIM, COMPRESSED, USE_ASM, FP32_DOT, PAIRED,
+        )  # fmt: skip
         m_i, l_i, acc_a, acc_b = _attend_tile(
             q_a, q_b, k_a, k_b, v_a, v_b, valid[None, :], m_i, l_i, acc_a, acc_b, qk_scale, FP32_DOT
         )
