@@ -5,8 +5,8 @@ reading the compressed prefix pages (kernels/extend_attention.py), its twin on t
 decompress-then-attend (zipkv.kernels.codec.decode_pages of the prefix pages into scratch, then the twin:
 what the SGLang worker's default extend path does before SGLang's kernel), and PyTorch SDPA over dense K/V
 (prefix + new tokens, causal from the prefix's end; GQA). CUDA events with L2 flushed before every call,
-median, on the GPU. Correctness on every shape: zipkv == twin bit for bit, relative error of request 0
-against a float64 reference.
+median, on the GPU. Correctness on every shape: zipkv == twin bit for bit, relative error of request 0's
+first new tokens (up to 128) against a float64 reference.
 
     python bench/bench_extend_attention.py --out bench/results/extend_attention.json
 
@@ -120,8 +120,11 @@ def run_shape(args, timer, batch, prefix, new, fraction, rows, checks, gen):  # 
     if args.check:
         for fn in (zip_fn, twin_fn, dta, sdpa):
             fn()
-        expect = extend_attention_reference(q[:new], k[:new], v[:new], pages, page_ids[:per],
-                                            torch.tensor([0, per]), [prefix], [new], scale)  # fmt: skip
+        # request 0's first m new tokens (causal: they do not see the later ones), so float64 fits in memory
+        m = min(new, 128)
+        first_pages = torch.tensor([0, per])
+        expect = extend_attention_reference(q[:m], k[:m], v[:m], pages, page_ids[:per], first_pages,
+                                            [prefix], [m], scale)  # fmt: skip
 
         def err(x: torch.Tensor) -> float:
             return float((x.double() - expect).norm() / expect.norm())
@@ -130,7 +133,7 @@ def run_shape(args, timer, batch, prefix, new, fraction, rows, checks, gen):  # 
             "batch": batch, "prefix_tokens": prefix, "new_tokens": new, "compressible_fraction": measured,
             "bit_identical_to_twin": bool(torch.equal(out, twin_out)),
             "decompress_then_attend_identical": bool(torch.equal(out, dta_out)),
-            "rel_err_zipkv": err(out[:new]), "rel_err_sdpa": err(sdpa_out[0][0].transpose(0, 1)),
+            "rel_err_zipkv": err(out[:m]), "rel_err_sdpa": err(sdpa_out[0][0, :, :m].transpose(0, 1)),
         })  # fmt: skip
         print("  check", checks[-1], flush=True)
     for impl in args.impls:
