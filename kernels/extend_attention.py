@@ -26,7 +26,7 @@ import triton.language as tl
 from .decode_attention import _interpreting, check_pages
 from .decode_tiles import _attend_tile, _kv_row_starts
 from .decode_tiles_paired import _load_kv_tiles
-from .layout import PageFormat
+from .layout import PAGE_TOKENS, PageFormat
 
 _LOG2E = 1.4426950408889634
 _MIN_DOT_ROWS = 16
@@ -88,9 +88,16 @@ def plan_extend(
         )
     if num_q_heads % fmt.num_kv_heads != 0:
         raise ValueError(f"{num_q_heads} query heads do not group over {fmt.num_kv_heads} KV heads")
+    if fmt.k_geometry.channels != fmt.head_dim or fmt.v_geometry.channels != fmt.head_dim:
+        raise ValueError(
+            f"extend attention reads token-major blocks (512/head_dim tokens x head_dim channels); "
+            f"this format has K {fmt.k_geometry.name}, V {fmt.v_geometry.name}"
+        )
     if min(qo_lens, default=1) < 1 or min(prefix_lens, default=0) < 0:
         raise ValueError(f"every request needs >= 1 new token and a prefix >= 0: {qo_lens}, {prefix_lens}")
-    short = [b for b, (n, p) in enumerate(zip(prefix_lens, page_counts, strict=True)) if -(-n // 16) > p]
+    short = [
+        b for b, (n, p) in enumerate(zip(prefix_lens, page_counts, strict=True)) if -(-n // PAGE_TOKENS) > p
+    ]
     if short:
         raise ValueError(f"requests {short}: prefix longer than their pages hold")
     g_pad = triton.next_power_of_2(num_q_heads // fmt.num_kv_heads)

@@ -10,6 +10,7 @@ from paged_cases import Case, make_case
 
 from zipkv.kernels import reference as ref
 from zipkv.kernels.extend_attention import ExtendPlan, extend_attention, plan_extend
+from zipkv.kernels.layout import BlockGeometry, PageFormat
 from zipkv.kernels.reference_attention import extend_attention_reference
 
 
@@ -102,6 +103,9 @@ def test_bad_inputs_get_clear_errors() -> None:
         plan_extend([0], [20], case.page_ids, counts(indptr), case.fmt, 8)
     with pytest.raises(ValueError, match="block_m"):
         plan_extend([4], [20], case.page_ids, counts(indptr), case.fmt, 8, block_m=2)  # 2 x 4 rows < 16
+    with pytest.raises(ValueError, match="token-major"):
+        fmt = PageFormat(128, 2, k_geometry=BlockGeometry(16, 32))
+        plan_extend([4], [20], case.page_ids, counts(indptr), fmt, 8)
     plan = plan_extend([4], [20], case.page_ids, counts(indptr), case.fmt, 8)
     with pytest.raises(ValueError, match="k must be bf16"):
         extend_attention(plan, q, k.float(), v, case.heap, case.loc, case.meta, 0.1)
