@@ -249,7 +249,12 @@ def extend_attention(
     use_asm = not interpret if use_asm is None else use_asm
     if use_asm and interpret:
         raise ValueError("the PTX restore cannot run under TRITON_INTERPRET=1; pass use_asm=False")
-    out = torch.empty_like(q) if out is None else out
+    if out is None:
+        out = torch.empty_like(q)
+    elif out.shape != q.shape or out.dtype != torch.bfloat16 or out.stride(-1) != 1:
+        raise ValueError(
+            f"out must be bf16 {list(q.shape)} with unit last stride, got {out.dtype} {list(out.shape)}"
+        )
     if plan.block_req.numel() == 0:
         return out
     grid = (plan.block_req.numel(), plan.fmt.num_kv_heads)
