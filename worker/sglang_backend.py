@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -29,6 +29,9 @@ from zipkv.kernels.layout import PAGE_TOKENS, PageFormat
 
 from .sglang_pool import ZipkvAllocator
 from .sglang_slots import to_device
+
+if TYPE_CHECKING:  # the kernels import Triton: loaded on first use
+    from zipkv.kernels.extend_attention import ExtendPlan
 
 
 @dataclass(frozen=True)
@@ -116,7 +119,7 @@ class _Extend:
     qo_indptr: torch.Tensor  # int32 [B + 1]
     max_extend_tokens: int
     prefix: _Prefix | None
-    fused: Any = None  # ExtendPlan when the fused extend kernel reads the prefix pages (EXTEND_KERNEL_ENV)
+    fused: ExtendPlan | None = None  # when zipkv's extend kernel reads the prefix ($ZIPKV_EXTEND_KERNEL)
 
 
 class ZipkvAttention:
@@ -285,14 +288,14 @@ class ZipkvAttention:
         return o3.reshape(q3.shape[0], -1)
 
     def _extend_fused(
-        self, plan: Any, q3: torch.Tensor, k3: torch.Tensor, v3: torch.Tensor, layer_id: int, sm_scale: float
+        self, plan: ExtendPlan, q3: torch.Tensor, k3: torch.Tensor, v3: torch.Tensor, layer: int, scale: float
     ) -> torch.Tensor:
         """The new tokens over their prefix pages, read compressed in the kernel (no scratch copy)."""
         from zipkv.kernels.extend_attention import extend_attention
 
-        pool, l_ = self.kv.pool, self.kv.layer(layer_id)
+        pool, l_ = self.kv.pool, self.kv.layer(layer)
         out = extend_attention(
             plan, q3, k3.contiguous(), v3.contiguous(), pool.heap, pool.page_loc[l_], pool.page_meta[l_],
-            sm_scale, compressed=self.compressed,
+            scale, compressed=self.compressed,
         )  # fmt: skip
         return out.reshape(q3.shape[0], -1)
