@@ -34,7 +34,7 @@ import triton.language as tl
 from .decode_merge import _merge_kernel
 from .decode_plan import DecodePlan, plan_decode
 from .decode_prefetch import _attend_prefetched
-from .decode_tiles import _attend_tile, _kv_row_starts
+from .decode_tiles import _attend_tile, _kv_row_starts, _start_rows
 from .decode_tiles_paired import _load_kv_tiles
 from .layout import PageFormat
 
@@ -72,16 +72,7 @@ def _decode_kernel(
         ch = tl.arange(0, HALF)[None, :]
         q_rows = q_ptr + req * stride_qb + q_head[:, None] * stride_qh
         q_mask = (g < GROUP)[:, None]
-        q_a = tl.load(q_rows + ch, mask=q_mask, other=0.0)
-        q_b = tl.load(q_rows + HALF + ch, mask=q_mask, other=0.0)
-        if FP32_DOT:
-            q_a = q_a.to(tl.float32)
-            q_b = q_b.to(tl.float32)
-
-        m_i = tl.full([G_PAD], float("-inf"), tl.float32)
-        l_i = tl.zeros([G_PAD], tl.float32)
-        acc_a = tl.zeros([G_PAD, HALF], tl.float32)
-        acc_b = tl.zeros([G_PAD, HALF], tl.float32)
+        q_a, q_b, m_i, l_i, acc_a, acc_b = _start_rows(q_rows, q_mask, G_PAD, HEAD_DIM, FP32_DOT)
 
         offs_n = tl.arange(0, BLOCK_N)
         tok = first + offs_n

@@ -129,11 +129,7 @@ def plan_decode(
         raise ValueError("plan_decode needs at least one request")
     if num_q_heads % fmt.num_kv_heads != 0:
         raise ValueError(f"num_q_heads {num_q_heads} is not a multiple of num_kv_heads {fmt.num_kv_heads}")
-    if fmt.k_geometry.channels != fmt.head_dim or fmt.v_geometry.channels != fmt.head_dim:
-        raise ValueError(
-            f"decode attention reads token-major blocks (512/head_dim tokens x head_dim channels); "
-            f"this format has K {fmt.k_geometry.name}, V {fmt.v_geometry.name}"
-        )
+    require_token_major(fmt, "decode attention")
     cfg_block_n, cfg_warps, cfg_stages, cfg_twin_stages, cfg_ctas, cfg_prefetch = kernel_config(fmt.head_dim)
     block_n = block_n or cfg_block_n
     num_warps = num_warps or cfg_warps
@@ -188,6 +184,15 @@ def kernel_config(head_dim: int) -> tuple[int, int, int, int, int, bool]:
     if override:
         return parse_kernel_config(override)
     return (*KERNEL_CONFIGS[head_dim], PREFETCH[head_dim])
+
+
+def require_token_major(fmt: PageFormat, reader: str) -> None:
+    """The kernels' tile loads read token-major blocks only: a clear error for any other geometry."""
+    if fmt.k_geometry.channels != fmt.head_dim or fmt.v_geometry.channels != fmt.head_dim:
+        raise ValueError(
+            f"{reader} reads token-major blocks (512/head_dim tokens x head_dim channels); "
+            f"this format has K {fmt.k_geometry.name}, V {fmt.v_geometry.name}"
+        )
 
 
 @lru_cache(maxsize=8)

@@ -251,3 +251,21 @@ def _attend_tile(
         acc_a = tl.dot(p16, v_a, acc_a)
         acc_b = tl.dot(p16, v_b, acc_b)
     return m_new, l_i, acc_a, acc_b
+
+
+@triton.jit
+def _start_rows(q_rows, q_mask, ROWS: tl.constexpr, HEAD_DIM: tl.constexpr, FP32_DOT: tl.constexpr):
+    """The query rows (``q_rows``: pointers [ROWS, 1] to each row's first channel) as two [ROWS, D/2] halves,
+    masked rows zero, and the online softmax's empty state: (q_a, q_b, m_i, l_i, acc_a, acc_b)."""
+    HALF: tl.constexpr = HEAD_DIM // 2
+    ch = tl.arange(0, HALF)[None, :]
+    q_a = tl.load(q_rows + ch, mask=q_mask, other=0.0)
+    q_b = tl.load(q_rows + HALF + ch, mask=q_mask, other=0.0)
+    if FP32_DOT:
+        q_a = q_a.to(tl.float32)
+        q_b = q_b.to(tl.float32)
+    m_i = tl.full([ROWS], float("-inf"), tl.float32)
+    l_i = tl.zeros([ROWS], tl.float32)
+    acc_a = tl.zeros([ROWS, HALF], tl.float32)
+    acc_b = tl.zeros([ROWS, HALF], tl.float32)
+    return q_a, q_b, m_i, l_i, acc_a, acc_b

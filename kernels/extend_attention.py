@@ -24,7 +24,8 @@ import triton
 import triton.language as tl
 
 from .decode_attention import _interpreting, check_pages
-from .decode_tiles import _attend_tile, _kv_row_starts
+from .decode_plan import require_token_major
+from .decode_tiles import _attend_tile, _kv_row_starts, _start_rows
 from .decode_tiles_paired import _load_kv_tiles
 from .layout import PAGE_TOKENS, PageFormat
 
@@ -88,11 +89,7 @@ def plan_extend(
         )
     if num_q_heads % fmt.num_kv_heads != 0:
         raise ValueError(f"{num_q_heads} query heads do not group over {fmt.num_kv_heads} KV heads")
-    if fmt.k_geometry.channels != fmt.head_dim or fmt.v_geometry.channels != fmt.head_dim:
-        raise ValueError(
-            f"extend attention reads token-major blocks (512/head_dim tokens x head_dim channels); "
-            f"this format has K {fmt.k_geometry.name}, V {fmt.v_geometry.name}"
-        )
+    require_token_major(fmt, "extend attention")
     if min(qo_lens, default=1) < 1 or min(prefix_lens, default=0) < 0:
         raise ValueError(f"every request needs >= 1 new token and a prefix >= 0: {qo_lens}, {prefix_lens}")
     short = [
@@ -152,15 +149,7 @@ def _extend_kernel(
     row_ok = (q_tok < new_len) & (g < GROUP)
     ch = tl.arange(0, HALF)[None, :]
     q_rows = q_ptr + (qo_start + q_tok).to(tl.int64)[:, None] * stride_qt + q_head[:, None] * stride_qh
-    q_a = tl.load(q_rows + ch, mask=row_ok[:, None], other=0.0)
-    q_b = tl.load(q_rows + HALF + ch, mask=row_ok[:, None], other=0.0)
-    if FP32_DOT:
-        q_a = q_a.to(tl.float32)
-        q_b = q_b.to(tl.float32)
-    m_i = tl.full([ROWS], float("-inf"), tl.float32)
-    l_i = tl.zeros([ROWS], tl.float32)
-    acc_a = tl.zeros([ROWS, HALF], tl.float32)
-    acc_b = tl.zeros([ROWS, HALF], tl.float32)
+    q_a, q_b, m_i, l_i, acc_a, acc_b = _start_rows(q_rows, row_ok[:, None], ROWS, HEAD_DIM, FP32_DOT)
     offs_n = tl.arange(0, BLOCK_N)
 
     # The cached prefix, from its pages: every new token sees all of it.
