@@ -124,6 +124,24 @@ def _interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
+def launch_options(
+    q: torch.Tensor, out: torch.Tensor | None, use_asm: bool | None
+) -> tuple[torch.Tensor, bool, bool]:
+    """(out, use_asm, interpret) for a launch: a checked or new bf16 output like ``q``, and the restore path
+    (PTX on the GPU, plain integers under the interpreter, where PTX cannot run)."""
+    interpret = _interpreting()
+    use_asm = not interpret if use_asm is None else use_asm
+    if use_asm and interpret:
+        raise ValueError("the PTX restore cannot run under TRITON_INTERPRET=1; pass use_asm=False")
+    if out is None:
+        out = torch.empty_like(q)
+    elif out.shape != q.shape or out.dtype != torch.bfloat16 or out.stride(-1) != 1:
+        raise ValueError(
+            f"out must be bf16 {list(q.shape)} with unit last stride, got {out.dtype} {list(out.shape)}"
+        )
+    return out, use_asm, interpret
+
+
 def check_pages(fmt: PageFormat, heap: torch.Tensor, page_loc: torch.Tensor, page_meta: torch.Tensor) -> None:
     """One layer's pool tensors as the kernels read them: clear errors instead of wrong reads."""
     if heap.dtype != torch.uint8 or heap.dim() != 1 or heap.numel() % 4 != 0:
@@ -189,17 +207,7 @@ def decode_attention(
     """
     _check_inputs(plan, q, heap, page_loc_layer, page_meta_layer)
     fmt = plan.fmt
-    interpret = _interpreting()
-    if use_asm is None:
-        use_asm = not interpret
-    if use_asm and interpret:
-        raise ValueError("the PTX restore cannot run under TRITON_INTERPRET=1; pass use_asm=False")
-    if out is None:
-        out = torch.empty_like(q)
-    elif out.shape != q.shape or out.dtype != torch.bfloat16 or out.stride(-1) != 1:
-        raise ValueError(
-            f"out must be bf16 {list(q.shape)} with unit last stride, got {out.dtype} {list(out.shape)}"
-        )
+    out, use_asm, interpret = launch_options(q, out, use_asm)
     group = plan.group_size
     grid = (plan.batch_size * fmt.num_kv_heads * plan.max_splits,)
     _decode_kernel[grid](

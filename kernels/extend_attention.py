@@ -23,7 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .decode_attention import _interpreting, check_pages
+from .decode_attention import check_pages, launch_options
 from .decode_plan import require_token_major
 from .decode_tiles import _attend_tile, _kv_row_starts, _start_rows
 from .decode_tiles_paired import _load_kv_tiles
@@ -234,16 +234,7 @@ def extend_attention(
     devices = {t.device for t in (q, k, v, heap, page_loc_layer, page_meta_layer, plan.page_ids)}
     if len(devices) != 1:
         raise ValueError(f"all tensors must be on one device, got {sorted(map(str, devices))}")
-    interpret = _interpreting()
-    use_asm = not interpret if use_asm is None else use_asm
-    if use_asm and interpret:
-        raise ValueError("the PTX restore cannot run under TRITON_INTERPRET=1; pass use_asm=False")
-    if out is None:
-        out = torch.empty_like(q)
-    elif out.shape != q.shape or out.dtype != torch.bfloat16 or out.stride(-1) != 1:
-        raise ValueError(
-            f"out must be bf16 {list(q.shape)} with unit last stride, got {out.dtype} {list(out.shape)}"
-        )
+    out, use_asm, interpret = launch_options(q, out, use_asm)
     if plan.block_req.numel() == 0:
         return out
     grid = (plan.block_req.numel(), plan.fmt.num_kv_heads)
