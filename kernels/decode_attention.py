@@ -160,6 +160,12 @@ def check_pages(fmt: PageFormat, heap: torch.Tensor, page_loc: torch.Tensor, pag
         )
 
 
+def check_one_device(*tensors: torch.Tensor) -> None:
+    devices = {t.device for t in tensors}
+    if len(devices) != 1:
+        raise ValueError(f"all tensors must be on one device, got {sorted(map(str, devices))}")
+
+
 def _check_inputs(
     plan: DecodePlan, q: torch.Tensor, heap: torch.Tensor, page_loc: torch.Tensor, page_meta: torch.Tensor
 ) -> None:
@@ -170,9 +176,7 @@ def _check_inputs(
             f"q must be bf16 {list(want_q)} with unit last stride, got {q.dtype} {list(q.shape)}"
         )
     check_pages(fmt, heap, page_loc, page_meta)
-    devices = {t.device for t in (q, heap, page_loc, page_meta, plan.page_ids, plan.kv_lens)}
-    if len(devices) != 1:
-        raise ValueError(f"all tensors must be on one device, got {sorted(map(str, devices))}")
+    check_one_device(q, heap, page_loc, page_meta, plan.page_ids, plan.kv_lens)
 
 
 def kernel_constexprs(

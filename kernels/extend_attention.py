@@ -23,15 +23,11 @@ import torch
 import triton
 import triton.language as tl
 
-from .decode_attention import check_pages, launch_options
+from .decode_attention import _LOG2E, _MIN_DOT_ROWS, check_one_device, check_pages, launch_options
 from .decode_plan import require_token_major
 from .decode_tiles import _attend_tile, _kv_row_starts, _start_rows
 from .decode_tiles_paired import _load_kv_tiles
 from .layout import PAGE_TOKENS, PageFormat
-
-_LOG2E = 1.4426950408889634
-_MIN_DOT_ROWS = 16
-
 
 EXTEND_KERNEL_ENV = "ZIPKV_EXTEND_KERNEL"
 EXTEND_KERNELS = ("restore", "fused")
@@ -231,9 +227,7 @@ def extend_attention(
     ``[N, H, D]``) over their prefix pages in one layer and, causally, over themselves."""
     _check(plan, q, k, v)
     check_pages(plan.fmt, heap, page_loc_layer, page_meta_layer)
-    devices = {t.device for t in (q, k, v, heap, page_loc_layer, page_meta_layer, plan.page_ids)}
-    if len(devices) != 1:
-        raise ValueError(f"all tensors must be on one device, got {sorted(map(str, devices))}")
+    check_one_device(q, k, v, heap, page_loc_layer, page_meta_layer, plan.page_ids)
     out, use_asm, interpret = launch_options(q, out, use_asm)
     if plan.block_req.numel() == 0:
         return out

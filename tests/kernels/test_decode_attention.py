@@ -79,6 +79,8 @@ def test_bad_inputs_get_clear_errors() -> None:
         decode_attention(plan, case.q.float(), case.heap, case.loc, case.meta, 0.1)
     with pytest.raises(ValueError, match="page_meta_layer"):
         decode_attention(plan, case.q, case.heap, case.loc, case.meta[:, :2], 0.1)
+    with pytest.raises(ValueError, match="all tensors must be on one device"):
+        decode_attention(plan, case.q, case.heap, case.loc.to("meta"), case.meta, 0.1)
     with pytest.raises(ValueError, match="token-major"):
         fmt = PageFormat(128, 2, k_geometry=BlockGeometry(16, 32))
         plan_decode(case.page_ids, case.indptr, case.kv_lens, fmt, 8)

@@ -113,6 +113,8 @@ def test_bad_inputs_get_clear_errors() -> None:
         extend_attention(plan, q[:3], k[:3], v[:3], case.heap, case.loc, case.meta, 0.1)
     with pytest.raises(ValueError, match="page_meta_layer"):
         extend_attention(plan, q, k, v, case.heap, case.loc, case.meta[:, :2], 0.1)
+    with pytest.raises(ValueError, match="all tensors must be on one device"):
+        extend_attention(plan, q, k, v, case.heap, case.loc.to("meta"), case.meta, 0.1)
     with pytest.raises(ValueError, match="out must be bf16"):
         extend_attention(plan, q, k, v, case.heap, case.loc, case.meta, 0.1, out=q[:2].clone())
 
