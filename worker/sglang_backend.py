@@ -109,7 +109,6 @@ def page_table(req_to_token: torch.Tensor, req_pool_indices: torch.Tensor, max_p
 @dataclass(frozen=True)
 class _Prefix:
     page_ids: torch.Tensor  # int64 [n]: all prefix pages of the batch, request by request
-    page_counts: list[int]  # prefix pages per request
     kv_indptr: torch.Tensor  # int32 [B + 1]: prefix tokens per request
     kv_indices: torch.Tensor  # int64 [sum prefix]: each prefix token's row in the restored scratch
 
@@ -186,25 +185,34 @@ class ZipkvAttention:
         device = view.req_pool_indices.device
         ext, pre = view.extend_seq_lens_cpu, view.extend_prefix_lens_cpu
         qo = to_device([0, *torch.tensor(ext).cumsum(0).tolist()], device).to(torch.int32)
-        prefix = self._prefix(view, pre) if any(pre) else None
-        fused = None
-        if prefix is not None and self.fused_extend:
+        max_ext = max(ext) if ext else 0
+        if not any(pre):
+            return _Extend(qo, max_ext, None)
+        page_ids, pages = self._prefix_pages(view, pre)
+        if self.fused_extend:  # the kernel reads the prefix pages itself: no scratch indices
             from zipkv.kernels.extend_attention import plan_extend
 
-            fused = plan_extend(ext, pre, prefix.page_ids, prefix.page_counts, self.kv.fmt, self.num_q_heads)
-        return _Extend(qo, max(ext) if ext else 0, prefix, fused)
+            return _Extend(
+                qo, max_ext, None, plan_extend(ext, pre, page_ids, pages, self.kv.fmt, self.num_q_heads)
+            )
+        return _Extend(qo, max_ext, self._scratch_prefix(page_ids, pages, pre))
 
-    def _prefix(self, view: BatchView, prefix_lens: list[int]) -> _Prefix:
-        device = view.req_pool_indices.device
+    def _prefix_pages(self, view: BatchView, prefix_lens: list[int]) -> tuple[torch.Tensor, list[int]]:
+        """Every request's prefix pages, request by request (int64 [n] on the device), and their counts."""
         pages = [-(-p // PAGE_TOKENS) for p in prefix_lens]
         table = page_table(self.req_to_token, view.req_pool_indices, max(max(pages), 1))
         width = table.shape[1]
-        keep = to_device([b * width + j for b, n in enumerate(pages) for j in range(n)], device)
-        page_ids = table.reshape(-1)[keep].to(torch.int64)
+        keep = to_device([b * width + j for b, n in enumerate(pages) for j in range(n)], table.device)
+        return table.reshape(-1)[keep].to(torch.int64), pages
+
+    @staticmethod
+    def _scratch_prefix(page_ids: torch.Tensor, pages: list[int], prefix_lens: list[int]) -> _Prefix:
+        """Where each prefix token lands once the pages are restored into scratch, for SGLang's kernel."""
+        device = page_ids.device
         starts = torch.tensor([0, *torch.tensor(pages).cumsum(0).tolist()[:-1]]) * PAGE_TOKENS
         rows = torch.cat([s + torch.arange(p) for s, p in zip(starts.tolist(), prefix_lens, strict=True)])
         indptr = to_device([0, *torch.tensor(prefix_lens).cumsum(0).tolist()], device).to(torch.int32)
-        return _Prefix(page_ids, pages, indptr, to_device(rows.tolist(), device))
+        return _Prefix(page_ids, indptr, to_device(rows.tolist(), device))
 
     # ---- CUDA graphs (decode) -----------------------------------------------------------------------
     def init_graph_state(self, max_bs: int, device: torch.device) -> None:
