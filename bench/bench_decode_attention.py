@@ -39,14 +39,12 @@ from decode_attention_baselines import (
     sdpa_fn,
     sglang_fn,
 )
-from decode_attention_data import encode_packed, plant_raw_blocks, random_pages, undo_plant
+from decode_attention_data import REAL_KV_FRACTION, encode_packed, plant_raw_blocks, random_pages, undo_plant
 
 from zipkv.kernels import decode_attention as da
 from zipkv.kernels.decode_plan import kernel_config
 from zipkv.kernels.layout import FORMAT_VERSION, PageFormat
 from zipkv.kernels.reference import raw_page_meta
-
-REAL_KV_FRACTION = 0.9425  # docs/format.md: MiniLM, mean of K and V, token-major blocks
 
 
 def kernel_resources() -> list[dict[str, object]]:

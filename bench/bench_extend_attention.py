@@ -31,15 +31,13 @@ import torch
 if not torch.cuda.is_available():  # before any triton.jit below: the kernels then run interpreted
     os.environ.setdefault("TRITON_INTERPRET", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from decode_attention_baselines import HEAD_DIM, HKV, HQ, Timer
-from decode_attention_data import encode_packed, plant_raw_blocks, random_pages
+from decode_attention_baselines import HEAD_DIM, HKV, HQ, Timer, rel_err
+from decode_attention_data import REAL_KV_FRACTION, encode_packed, plant_raw_blocks, random_pages
 
 from zipkv.kernels.extend_attention import extend_attention, plan_extend
 from zipkv.kernels.layout import PAGE_TOKENS, PageFormat
 from zipkv.kernels.reference import raw_page_meta
 from zipkv.kernels.reference_attention import extend_attention_reference
-
-REAL_KV_FRACTION = 0.9425  # docs/format.md: MiniLM, mean of K and V, token-major blocks
 
 
 class WallTimer:
@@ -126,14 +124,12 @@ def run_shape(args, timer, batch, prefix, new, fraction, rows, checks, gen):  # 
         expect = extend_attention_reference(q[:m], k[:m], v[:m], pages, page_ids[:per], first_pages,
                                             [prefix], [m], scale)  # fmt: skip
 
-        def err(x: torch.Tensor) -> float:
-            return float((x.double() - expect).norm() / expect.norm())
-
         checks.append({
             "batch": batch, "prefix_tokens": prefix, "new_tokens": new, "compressible_fraction": measured,
             "bit_identical_to_twin": bool(torch.equal(out, twin_out)),
             "decompress_then_attend_identical": bool(torch.equal(out, dta_out)),
-            "rel_err_zipkv": err(out[:m]), "rel_err_sdpa": err(sdpa_out[0][0, :, :m].transpose(0, 1)),
+            "rel_err_zipkv": rel_err(out[:m], expect),
+            "rel_err_sdpa": rel_err(sdpa_out[0][0, :, :m].transpose(0, 1), expect),
         })  # fmt: skip
         print("  check", checks[-1], flush=True)
     for impl in args.impls:

@@ -15,6 +15,9 @@ import torch
 
 from zipkv.kernels.layout import BLOCK_VALUES, OFFSET_BYTES, PAGE_TOKENS, RAW_MARKER, PageFormat
 
+REAL_KV_FRACTION = (
+    0.9425  # compressible blocks of real KV (docs/format.md: MiniLM, mean of K and V, token-major)
+)
 _ROW_BYTES = 256  # every block size (768, 1024) and page size is a multiple of this
 _TINY = 1e-30
 
