@@ -1,4 +1,5 @@
-"""The zipkv page format, v1 and v2 (v2 is the default; pure Python: no torch, no triton).
+"""The zipkv page format, v1, v2 and v3 (pure Python: no torch, no triton). v3's byte order is in
+layout_v3.py; this module holds the sizes of every version and v1/v2's rules.
 
 Words (DESIGN.md section 2): a **page** holds 16 tokens of one layer's KV, all KV heads, K and V; a
 **page-head** is one KV head's K (or V) in one page, 16 x head_dim values; a **block** is the codec's
@@ -54,8 +55,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from . import layout_v3 as v3
+
 FORMAT_VERSION = 2
-SUPPORTED_VERSIONS = (1, 2)  # 2: low bytes in code-byte pairs (see above)
+SUPPORTED_VERSIONS = (1, 2, 3)  # 2: low bytes in code-byte pairs (see above); 3: layout_v3.py
 PAGE_TOKENS = 16
 BLOCK_VALUES = 512
 RAW_BLOCK_BYTES = 1024  # 512 bf16 values
@@ -67,6 +70,7 @@ EXPONENT_SPAN = 16  # exponents b .. b+15 fit a 3-bit d plus the kept lowest exp
 OFFSET_BYTES = 4
 SUPPORTED_HEAD_DIMS = (64, 128, 256)
 KV_NAMES = ("K", "V")
+V3_BLOCK = (v3.BLOCK_TOKENS, 2 * v3.BLOCK_PAIRS)  # v3: 16 tokens x 4 pairs (channels p, p + D/2)
 
 
 @dataclass(frozen=True)
@@ -77,7 +81,7 @@ class BlockGeometry:
     channels: int
 
     def __post_init__(self) -> None:
-        if self.tokens * self.channels != BLOCK_VALUES:
+        if self.tokens * self.channels != BLOCK_VALUES and (self.tokens, self.channels) != V3_BLOCK:
             raise ValueError(f"block geometry {self} must hold {BLOCK_VALUES} values")
         if PAGE_TOKENS % self.tokens != 0 or self.channels % 2 != 0:
             raise ValueError(f"block geometry {self}: tokens must divide {PAGE_TOKENS}, channels be even")
@@ -133,7 +137,11 @@ class PageFormat:
             )
         for name in ("k_geometry", "v_geometry"):
             geometry = getattr(self, name)
-            if geometry is None:
+            if self.version >= 3:
+                if geometry not in (None, BlockGeometry(*V3_BLOCK)):
+                    raise ValueError(f"page format v3 has one block geometry (16x8), got {name} {geometry}")
+                object.__setattr__(self, name, BlockGeometry(*V3_BLOCK))
+            elif geometry is None:
                 object.__setattr__(self, name, default_geometry(self.head_dim, name[0].upper()))
             elif self.head_dim % geometry.channels != 0:
                 raise ValueError(f"{name} {geometry.name} does not tile head_dim {self.head_dim}")
@@ -143,14 +151,31 @@ class PageFormat:
         """v2: a compressed row's low bytes of channels k and k + C/2 sit next to each other."""
         return self.version >= 2
 
+    @property
+    def fixed_stride(self) -> bool:
+        """v3: every page-head is a fixed-size record; raw blocks add a patch after the last one."""
+        return self.version >= 3
+
     # ---- sizes ----------------------------------------------------------------------------------
     @property
     def values_per_page_head(self) -> int:
         return PAGE_TOKENS * self.head_dim
 
     @property
+    def block_values(self) -> int:
+        return v3.BLOCK_VALUES if self.version >= 3 else BLOCK_VALUES
+
+    @property
+    def compressed_block_bytes(self) -> int:
+        return v3.CODED_BLOCK_BYTES if self.version >= 3 else COMPRESSED_BLOCK_BYTES
+
+    @property
+    def raw_block_bytes(self) -> int:
+        return v3.RAW_BLOCK_BYTES if self.version >= 3 else RAW_BLOCK_BYTES
+
+    @property
     def blocks_per_page_head(self) -> int:
-        return self.values_per_page_head // BLOCK_VALUES
+        return self.values_per_page_head // self.block_values
 
     @property
     def page_heads_per_page(self) -> int:
@@ -162,7 +187,7 @@ class PageFormat:
 
     @property
     def raw_page_head_bytes(self) -> int:
-        return self.blocks_per_page_head * RAW_BLOCK_BYTES
+        return self.blocks_per_page_head * self.raw_block_bytes
 
     @property
     def raw_page_bytes(self) -> int:
@@ -172,11 +197,14 @@ class PageFormat:
     @property
     def min_page_bytes(self) -> int:
         """Size of a page whose every block compressed."""
-        return self.blocks_per_page * COMPRESSED_BLOCK_BYTES
+        return self.blocks_per_page * self.compressed_block_bytes
 
     @property
     def meta_bytes(self) -> int:
-        """Metadata per page-head: int32 offset + one marker per block, padded to 8 bytes."""
+        """Metadata per page-head: v1/v2 an int32 offset + one marker per block, padded to 8 bytes;
+        v3 one byte per block (its base, patch rank or raw-page marker)."""
+        if self.version >= 3:
+            return self.blocks_per_page_head
         return -(-(OFFSET_BYTES + self.blocks_per_page_head) // 8) * 8
 
     @property
@@ -199,22 +227,29 @@ class PageFormat:
         if not 0 <= compressed_blocks <= self.blocks_per_page:
             raise ValueError(f"compressed_blocks {compressed_blocks} outside 0..{self.blocks_per_page}")
         raw = self.blocks_per_page - compressed_blocks
-        return compressed_blocks * COMPRESSED_BLOCK_BYTES + raw * RAW_BLOCK_BYTES
+        if self.version >= 3 and v3.stores_raw(raw, self.blocks_per_page):
+            return self.raw_page_bytes
+        return compressed_blocks * self.compressed_block_bytes + raw * self.raw_block_bytes
 
     def expected_page_bytes(self, compressible_fraction: float) -> float:
         """Mean stored bytes per page (metadata included) at a compressible fraction of blocks."""
         per_block = (
-            compressible_fraction * COMPRESSED_BLOCK_BYTES + (1 - compressible_fraction) * RAW_BLOCK_BYTES
+            compressible_fraction * self.compressed_block_bytes
+            + (1 - compressible_fraction) * self.raw_block_bytes
         )
         return self.blocks_per_page * per_block + self.meta_bytes_per_page
 
     def block_of(self, kv: int, token: int, channel: int) -> int:
         """Index of the block that holds (token, channel) of a page-head."""
+        if self.version >= 3:
+            return v3.block_of(token, channel, self.head_dim)
         g = self.geometry(kv)
         return (token // g.tokens) * (self.head_dim // g.channels) + channel // g.channels
 
     def ascii_map(self) -> str:
         """A picture of one page and its metadata, for docs and error messages."""
+        if self.version >= 3:
+            return v3.ascii_map(self.head_dim, self.num_kv_heads)
         lines = [
             f"zipkv page format v{self.version}: head_dim {self.head_dim}, {self.num_kv_heads} KV heads, "
             f"{PAGE_TOKENS} tokens",

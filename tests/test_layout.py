@@ -70,7 +70,7 @@ def test_bad_shapes_fail_loudly() -> None:
     with pytest.raises(ValueError, match="does not tile"):
         PageFormat(head_dim=64, num_kv_heads=1, k_geometry=BlockGeometry(4, 128))
     with pytest.raises(ValueError, match="version"):
-        PageFormat(head_dim=128, num_kv_heads=1, version=3)
+        PageFormat(head_dim=128, num_kv_heads=1, version=4)
 
 
 def test_scalar_rules_worked_examples() -> None:
@@ -97,3 +97,16 @@ def test_ascii_map_names_the_parts() -> None:
     text = PageFormat(head_dim=256, num_kv_heads=2).ascii_map()
     assert "m7" in text and "pad" in text and "2x256" in text and "131072" not in text
     assert "32768 B" in text  # 16 x 2 heads x 2 x 256 x 2 bytes
+
+
+def test_v3_sizes() -> None:
+    fmt = PageFormat(head_dim=128, num_kv_heads=8, version=3)
+    assert (fmt.blocks_per_page_head, fmt.meta_bytes, fmt.block_values) == (16, 16, 128)
+    assert fmt.raw_page_bytes == 65536 and fmt.min_page_bytes == 49152  # 16 page-heads x 3072
+    # 256 blocks: 250 coded, 6 raw -> 16 records + 6 patches of 64 bytes
+    assert fmt.compressed_page_bytes(250) == 49152 + 6 * 64
+    assert fmt.compressed_page_bytes(0) == 65536  # every block raw: stored as a plain raw page
+    assert fmt.compressed_page_bytes(256 - 128) == 65536  # more raw blocks than patch ranks: raw page
+    assert fmt.expected_page_bytes(1.0) == 49152 + 256
+    with pytest.raises(ValueError, match="one block geometry"):
+        PageFormat(head_dim=128, num_kv_heads=1, version=3, k_geometry=BlockGeometry(4, 128))
