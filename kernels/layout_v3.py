@@ -8,8 +8,10 @@ shared memory before anything about them is known, and a raw block costs no more
 
 Words. A **page** is 16 tokens of one layer, all KV heads, K and V; a **page-head** one KV head's K (or V)
 in a page, 16 x D values (D = head_dim); a **pair** ``p < D/2`` is channels ``p`` and ``p + D/2`` of a
-token (the two values one code byte holds, as in v1/v2); a **block** is 16 tokens x 4 pairs
-(pairs ``4G .. 4G+3``, 128 values), the unit that is coded or raw.
+token (the two values one code byte holds, as in v1/v2); a **block** is 16 tokens x 4 pairs (128 values),
+the unit that is coded or raw. Block ``G`` holds the pairs ``16 (G // 4) + 2 (G % 4) + (0, 1, 8, 9)``
+(its pairs j = 0..3): the four pairs one thread holds in an MMA B fragment, so its four code bytes are
+one word (``pair_of``, ``block_of_pair``).
 
 A block is *coded* when all its exponents lie in ``[b, b + 15]`` (``b`` = smallest exponent rounded down
 to even): each value keeps its low byte (lowest exponent bit + 7 fraction bits) and gets a 4-bit code
@@ -24,7 +26,7 @@ Page-head record (``24 * D`` bytes, at ``page start + index * 24 * D``; index = 
     code byte of (t, p), raw block:     hi(t, p)          (the value's whole high byte)
     patch byte of (t, p), raw block:    hi(t, p + D/2)    (in the page's patch area, same order)
 
-    inside a block's 64 bytes, with j = p - 4G:   K: byte 4 * t + j
+    inside a block's 64 bytes, with j the pair's place in its block:   K: byte 4 * t + j
                                                   V: byte 16 * j + TOKEN_ORDER[t]
 
 Page (coded)::  | page-head 0 | ... | page-head 2H-1 | patch 0 | ... | patch r-1 |    (64 bytes each)
@@ -62,6 +64,17 @@ EXPONENT_SPAN = 16
 TOKEN_ORDER = tuple(4 * ((t % 8) // 2) + 2 * (t // 8) + (t % 2) for t in range(BLOCK_TOKENS))
 
 
+def pair_of(block: int, j: int) -> int:
+    """The j-th pair (0..3) of block ``block``: ``16 (G // 4) + 2 (G % 4) + (0, 1, 8, 9)[j]``."""
+    return 16 * (block // 4) + 2 * (block % 4) + 8 * (j // 2) + j % 2
+
+
+def block_of_pair(pair: int) -> tuple[int, int]:
+    """(block, j) of a pair: the inverse of :func:`pair_of`."""
+    w = pair % 16
+    return 4 * (pair // 16) + (w % 8) // 2, 2 * (w // 8) + w % 2
+
+
 def blocks_per_page_head(head_dim: int) -> int:
     return head_dim // 8
 
@@ -84,7 +97,7 @@ def lo_byte_index(token: int, channel: int, head_dim: int) -> int:
 
 def code_byte_index(kv: int, token: int, pair: int, head_dim: int) -> int:
     """Byte of (token, pair)'s code byte inside a page-head record (kv 0 = K, 1 = V)."""
-    block, j = divmod(pair, BLOCK_PAIRS)
+    block, j = block_of_pair(pair)
     inner = 4 * token + j if kv == 0 else 16 * j + TOKEN_ORDER[token]
     return lo_plane_bytes(head_dim) + CODE_BLOCK_BYTES * block + inner
 
@@ -92,7 +105,7 @@ def code_byte_index(kv: int, token: int, pair: int, head_dim: int) -> int:
 def block_of(token: int, channel: int, head_dim: int) -> int:
     """Index of the block (0 .. D/8 - 1) that holds (token, channel) of a page-head: blocks span tokens."""
     del token
-    return (channel % (head_dim // 2)) // BLOCK_PAIRS
+    return block_of_pair(channel % (head_dim // 2))[0]
 
 
 def block_base(exponents: list[int]) -> int | None:

@@ -37,9 +37,16 @@ def _code_order(kv: int, device: torch.device) -> torch.Tensor:
     return src.to(device)
 
 
+@lru_cache(maxsize=16)
+def _block_pairs(pairs: int, device: torch.device) -> torch.Tensor:
+    """int64 [D/2]: the pairs in block order (block 0's j = 0..3, block 1's, ...; layout_v3.pair_of)."""
+    return torch.tensor([v3.pair_of(g, j) for g in range(pairs // 4) for j in range(4)], device=device)
+
+
 def _to_code_plane(x: torch.Tensor, kv: int) -> torch.Tensor:
     """uint8-valued int32 [M, 16, D/2] (token, pair) -> [M, D/8, 64] in the block's byte order."""
     m, _, pairs = x.shape
+    x = x[..., _block_pairs(pairs, x.device)]
     blocks = x.view(m, PAGE_TOKENS, pairs // 4, 4).permute(0, 2, 1, 3).reshape(m, pairs // 4, 64)
     return blocks[..., _code_order(kv, x.device)]
 
@@ -49,15 +56,26 @@ def _from_code_plane(plane: torch.Tensor, kv: int) -> torch.Tensor:
     m, nb, _ = plane.shape
     blocks = torch.empty_like(plane)
     blocks[..., _code_order(kv, plane.device)] = plane
-    return blocks.view(m, nb, PAGE_TOKENS, 4).permute(0, 2, 1, 3).reshape(m, PAGE_TOKENS, nb * 4)
+    in_block_order = blocks.view(m, nb, PAGE_TOKENS, 4).permute(0, 2, 1, 3).reshape(m, PAGE_TOKENS, nb * 4)
+    out = torch.empty_like(in_block_order)
+    out[..., _block_pairs(nb * 4, plane.device)] = in_block_order
+    return out
 
 
 def _exponent_windows(bits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """int32 [M, 16, D] bits -> (bool [M, D/8] coded, int32 [M, D/8] b/2): per block of 16 x 4 pairs."""
     m, _, d = bits.shape
-    e = ((bits >> 7) & 0xFF).view(m, PAGE_TOKENS, 2, d // 8, 4).permute(0, 3, 1, 2, 4).reshape(m, d // 8, -1)
+    e = ((bits >> 7) & 0xFF).view(m, PAGE_TOKENS, 2, d // 2)[..., _block_pairs(d // 2, bits.device)]
+    e = e.view(m, PAGE_TOKENS, 2, d // 8, 4).permute(0, 3, 1, 2, 4).reshape(m, d // 8, -1)
     base = e.amin(dim=-1) & ~1
     return (e.amax(dim=-1) - base) < v3.EXPONENT_SPAN, base >> 1
+
+
+def _per_pair(per_block: torch.Tensor) -> torch.Tensor:
+    """[M, D/8] per-block values -> [M, D/2] the value of each pair's block."""
+    pairs = 4 * per_block.shape[1]
+    blocks = torch.tensor([v3.block_of_pair(p)[0] for p in range(pairs)], device=per_block.device)
+    return per_block[:, blocks]
 
 
 @dataclass(frozen=True)
@@ -79,10 +97,10 @@ def encode_page_heads(values: torch.Tensor, kv: int) -> PageHeads:
     half = d // 2
     coded, half_base = _exponent_windows(bits)
     lo = (bits & 0xFF).view(m, PAGE_TOKENS, 2, half).transpose(-1, -2).reshape(m, -1)  # lo(p), lo(p + D/2)
-    pair_hb = half_base.repeat_interleave(4, dim=1)[:, None, :]  # [M, 1, D/2]
+    pair_hb = _per_pair(half_base)[:, None, :]  # [M, 1, D/2]
     sign, d_val = bits >> 15, (((bits >> 7) & 0xFF) - 2 * torch.cat([pair_hb, pair_hb], dim=-1)) >> 1
     code = (sign[..., :half] << 7) | (sign[..., half:] << 6) | (d_val[..., half:] << 3) | d_val[..., :half]
-    pair_coded = coded.repeat_interleave(4, dim=1)[:, None, :]
+    pair_coded = _per_pair(coded)[:, None, :]
     code = torch.where(pair_coded, code, bits[..., :half] >> 8)  # raw block: high bytes of channel p
     patch = torch.where(pair_coded, 0, bits[..., half:] >> 8)
     records = torch.cat([lo, _to_code_plane(code, kv).reshape(m, -1)], dim=1).to(torch.uint8)
@@ -99,10 +117,10 @@ def decode_page_heads(heads: PageHeads, kv: int) -> torch.Tensor:
     lo = rec[:, : 16 * d].view(m, PAGE_TOKENS, half, 2)
     code = _from_code_plane(rec[:, 16 * d :].reshape(m, d // 8, 64), kv)
     patch = _from_code_plane(heads.patches.to(torch.int32), kv)
-    hb = heads.half_base.to(torch.int32).repeat_interleave(4, dim=1)[:, None, :]
+    hb = _per_pair(heads.half_base.to(torch.int32))[:, None, :]
     high_p = ((code >> 7) << 7) | (hb + (code & 7))
     high_q = (((code >> 6) & 1) << 7) | (hb + ((code >> 3) & 7))
-    raw = ~heads.coded.repeat_interleave(4, dim=1)[:, None, :]
+    raw = ~_per_pair(heads.coded)[:, None, :]
     high_p = torch.where(raw, code, high_p)
     high_q = torch.where(raw, patch, high_q)
     bits = torch.cat([(high_p << 8) | lo[..., 0], (high_q << 8) | lo[..., 1]], dim=-1)

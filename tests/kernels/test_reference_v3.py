@@ -20,11 +20,10 @@ D = 64  # 8 blocks per page-head; a block is 128 values whatever the head_dim
 def _block_channels(head_dim: int) -> torch.Tensor:
     """int64 [D/8, 128]: (token * D + channel) of each block's values, in (token, pair, half) order."""
     half = head_dim // 2
-    g = torch.arange(head_dim // 8)[:, None, None, None]
+    pairs = torch.tensor([[v3.pair_of(g, j) for j in range(4)] for g in range(head_dim // 8)])
     t = torch.arange(16)[None, :, None, None]
-    j = torch.arange(4)[None, None, :, None]
     h = torch.arange(2)[None, None, None, :]
-    return (t * head_dim + h * half + 4 * g + j).reshape(head_dim // 8, 128)
+    return (t * head_dim + h * half + pairs[:, None, :, None]).reshape(head_dim // 8, 128)
 
 
 def _page_heads_from_blocks(blocks: torch.Tensor, head_dim: int) -> torch.Tensor:
@@ -75,7 +74,7 @@ def test_scalar_rules_are_the_vectorised_codec() -> None:
     g = torch.Generator().manual_seed(3)
     head_dim = 128
     x = torch.randn(3, 16, head_dim, generator=g) * torch.rand(3, 1, head_dim, generator=g) * 4
-    x[1, :, 5] = 3e30  # makes block 1 (pairs 4..7) of page-head 1 raw
+    x[1, :, 5] = 3e30  # pair 5 is in block 2 (pairs 4, 5, 12, 13): page-head 1's block 2 goes raw
     vals = x.to(torch.bfloat16)
     bits = ref._bits(vals)
     for kv in (0, 1):
@@ -86,18 +85,19 @@ def test_scalar_rules_are_the_vectorised_codec() -> None:
                 for c in range(head_dim):
                     assert rec[v3.lo_byte_index(t, c, head_dim)] == int(bits[m, t, c]) & 0xFF
             for blk in range(head_dim // 8):
-                chans = [p + h * head_dim // 2 for p in range(4 * blk, 4 * blk + 4) for h in (0, 1)]
+                pairs = [v3.pair_of(blk, j) for j in range(4)]
+                chans = [p + h * head_dim // 2 for p in pairs for h in (0, 1)]
                 exps = [(int(bits[m, t, c]) >> 7) & 0xFF for t in range(16) for c in chans]
                 b = v3.block_base(exps)
                 assert bool(enc.coded[m, blk]) == (b is not None)
                 for t in range(16):
-                    for p in range(4 * blk, 4 * blk + 4):
+                    for p in pairs:
                         lo, hi = int(bits[m, t, p]), int(bits[m, t, p + head_dim // 2])
                         want = v3.code_byte(lo, hi, b) if b is not None else hi_byte(lo)
                         assert rec[v3.code_byte_index(kv, t, p, head_dim)] == want
                         if b is not None:
                             assert v3.restore_pair(lo & 0xFF, hi & 0xFF, want, b >> 1) == (lo, hi)
-        assert not bool(enc.coded[1, 1]) and int(enc.coded.sum()) >= 3 * 16 - 8
+        assert not bool(enc.coded[1, 2]) and int(enc.coded.sum()) >= 3 * 16 - 8
 
 
 def hi_byte(bits: int) -> int:
@@ -133,7 +133,7 @@ def test_too_many_raw_blocks_store_the_page_raw() -> None:
     for page, count in ((0, v3.MAX_PATCHES), (1, v3.MAX_PATCHES + 1)):
         for blk in range(count):
             head, b = divmod(blk, 32)
-            flat[page, head, 0, 4 * b] = 1e30
+            flat[page, head, 0, v3.pair_of(b, 0)] = 1e30
     stored, meta = ref.encode_pages_v3(pages, fmt)
     assert stored[0].numel() == v3.coded_page_bytes(4, 256, v3.MAX_PATCHES)
     assert int(meta[0].reshape(-1)[v3.MAX_PATCHES - 1]) == v3.RAW_BLOCK_FLAG | (v3.MAX_PATCHES - 1)
