@@ -80,21 +80,22 @@ def offset_bases(shape: list[int], forward: Callable[..., int]) -> list[list[int
     if forward(*([0] * len(shape))) != 0:
         raise ValueError("a view must map index 0 to offset 0")
     # Gauss-Jordan over GF(2): reduce the columns to single offset bits, tracking logical combinations.
-    rows = [[off, list(coord)] for off, coord in cols]
-    if len(rows) != nbits:
+    offs = [off for off, _ in cols]
+    coords = [list(coord) for _, coord in cols]
+    if len(offs) != nbits:
         raise ValueError("view is not bijective: logical and offset bit counts differ")
     used: set[int] = set()
     for bit in range(nbits):
-        pivot = next((i for i, r in enumerate(rows) if i not in used and r[0] >> bit & 1), None)
+        pivot = next((i for i, o in enumerate(offs) if i not in used and o >> bit & 1), None)
         if pivot is None:
             raise ValueError(f"view is not bijective: no logical index reaches offset bit {bit}")
         used.add(pivot)
-        for i, r in enumerate(rows):
-            if i != pivot and r[0] >> bit & 1:
-                r[0] ^= rows[pivot][0]
-                r[1] = [a ^ b for a, b in zip(r[1], rows[pivot][1], strict=True)]
+        for i in range(nbits):
+            if i != pivot and offs[i] >> bit & 1:
+                offs[i] ^= offs[pivot]
+                coords[i] = [a ^ b for a, b in zip(coords[i], coords[pivot], strict=True)]
     bases: list[list[int] | None] = [None] * nbits
-    for off, coord in rows:
+    for off, coord in zip(offs, coords, strict=True):
         bases[log2(off)] = coord
     return [b for b in bases if b is not None]
 
