@@ -9,9 +9,7 @@ shared memory before anything about them is known, and a raw block costs no more
 Words. A **page** is 16 tokens of one layer, all KV heads, K and V; a **page-head** one KV head's K (or V)
 in a page, 16 x D values (D = head_dim); a **pair** ``p < D/2`` is channels ``p`` and ``p + D/2`` of a
 token (the two values one code byte holds, as in v1/v2); a **block** is 16 tokens x 4 pairs (128 values),
-the unit that is coded or raw. Block ``G`` holds the pairs ``16 (G // 4) + 2 (G % 4) + (0, 1, 8, 9)``
-(its pairs j = 0..3): the four pairs one thread holds in an MMA B fragment, so its four code bytes are
-one word (``pair_of``, ``block_of_pair``).
+the unit that is coded or raw. Block ``G`` holds the pairs ``4G .. 4G + 3`` (its pairs j = 0..3).
 
 A block is *coded* when all its exponents lie in ``[b, b + 15]`` (``b`` = smallest exponent rounded down
 to even): each value keeps its low byte (lowest exponent bit + 7 fraction bits) and gets a 4-bit code
@@ -26,8 +24,7 @@ Page-head record (``24 * D`` bytes, at ``page start + index * 24 * D``; index = 
     code byte of (t, p), raw block:     hi(t, p)          (the value's whole high byte)
     patch byte of (t, p), raw block:    hi(t, p + D/2)    (in the page's patch area, same order)
 
-    inside a block's 64 bytes, with j the pair's place in its block:   K: byte 4 * t + j
-                                                  V: byte 16 * j + TOKEN_ORDER[t]
+    inside a block's 64 bytes (K and V alike):   byte 4 * t + j   (j = p - 4G)
 
 Page (coded)::  | page-head 0 | ... | page-head 2H-1 | patch 0 | ... | patch r-1 |    (64 bytes each)
 
@@ -37,11 +34,13 @@ among the page's raw blocks in (page-head, block) order), ``0xFF`` in every byte
 A page is stored raw (plain ``[2, H, 16, D]`` bf16, as every new page is written) when it has more raw
 blocks than ``MAX_PATCHES`` or when every block is raw; otherwise coded.
 
-Why this order (the decode kernel, kernels/decode_hopper.py, restores into the MMA operand registers):
-a thread's four code bytes (K: four pairs of one token; V: one pair of tokens 2q, 2q+1, 2q+8, 2q+9, the
-rows one m16n8k16 B fragment holds) form one aligned word, the lo plane is what ``ldmatrix`` reads
-directly, and a raw block's high bytes take the place of its codes plus one 64-byte patch, so a raw block
-stores exactly its 256 raw bytes and is read through the same shared-memory slots as a coded one.
+Why this order (the Hopper decode kernel, kernels/decode_hopper.py): a page-head lands in shared memory as
+two 16 * D-byte halves, the lo plane and the code plane + patches; the kernel turns each 32-bit code word
+(four pairs of one token) into four high-byte pairs in place, after which the lo plane and the high-byte
+plane are both ``[16][D/2]`` u16 in the same order, and the MMA operands load straight from them with
+``ldmatrix``. A raw page's two channel halves land in the same two slots in the same order. A raw block's
+high bytes take the place of its codes plus one 64-byte patch, so a raw block stores exactly its 256 raw
+bytes and goes through the same path as a coded one.
 """
 
 from __future__ import annotations
@@ -59,20 +58,15 @@ RAW_BLOCK_FLAG = 0x80
 MAX_PATCHES = 127  # ranks 0..126 fit 0x80 | r below RAW_PAGE_MARKER
 EXPONENT_SPAN = 16
 
-# V: token t of a page sits at byte TOKEN_ORDER[t] of its 16-byte pair row, so that the tokens of one MMA
-# B fragment (2q, 2q + 1, 2q + 8, 2q + 9) are bytes 4q .. 4q + 3. t = 8h + 2q + r -> 4q + 2h + r.
-TOKEN_ORDER = tuple(4 * ((t % 8) // 2) + 2 * (t // 8) + (t % 2) for t in range(BLOCK_TOKENS))
-
 
 def pair_of(block: int, j: int) -> int:
-    """The j-th pair (0..3) of block ``block``: ``16 (G // 4) + 2 (G % 4) + (0, 1, 8, 9)[j]``."""
-    return 16 * (block // 4) + 2 * (block % 4) + 8 * (j // 2) + j % 2
+    """The j-th pair (0..3) of block ``block``."""
+    return BLOCK_PAIRS * block + j
 
 
 def block_of_pair(pair: int) -> tuple[int, int]:
     """(block, j) of a pair: the inverse of :func:`pair_of`."""
-    w = pair % 16
-    return 4 * (pair // 16) + (w % 8) // 2, 2 * (w // 8) + w % 2
+    return divmod(pair, BLOCK_PAIRS)
 
 
 def blocks_per_page_head(head_dim: int) -> int:
@@ -95,11 +89,10 @@ def lo_byte_index(token: int, channel: int, head_dim: int) -> int:
     return token * head_dim + 2 * pair + odd
 
 
-def code_byte_index(kv: int, token: int, pair: int, head_dim: int) -> int:
-    """Byte of (token, pair)'s code byte inside a page-head record (kv 0 = K, 1 = V)."""
+def code_byte_index(token: int, pair: int, head_dim: int) -> int:
+    """Byte of (token, pair)'s code byte inside a page-head record (the same for K and V)."""
     block, j = block_of_pair(pair)
-    inner = 4 * token + j if kv == 0 else 16 * j + TOKEN_ORDER[token]
-    return lo_plane_bytes(head_dim) + CODE_BLOCK_BYTES * block + inner
+    return lo_plane_bytes(head_dim) + CODE_BLOCK_BYTES * block + 4 * token + j
 
 
 def block_of(token: int, channel: int, head_dim: int) -> int:
@@ -150,7 +143,7 @@ def ascii_map(head_dim: int, num_kv_heads: int) -> str:
             "  page: | K h0 | ... | K hH-1 | V h0 | ... | V hH-1 | patch 0 | ... | patch r-1 |",
             f"  page-head ({ph} B): | lo plane [16][{head_dim // 2}] u16 ({16 * head_dim} B) | "
             f"code plane {nb} x 64 B |",
-            "  code block: K [16 tokens][4 pairs]; V [4 pairs][16 tokens in MMA order]",
+            "  code block (64 B): [16 tokens][4 pairs], one code byte per pair",
             f"  meta per page-head ({nb} B): | m0 | m1 | ... |   m = b/2, 0x80|patch rank (raw block), "
             "0xFF raw page",
         ]

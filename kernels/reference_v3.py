@@ -8,7 +8,6 @@ codes any number of them.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import lru_cache
 
 import torch
 
@@ -26,56 +25,29 @@ def _to_bf16(bits: torch.Tensor) -> torch.Tensor:
     return (bits - ((bits >> 15) << 16)).to(torch.int16).view(torch.bfloat16)
 
 
-@lru_cache(maxsize=16)
-def _code_order(kv: int, device: torch.device) -> torch.Tensor:
-    """int64 [64]: for each byte of a block's 64 code bytes, the (token * 4 + j) it holds."""
-    src = torch.empty(v3.CODE_BLOCK_BYTES, dtype=torch.int64)
-    for t in range(v3.BLOCK_TOKENS):
-        for j in range(v3.BLOCK_PAIRS):
-            pos = 4 * t + j if kv == 0 else 16 * j + v3.TOKEN_ORDER[t]
-            src[pos] = 4 * t + j
-    return src.to(device)
-
-
-@lru_cache(maxsize=16)
-def _block_pairs(pairs: int, device: torch.device) -> torch.Tensor:
-    """int64 [D/2]: the pairs in block order (block 0's j = 0..3, block 1's, ...; layout_v3.pair_of)."""
-    return torch.tensor([v3.pair_of(g, j) for g in range(pairs // 4) for j in range(4)], device=device)
-
-
-def _to_code_plane(x: torch.Tensor, kv: int) -> torch.Tensor:
-    """uint8-valued int32 [M, 16, D/2] (token, pair) -> [M, D/8, 64] in the block's byte order."""
+def _to_code_plane(x: torch.Tensor) -> torch.Tensor:
+    """uint8-valued int32 [M, 16, D/2] (token, pair) -> [M, D/8, 64]: each block's [16 tokens][4 pairs]."""
     m, _, pairs = x.shape
-    x = x[..., _block_pairs(pairs, x.device)]
-    blocks = x.view(m, PAGE_TOKENS, pairs // 4, 4).permute(0, 2, 1, 3).reshape(m, pairs // 4, 64)
-    return blocks[..., _code_order(kv, x.device)]
+    return x.view(m, PAGE_TOKENS, pairs // 4, 4).permute(0, 2, 1, 3).reshape(m, pairs // 4, 64)
 
 
-def _from_code_plane(plane: torch.Tensor, kv: int) -> torch.Tensor:
+def _from_code_plane(plane: torch.Tensor) -> torch.Tensor:
     """Inverse of :func:`_to_code_plane`: [M, D/8, 64] -> [M, 16, D/2]."""
     m, nb, _ = plane.shape
-    blocks = torch.empty_like(plane)
-    blocks[..., _code_order(kv, plane.device)] = plane
-    in_block_order = blocks.view(m, nb, PAGE_TOKENS, 4).permute(0, 2, 1, 3).reshape(m, PAGE_TOKENS, nb * 4)
-    out = torch.empty_like(in_block_order)
-    out[..., _block_pairs(nb * 4, plane.device)] = in_block_order
-    return out
+    return plane.view(m, nb, PAGE_TOKENS, 4).permute(0, 2, 1, 3).reshape(m, PAGE_TOKENS, nb * 4)
 
 
 def _exponent_windows(bits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """int32 [M, 16, D] bits -> (bool [M, D/8] coded, int32 [M, D/8] b/2): per block of 16 x 4 pairs."""
     m, _, d = bits.shape
-    e = ((bits >> 7) & 0xFF).view(m, PAGE_TOKENS, 2, d // 2)[..., _block_pairs(d // 2, bits.device)]
-    e = e.view(m, PAGE_TOKENS, 2, d // 8, 4).permute(0, 3, 1, 2, 4).reshape(m, d // 8, -1)
+    e = ((bits >> 7) & 0xFF).view(m, PAGE_TOKENS, 2, d // 8, 4).permute(0, 3, 1, 2, 4).reshape(m, d // 8, -1)
     base = e.amin(dim=-1) & ~1
     return (e.amax(dim=-1) - base) < v3.EXPONENT_SPAN, base >> 1
 
 
 def _per_pair(per_block: torch.Tensor) -> torch.Tensor:
     """[M, D/8] per-block values -> [M, D/2] the value of each pair's block."""
-    pairs = 4 * per_block.shape[1]
-    blocks = torch.tensor([v3.block_of_pair(p)[0] for p in range(pairs)], device=per_block.device)
-    return per_block[:, blocks]
+    return per_block.repeat_interleave(v3.BLOCK_PAIRS, dim=1)
 
 
 @dataclass(frozen=True)
@@ -88,8 +60,10 @@ class PageHeads:
     patches: torch.Tensor  # uint8 [M, D/8, 64]: odd-half high bytes of raw blocks (0 for coded ones)
 
 
-def encode_page_heads(values: torch.Tensor, kv: int) -> PageHeads:
-    """bf16 ``[M, 16, D]`` page-heads of K (kv=0) or V (kv=1) -> their v3 records and block markers."""
+def encode_page_heads(values: torch.Tensor, kv: int = 0) -> PageHeads:
+    """bf16 ``[M, 16, D]`` page-heads -> their v3 records and block markers (``kv``: K 0 or V 1; v3 codes
+    both alike, the argument keeps the call the same as for the versions that do not)."""
+    del kv
     if values.dim() != 3 or values.shape[1] != PAGE_TOKENS or values.shape[2] % 16 != 0:
         raise ValueError(f"expected bf16 page-heads [M, 16, D], got {tuple(values.shape)}")
     bits = _bits(values)
@@ -103,20 +77,21 @@ def encode_page_heads(values: torch.Tensor, kv: int) -> PageHeads:
     pair_coded = _per_pair(coded)[:, None, :]
     code = torch.where(pair_coded, code, bits[..., :half] >> 8)  # raw block: high bytes of channel p
     patch = torch.where(pair_coded, 0, bits[..., half:] >> 8)
-    records = torch.cat([lo, _to_code_plane(code, kv).reshape(m, -1)], dim=1).to(torch.uint8)
-    patches = _to_code_plane(patch, kv).to(torch.uint8)
+    records = torch.cat([lo, _to_code_plane(code).reshape(m, -1)], dim=1).to(torch.uint8)
+    patches = _to_code_plane(patch).to(torch.uint8)
     return PageHeads(records, coded, torch.where(coded, half_base, 0).to(torch.uint8), patches)
 
 
-def decode_page_heads(heads: PageHeads, kv: int) -> torch.Tensor:
+def decode_page_heads(heads: PageHeads, kv: int = 0) -> torch.Tensor:
     """Inverse of :func:`encode_page_heads`: bf16 ``[M, 16, D]``, bit-identical."""
+    del kv
     m, nbytes = heads.records.shape
     d = nbytes // 24
     half = d // 2
     rec = heads.records.to(torch.int32)
     lo = rec[:, : 16 * d].view(m, PAGE_TOKENS, half, 2)
-    code = _from_code_plane(rec[:, 16 * d :].reshape(m, d // 8, 64), kv)
-    patch = _from_code_plane(heads.patches.to(torch.int32), kv)
+    code = _from_code_plane(rec[:, 16 * d :].reshape(m, d // 8, 64))
+    patch = _from_code_plane(heads.patches.to(torch.int32))
     hb = _per_pair(heads.half_base.to(torch.int32))[:, None, :]
     high_p = ((code >> 7) << 7) | (hb + (code & 7))
     high_q = (((code >> 6) & 1) << 7) | (hb + ((code >> 3) & 7))
