@@ -1,26 +1,25 @@
 """Shared-memory views of the Hopper decode kernel (kernels/decode_hopper.py): pure Python, no triton.
 
-A tile of ``NP`` pages lands in shared memory per KV side (K or V) in two buffers, ``A`` ([NP, 16 D]
-bytes) and ``C`` ([2, NP, 8 D] bytes), filled by the producer's copies (decode_hopper.py says which page
-bytes go where). The consumer reads them through *views*: a logical tensor shape (tokens ``n`` of the
-tile, pairs ``p``) and, for every logical element, its offset in the buffer. Each view here is given as
-that forward map (logical -> offset, an XOR-linear function of the index bits, as every swizzle here is);
-:func:`offset_bases` turns it into the ``offset_bases`` of a Gluon ``SharedLinearLayout`` (offset bit ->
-logical coordinate), which is the map's inverse over GF(2).
+A tile of ``NP`` pages lands in shared memory per KV side (K or V) in two buffers of ``[NP, 16 D]`` bytes:
+``A`` holds a coded page-head's lo plane or a raw page-head's channels ``< D/2``; ``B`` holds a coded
+page-head's code plane (bytes ``0 .. 8D``) and its raw blocks' patches (block G's at ``8D + 64 G``), which
+the pre-pass turns into the high-byte-pair plane, or a raw page-head's channels ``>= D/2``. After that
+every operand is one ``[16 tokens][D/2 pairs]`` array of 16-bit elements per page with the same order
+(``lo_offset``), and the MMA operands load from it with ``ldmatrix``.
 
-Swizzles (why they are here): ``ldmatrix`` reads 8 rows of 16 bytes; rows of one lo plane are ``D`` bytes
-apart, so without a swizzle the 8 rows hit the same banks. ``swizzle_chunk(t)`` XORs the 16-byte chunk
-index of row ``t``. Code and patch words: threads of a warp read one 32-bit word each from blocks
-``4kc + q`` (K) or pairs ``8nc + g`` (V); blocks whose ``(G >> 1) & 1`` is set have their 16-byte chunks
-swapped pairwise so those reads spread over all 32 banks. The producer applies the same permutations
-when it picks the source of each 16-byte chunk, so stored pages stay in the format's order.
+Each view is given as its forward map (logical index -> offset, XOR-linear in the index bits, as every
+swizzle here is); :func:`offset_bases` turns it into the ``offset_bases`` of a Gluon ``SharedLinearLayout``
+(offset bit -> logical coordinate), the map's inverse over GF(2).
+
+Swizzle (why it is here): ``ldmatrix`` reads 8 rows of 16 bytes and rows of one plane are ``D`` bytes apart,
+so without a swizzle the 8 rows hit the same banks; ``swizzle_chunk(t)`` XORs the 16-byte chunk index of
+row ``t``. The producer applies it when it picks the source of each 16-byte chunk, so stored pages stay in
+the format's order.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-
-from . import layout_v3 as v3
 
 
 def log2(x: int) -> int:
@@ -36,11 +35,6 @@ def swizzle_chunk(token: int, head_dim: int) -> int:
     return (token // rows_per_line) % min(chunks, 8)
 
 
-def block_swap(block: int) -> int:
-    """XOR applied to the 16-byte chunk index (0..3) inside a block's 64 code (or patch) bytes."""
-    return 2 * ((block >> 1) & 1)
-
-
 def lo_offset(page: int, token: int, pair: int, head_dim: int) -> int:
     """u16 offset of (page, token, pair) in buffer A: the lo plane (coded) or channels < D/2 (raw)."""
     half = head_dim // 2
@@ -48,19 +42,16 @@ def lo_offset(page: int, token: int, pair: int, head_dim: int) -> int:
     return page * 16 * half + token * half + chunk * 8 + pair % 8
 
 
-def raw_b_offset(pages: int, page: int, token: int, pair: int, head_dim: int) -> int:
-    """bf16 offset of raw channel ``pair + D/2`` of (page, token) in buffer C (rows 8h..8h+7 in C[h])."""
-    half = head_dim // 2
-    chunk = (pair // 8) ^ swizzle_chunk(token, head_dim)
-    return ((token // 8) * pages + page) * 8 * half + (token % 8) * half + chunk * 8 + pair % 8
+def code_word_offset(page: int, block: int, token: int, half: int, head_dim: int) -> int:
+    """u32 offset in buffer B of a coded page-head's code word (half 0) or patch word (half 1) of
+    (block, token): the 4 code bytes of the block's pairs for that token (layout_v3.py)."""
+    return page * 4 * head_dim + half * 2 * head_dim + block * 16 + token
 
 
-def code_offset(kv: int, page: int, token: int, pair: int, head_dim: int) -> int:
-    """Byte offset of (page, token, pair)'s code (or patch) byte in C[0] (or C[1]), swizzled."""
-    block, j = v3.block_of_pair(pair)
-    inner = 4 * token + j if kv == 0 else 16 * j + v3.TOKEN_ORDER[token]
-    chunk = (inner // 16) ^ block_swap(block)
-    return page * 8 * head_dim + block * v3.CODE_BLOCK_BYTES + chunk * 16 + inner % 16
+def hi_word_offset(page: int, block: int, token: int, word: int, head_dim: int) -> int:
+    """u32 offset of the high-byte pairs of pairs 4G + 2w, 4G + 2w + 1 of (page, token): the pre-pass's
+    output, in the same order as the lo plane."""
+    return lo_offset(page, token, 4 * block, head_dim) // 2 + word
 
 
 def offset_bases(shape: list[int], forward: Callable[..., int]) -> list[list[int]]:
@@ -114,29 +105,24 @@ def check_view(shape: list[int], forward: Callable[..., int], bases: list[list[i
             raise AssertionError(f"offset {off} decodes to {coord}, expected {list(idx)}")
 
 
-# ---- the kernel's views (logical shapes: K [D/2 pairs, N tokens], V [N tokens, D/2 pairs]) ---------
+# ---- the kernel's views ---------------------------------------------------------------------------
 
 
-def _split(n: int) -> tuple[int, int]:
-    return n // 16, n % 16
-
-
-def lo_view(kv: int, pages: int, head_dim: int) -> list[list[int]]:
+def operand_view(kv: int, pages: int, head_dim: int) -> list[list[int]]:
+    """K ``[D/2 pairs, N tokens]`` or V ``[N tokens, D/2 pairs]``, 16-bit elements, over A or B."""
     half, n = head_dim // 2, 16 * pages
     if kv == 0:
-        return offset_bases([half, n], lambda p, t: lo_offset(*_split(t), p, head_dim))
-    return offset_bases([n, half], lambda t, p: lo_offset(*_split(t), p, head_dim))
+        return offset_bases([half, n], lambda p, t: lo_offset(t // 16, t % 16, p, head_dim))
+    return offset_bases([n, half], lambda t, p: lo_offset(t // 16, t % 16, p, head_dim))
 
 
-def raw_b_view(kv: int, pages: int, head_dim: int) -> list[list[int]]:
-    half, n = head_dim // 2, 16 * pages
-    if kv == 0:
-        return offset_bases([half, n], lambda p, t: raw_b_offset(pages, *_split(t), p, head_dim))
-    return offset_bases([n, half], lambda t, p: raw_b_offset(pages, *_split(t), p, head_dim))
+def code_words_view(pages: int, head_dim: int) -> list[list[int]]:
+    """``[NP, D/8 blocks, 16 tokens, 2]`` u32 over B: (code word, patch word) of each block and token."""
+    shape = [pages, head_dim // 8, 16, 2]
+    return offset_bases(shape, lambda g, b, t, h: code_word_offset(g, b, t, h, head_dim))
 
 
-def code_view(kv: int, pages: int, head_dim: int) -> list[list[int]]:
-    half, n = head_dim // 2, 16 * pages
-    if kv == 0:
-        return offset_bases([half, n], lambda p, t: code_offset(0, *_split(t), p, head_dim))
-    return offset_bases([n, half], lambda t, p: code_offset(1, *_split(t), p, head_dim))
+def hi_words_view(pages: int, head_dim: int) -> list[list[int]]:
+    """``[NP, D/8 blocks, 16 tokens, 2]`` u32 over B: where the pre-pass writes a block's high-byte pairs."""
+    shape = [pages, head_dim // 8, 16, 2]
+    return offset_bases(shape, lambda g, b, t, w: hi_word_offset(g, b, t, w, head_dim))

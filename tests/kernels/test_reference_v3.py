@@ -154,3 +154,20 @@ def test_corrupt_metadata_is_refused() -> None:
     bad[0, 0, 0] = v3.RAW_BLOCK_FLAG | 5  # a patch rank past the page's one patch
     with pytest.raises(ValueError, match="patch rank"):
         ref.decode_pages_v3(stored, bad, fmt)
+
+
+def test_packed_heap_matches_the_page_encoder() -> None:
+    fmt = PageFormat(head_dim=64, num_kv_heads=2, version=3)
+    g = torch.Generator().manual_seed(7)
+    x = torch.randn(6, 2, 2, 16, 64, generator=g)
+    pages = (x.sign() * (1 + x.abs().clamp(max=100))).to(torch.bfloat16)
+    pages[1, 0, 1, 2, 9] = 1e35
+    pages[3, 1, 0, 0, 40] = 1e-30
+    pages[4] = torch.randint(-32768, 32767, (2, 2, 16, 64), dtype=torch.int16, generator=g).view(
+        torch.bfloat16
+    )
+    heap, loc, meta = ref.pack_pages_v3(pages, fmt)
+    stored, meta_ref = ref.encode_pages_v3(pages, fmt)
+    assert torch.equal(meta, meta_ref)
+    for i, data in enumerate(stored):
+        assert torch.equal(heap[int(loc[i]) : int(loc[i]) + data.numel()], data)

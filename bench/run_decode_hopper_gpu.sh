@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# On the GPU machine, from the repo root: the Hopper decode kernel's checks, benchmark and Nsight Compute
+# profile in one call. Installs the carried FlashInfer wheels (.carry/whl: flashinfer-python 0.6.15.post1 +
+# apache-tvm-ffi 0.1.11) and zipkv, warms FlashInfer's JIT in the background while the checks run.
+#   bash bench/run_decode_hopper_gpu.sh [--shapes 32x8192,...]      (NCU=0 skips the profile)
+set -uo pipefail
+OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 CUDA_HOME=/usr/local/cuda PATH=/usr/local/cuda/bin:$PATH
+export FLASHINFER_WORKSPACE_BASE=/tmp/fiws FLASHINFER_CUDA_ARCH_LIST=9.0a MAX_JOBS=14 TVM_FFI_CACHE_DIR=/tmp/tvmffi
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .carry/whl/*.whl
+export PYTHONPATH=/tmp/site:$PWD/bench
+python3 -m pip install -q --no-deps --no-build-isolation -e . >"$OUT/pip.log" 2>&1 || tail -5 "$OUT/pip.log"
+python3 - >"$OUT/flashinfer_warm.log" 2>&1 <<'PY' &
+import torch, flashinfer
+ws = torch.empty(64 << 20, dtype=torch.uint8, device="cuda")
+w = flashinfer.BatchDecodeWithPagedKVCacheWrapper(ws, "HND", use_tensor_cores=True)
+i = torch.tensor([0, 2], dtype=torch.int32, device="cuda")
+w.plan(i, torch.arange(2, dtype=torch.int32, device="cuda"), torch.tensor([16], dtype=torch.int32, device="cuda"),
+       32, 8, 128, 16, q_data_type=torch.bfloat16, kv_data_type=torch.bfloat16, sm_scale=0.1)
+w.run(torch.randn(1, 32, 128, device="cuda").bfloat16(), torch.randn(2, 2, 8, 16, 128, device="cuda").bfloat16())
+torch.cuda.synchronize()
+print("flashinfer warm")
+PY
+nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,power.draw --format=csv | tee "$OUT/gpu.txt"
+timeout "${CHECK_TIMEOUT:-240}" python3 bench/bench_decode_hopper.py --check --out "$OUT/decode_hopper_check.json" \
+  2>&1 | tee "$OUT/check.log" | grep -v "^bench " | cut -c1-400
+wait
+tail -1 "$OUT/flashinfer_warm.log"; rm -f "$OUT/flashinfer_warm.log" "$OUT/pip.log"
+timeout "${BENCH_TIMEOUT:-240}" python3 bench/bench_decode_hopper.py --bench "$@" --out "$OUT/decode_hopper.json" \
+  2>&1 | tee "$OUT/bench.log" | cut -c1-600
+if [ "${NCU:-1}" != 0 ]; then
+  timeout "${NCU_TIMEOUT:-150}" ncu --clock-control none -k regex:_decode_hopper --launch-skip 2 --launch-count 1 \
+    --set full -o "$OUT/hopper" python3 bench/bench_decode_hopper.py --ncu "${NCU_SHAPE:-32x8192}" >"$OUT/ncu.log" 2>&1
+  tail -3 "$OUT/ncu.log"; rm -f "$OUT/ncu.log"
+  ncu --import "$OUT/hopper.ncu-rep" --csv --page raw 2>/dev/null | python3 bench/ncu_summary.py >"$OUT/ncu_summary.json"
+  ncu --import "$OUT/hopper.ncu-rep" --page details >"$OUT/ncu_details.txt" 2>/dev/null
+  rm -f "$OUT/hopper.ncu-rep"
+  grep -E "Duration|DRAM Throughput|Registers Per|Achieved Occupancy|Issue Slots Busy|Executed Ipc A" "$OUT/ncu_details.txt" | head -12
+fi
