@@ -48,7 +48,8 @@ def build_app(
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         servicer = ReportServicer(cfg, router.store, router.metrics)
-        server, router.report_port = await start_report_server(servicer, cfg.grpc.host, cfg.grpc.port)
+        tls = cfg.security.tls.files() if cfg.security.tls else None
+        server, router.report_port = await start_report_server(servicer, cfg.grpc.host, cfg.grpc.port, tls)
         runner = getattr(router.store, "run", None)
         refresher = asyncio.create_task(runner()) if runner is not None else None
         log.info("router up", extra={"report_port": router.report_port, "state": cfg.state.backend})

@@ -151,7 +151,7 @@ def place(
         )
         ttft_ms, tpot_ms = predict_ms(v, req, cfg, peer_itl_ms)
         slo = min(_clamp((slo_ttft - ttft_ms) / slo_ttft), _clamp((slo_tpot - tpot_ms) / slo_tpot))
-        queue = 1.0 / (1.0 + v.queued_requests)
+        queue = 1.0 / (1.0 + max(v.queued_requests, 0))  # reports are range-checked; this never divides by 0
         score = (w_head * headroom + w_slo * slo + w_queue * queue) / w_sum
         rows.append((-score, v.worker_id, v, headroom, slo, queue, ttft_ms, tpot_ms))
     rows = heapq.nsmallest(top_k, rows) if top_k is not None and top_k < len(rows) else sorted(rows)
