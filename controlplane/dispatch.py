@@ -32,6 +32,9 @@ from zipkv.protos import zipkv_pb2_grpc as pb_grpc
 log = logging.getLogger("zipkv.controlplane.dispatch")
 
 RETRYABLE = {grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.UNAVAILABLE}
+# The worker refused the request itself (ids outside its vocabulary, an empty prompt): the client's
+# fault, answered 400 with the worker's own message; another worker would refuse it too.
+CALLER_ERRORS = {grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.OUT_OF_RANGE}
 FINISH_NAMES = {
     pb.FINISH_REASON_STOP: "stop",
     pb.FINISH_REASON_LENGTH: "length",
@@ -187,8 +190,22 @@ class Dispatcher:
             self.metrics.stale_reports.inc()
         return decision
 
+    def _too_large(self, shape: RequestShape) -> DispatchError:
+        largest = max(
+            (v.total_tokens for v in self.store.snapshot().workers if v.model == shape.model), default=0
+        )
+        return DispatchError(
+            400,
+            "too_large",
+            f"this request needs {shape.need_tokens} KV tokens (prompt {shape.prompt_tokens} + max_tokens "
+            f"{shape.max_new_tokens}), more than the whole KV budget of any worker of model "
+            f"{shape.model!r} (largest: {largest}); lower max_tokens or shorten the prompt",
+        )
+
     async def start(self, shape: RequestShape, prompt_ids: list[int], sampling: pb.SamplingParams) -> Stream:
         decision = self.decide(shape)
+        if not decision.ranked and set(decision.filtered) == {"too_large"}:
+            raise self._too_large(shape)
         if not decision.ranked:
             why = ", ".join(f"{n} {r}" for r, n in sorted(decision.filtered.items())) or "no worker serves it"
             raise DispatchError(
@@ -216,6 +233,10 @@ class Dispatcher:
                 stream = await self._open(w.worker_id, w.address, req, attempts)
             except grpc.aio.AioRpcError as exc:
                 await self.release(w.worker_id, rid)
+                if exc.code() in CALLER_ERRORS:
+                    raise DispatchError(
+                        400, "worker_invalid_argument", f"the worker refused the request: {exc.details()}"
+                    ) from None
                 if exc.code() not in RETRYABLE:
                     timed_out = exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED
                     raise DispatchError(

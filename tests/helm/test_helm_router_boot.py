@@ -9,6 +9,7 @@ import shutil
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,8 +22,11 @@ pytestmark = pytest.mark.timeout(120)
 
 
 def _get(url: str) -> tuple[int, bytes]:
-    with urllib.request.urlopen(url, timeout=2) as resp:
-        return int(resp.status), resp.read()
+    try:
+        with urllib.request.urlopen(url, timeout=2) as resp:
+            return int(resp.status), resp.read()
+    except urllib.error.HTTPError as exc:  # a 503 from /readyz is an answer too
+        return int(exc.code), exc.read()
 
 
 def _wait_ready(url: str, proc: subprocess.Popen[bytes], log: Path) -> None:
@@ -86,9 +90,12 @@ def test_router_boots_from_the_dev_example_config(tmp_path: Path, stop: list[Any
     stop.append(proc)
     urls = _probe_urls(objs, ports["httpPort"])
     _wait_ready(urls[0], proc, tmp_path / "router.log")
-    for url in urls:
+    startup, liveness, readiness, metrics = urls
+    for url in (startup, liveness, metrics):
         assert _get(url)[0] == 200, url
-    assert b"zipkv_router" in _get(urls[-1])[1]
+    status, body = _get(readiness)  # no worker reports here: honestly not ready, and it says why
+    assert status == 503 and b"no_worker" in body, body
+    assert b"zipkv_router" in _get(metrics)[1]
 
 
 def test_router_boots_against_a_password_protected_redis(tmp_path: Path, stop: list[Any]) -> None:
@@ -127,7 +134,9 @@ def test_router_boots_against_a_password_protected_redis(tmp_path: Path, stop: l
         if b'"degraded":false' in body.replace(b" ", b"") or time.monotonic() > deadline:
             break
         time.sleep(0.2)
-    assert status == 200 and b'"degraded":false' in body.replace(b" ", b""), body
+    assert b'"degraded":false' in body.replace(b" ", b""), body
+    # No worker reports here, so it is honestly not ready (503) and says why.
+    assert status == 503 and b"no_worker" in body, body
 
 
 @pytest.mark.slow
@@ -179,5 +188,6 @@ def test_rendered_serve_config_reports_to_the_router(tmp_path: Path, stop: list[
         time.sleep(0.5)
     else:
         pytest.fail(f"no worker reached the router in 180 s:\n{worker_log.read_text()[-4000:]}")
+    assert _get(urls[2])[0] == 200  # ready once a worker of the model reports
     models = _get(f"http://127.0.0.1:{ports['httpPort']}/v1/models")[1]
     assert b"zipkv-tiny" in models
