@@ -22,6 +22,7 @@ import grpc
 from opentelemetry import trace
 
 from zipkv.controlplane.config import RouterConfig
+from zipkv.controlplane.grpc_auth import bearer_metadata, open_channel
 from zipkv.controlplane.metrics import RouterMetrics
 from zipkv.controlplane.placement import Decision, RequestShape, place
 from zipkv.controlplane.state import Store
@@ -158,6 +159,9 @@ class Dispatcher:
         self._tasks: set[asyncio.Future[None]] = set()
         # Candidates kept per decision: the retries plus room for reservations lost to other routers.
         self._top_k = cfg.dispatch.retries + 8
+        sec = cfg.security
+        self._tls = sec.tls.files(sec.tls.worker_server_name) if sec.tls else None
+        self._auth = bearer_metadata(sec.dispatch_token)
 
     def spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         task = asyncio.ensure_future(coro)
@@ -166,7 +170,7 @@ class Dispatcher:
 
     def _stub(self, address: str) -> tuple[grpc.aio.Channel, pb_grpc.WorkerStub]:
         if address not in self._stubs:
-            channel = grpc.aio.insecure_channel(address)
+            channel = open_channel(address, self._tls)
             self._stubs[address] = (channel, pb_grpc.WorkerStub(channel))
         return self._stubs[address]
 
@@ -266,7 +270,8 @@ class Dispatcher:
             span.set_attribute("zipkv.dispatch.attempt", attempt)
             channel, stub = self._stub(address)
             await _connect(channel, address, self.cfg.dispatch.connect_timeout_s)
-            call = stub.Generate(req, metadata=trace_metadata(), timeout=self.cfg.dispatch.deadline_s)
+            metadata = [*trace_metadata(), *self._auth]
+            call = stub.Generate(req, metadata=metadata, timeout=self.cfg.dispatch.deadline_s)
             try:
                 first = await call.read()
             except asyncio.CancelledError:
@@ -279,7 +284,7 @@ class Dispatcher:
     async def abort(self, address: str, request_id: str) -> None:
         _, stub = self._stub(address)
         with contextlib.suppress(grpc.aio.AioRpcError, asyncio.TimeoutError):
-            await stub.Abort(pb.AbortRequest(request_id=request_id), timeout=2.0)
+            await stub.Abort(pb.AbortRequest(request_id=request_id), metadata=self._auth, timeout=2.0)
 
     async def release(self, worker_id: str, request_id: str) -> None:
         try:

@@ -54,6 +54,8 @@ class Router:
         self.metrics = RouterMetrics(tuple(m.name for m in cfg.models))
         self.tracer = tracer(provider)
         self.dispatcher = Dispatcher(cfg, store, self.metrics, self.tracer)
+        if cfg.security.tls is not None:
+            cfg.security.tls.check_readable()
         self.tokenizers: dict[str, Tokenizer] = {m.name: load_tokenizer(m.tokenizer) for m in cfg.models}
         self.limiter = adm.RateLimiter(cfg.limits.requests_per_s, cfg.limits.burst)
         per_min = cfg.security.auth_failures_per_minute

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 import grpc
 
+from zipkv.controlplane.grpc_auth import TlsFiles, add_port
 from zipkv.protos import zipkv_pb2 as pb
 from zipkv.protos import zipkv_pb2_grpc as pb_grpc
 
@@ -65,10 +66,11 @@ class ScriptedWorker(pb_grpc.WorkerServicer):
         self.sequence = 0
         self.epoch = int(time.time())
 
-    async def start(self, port: int = 0) -> str:
+    async def start(self, port: int = 0, tls: TlsFiles | None = None) -> str:
+        """Serve on loopback (plaintext, or mutual TLS with `tls`); returns the address."""
         self._server = grpc.aio.server()
         pb_grpc.add_WorkerServicer_to_server(self, self._server)
-        bound = self._server.add_insecure_port(f"127.0.0.1:{port}")
+        bound = add_port(self._server, f"127.0.0.1:{port}", tls)
         await self._server.start()
         self.address = f"127.0.0.1:{bound}"
         return self.address

@@ -57,12 +57,11 @@ class GrpcTlsConfig(Strict):
     def files(self, peer_name: str = "") -> TlsFiles:
         return TlsFiles(self.cert_file, self.key_file, self.ca_file, peer_name)
 
-    @model_validator(mode="after")
-    def _files(self) -> GrpcTlsConfig:
+    def check_readable(self) -> None:
+        """At start-up (not at --check time, where the mounted files may be absent): fail loudly."""
         for key in ("cert_file", "key_file", "ca_file"):
             if not Path(getattr(self, key)).is_file():
-                raise ValueError(f"security.tls.{key}: {getattr(self, key)} is not a readable file")
-        return self
+                raise OSError(f"security.tls.{key}: {getattr(self, key)} is not a readable file")
 
 
 class SecurityConfig(Strict):

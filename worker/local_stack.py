@@ -85,6 +85,7 @@ class LocalStack:
         self.options = options
         self.progress = progress
         self.report_token = secrets.token_hex(16)
+        self.dispatch_token = secrets.token_hex(16)  # router -> worker (Generate, Abort)
         self.model_name = options.model_name or (
             Path(options.model_path).name if options.model_path else "zipkv-tiny"
         )
@@ -121,7 +122,7 @@ class LocalStack:
             "http": {"host": "127.0.0.1", "port": o.port + k},
             "grpc": {"host": "127.0.0.1", "port": self.grpc_ports[k]},
             "models": [model],
-            "security": {"report_token": self.report_token},
+            "security": {"report_token": self.report_token, "dispatch_token": self.dispatch_token},
         }
         if o.redis_url:
             config["state"] = {"backend": "redis", "redis_url": o.redis_url}
@@ -188,7 +189,12 @@ class LocalStack:
         """A local Ray head for the replicas (report token in their environment); `init_kwargs` go to
         `ray.init` (worker/ray_head.py: a patient start, and the GCS log when it fails)."""
         os.environ["ZIPKV_REPORT_TOKEN"] = self.report_token  # inherited by the replicas
-        replica_env = {"ZIPKV_REPORT_TOKEN": self.report_token, "OMP_NUM_THREADS": "1"}
+        os.environ["ZIPKV_DISPATCH_TOKEN"] = self.dispatch_token
+        replica_env = {
+            "ZIPKV_REPORT_TOKEN": self.report_token,
+            "ZIPKV_DISPATCH_TOKEN": self.dispatch_token,
+            "OMP_NUM_THREADS": "1",
+        }
         start_local_ray(self.options.ray_num_cpus, replica_env, self._say, **init_kwargs)
         self._ray_started = True
 

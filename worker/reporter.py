@@ -17,6 +17,7 @@ from collections.abc import Callable
 
 import grpc
 
+from zipkv.controlplane.grpc_auth import TlsFiles, open_channel
 from zipkv.protos import zipkv_pb2 as pb
 from zipkv.protos import zipkv_pb2_grpc as pb_grpc
 
@@ -36,6 +37,7 @@ class CapacityReporter:
         capacity: Callable[[], EngineCapacity],
         draining: Callable[[], bool],
         interval_ms: int = 200,
+        tls: TlsFiles | None = None,
     ) -> None:
         if not 50 <= interval_ms <= 1000:
             raise ValueError(f"report interval_ms must be within 50..1000, got {interval_ms}")
@@ -52,7 +54,7 @@ class CapacityReporter:
         self.sent = 0
         self.accepted = 0
         self._failing = False
-        self._channel = grpc.aio.insecure_channel(router_address)
+        self._channel = open_channel(router_address, tls)
         self._stub = pb_grpc.ControlPlaneStub(self._channel)
         self._task: asyncio.Task[None] | None = None
 

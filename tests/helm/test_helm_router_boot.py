@@ -4,6 +4,7 @@ loopback, with a real Redis when the chart points it at one."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -189,5 +190,13 @@ def test_rendered_serve_config_reports_to_the_router(tmp_path: Path, stop: list[
     else:
         pytest.fail(f"no worker reached the router in 180 s:\n{worker_log.read_text()[-4000:]}")
     assert _get(urls[2])[0] == 200  # ready once a worker of the model reports
-    models = _get(f"http://127.0.0.1:{ports['httpPort']}/v1/models")[1]
-    assert b"zipkv-tiny" in models
+    router_env = container_env(next(containers(one(objs, "Deployment", "router"))), objs)
+    key = json.loads(router_env["ZIPKV_SECURITY__API_KEYS"])[
+        0
+    ]  # the chart generated one: the API is not open
+    assert _get(f"http://127.0.0.1:{ports['httpPort']}/v1/models")[0] == 401
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{ports['httpPort']}/v1/models", headers={"authorization": f"Bearer {key}"}
+    )
+    with urllib.request.urlopen(request, timeout=5) as resp:
+        assert b"zipkv-tiny" in resp.read()

@@ -89,7 +89,7 @@ app.kubernetes.io/component: {{ .component }}
 
 {{/* The router's gRPC report address, as the workers dial it. */}}
 {{- define "zipkv.router.reportAddress" -}}
-{{- printf "%s.%s.svc:%d" (include "zipkv.router.fullname" .) .Release.Namespace (int .Values.router.service.reportPort) -}}
+{{- printf "%s-report.%s.svc:%d" (include "zipkv.router.fullname" .) .Release.Namespace (int .Values.router.service.reportPort) -}}
 {{- end -}}
 
 {{/*

@@ -43,6 +43,11 @@ applications:
     secretKeyRef:
       name: {{ include "zipkv.auth.secretName" . }}
       key: report-token
+- name: ZIPKV_DISPATCH_TOKEN
+  valueFrom:
+    secretKeyRef:
+      name: {{ include "zipkv.auth.secretName" . }}
+      key: dispatch-token
 {{- with .Values.model.hfTokenSecret }}
 - name: HF_TOKEN
   valueFrom:
