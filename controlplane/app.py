@@ -22,6 +22,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from zipkv.controlplane import admission as adm
 from zipkv.controlplane.config import RouterConfig
 from zipkv.controlplane.openai_api import error_body
+from zipkv.controlplane.openapi_schema import install as install_openapi
 from zipkv.controlplane.readiness import readiness
 from zipkv.controlplane.reports import ReportServicer, start_report_server
 from zipkv.controlplane.router import Router, make_store
@@ -95,6 +96,7 @@ def build_app(
 
     app = FastAPI(title="zipkv router", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.router = router
+    install_openapi(app, [m.name for m in cfg.models])
 
     @app.exception_handler(adm.HttpError)
     async def _http_error(request: Request, exc: adm.HttpError) -> JSONResponse:
