@@ -188,8 +188,9 @@ async def _run_cli(args: argparse.Namespace) -> None:
     )
     address = await worker.start(args.port)
     print(address, flush=True)
-    if args.router:
-        await report_forever(worker, args.router, args.token, args.report_period_s)
+    routers = [a for a in args.router.split(",") if a]
+    if routers:  # the same reports to every router, as a real worker does
+        await asyncio.gather(*(report_forever(worker, r, args.token, args.report_period_s) for r in routers))
     else:
         await asyncio.Event().wait()
 
@@ -198,7 +199,7 @@ def main(argv: list[str] | None = None) -> None:
     """`python -m zipkv.controlplane.scripted_worker --router HOST:PORT`: a scripted stand-in worker
     process (benchmarks, local experiments). Prints its address, then serves and reports."""
     parser = argparse.ArgumentParser(prog="python -m zipkv.controlplane.scripted_worker")
-    parser.add_argument("--router", default="", help="ControlPlane address to report to")
+    parser.add_argument("--router", default="", help="ControlPlane address(es) to report to, comma-separated")
     parser.add_argument("--token", default="", help="report token")
     parser.add_argument("--model", default="zipkv-tiny")
     parser.add_argument("--port", type=int, default=0)

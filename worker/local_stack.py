@@ -28,6 +28,7 @@ from .ray_head import start_local_ray
 from .status_tap import StatusTap
 
 APP_NAME = "zipkv"
+MAX_RESTARTS_PER_MIN = 5
 STATE_DIR = Path(os.environ.get("ZIPKV_STATE_DIR", Path(tempfile.gettempdir()) / "zipkv"))
 
 
@@ -94,6 +95,7 @@ class LocalStack:
         self.tap: StatusTap | None = None
         self.workdir = Path(tempfile.mkdtemp(prefix="zipkv-up-"))
         self._ray_started = False
+        self._restarts: dict[int, list[float]] = {}
         self._t0 = time.monotonic()
 
     @property
@@ -111,7 +113,9 @@ class LocalStack:
         for k in range(self.options.routers):
             self._start_router(k)
         self._wait_routers(timeout_s=60.0)
-        self._start_workers([f"127.0.0.1:{self.grpc_ports[0]}", tap_address])
+        # Every worker reports to every router: with one router gone the others still hear each worker,
+        # and a restarted router (same ports) hears them again at the next report.
+        self._start_workers([*(f"127.0.0.1:{p}" for p in self.grpc_ports), tap_address])
         self._wait_ready(timeout_s=ready_timeout_s)
 
     def _router_config(self, k: int) -> Path:
@@ -130,11 +134,35 @@ class LocalStack:
         path.write_text(json.dumps(config, indent=2))  # JSON is YAML
         return path
 
+    def supervise_routers(self) -> list[int]:
+        """Restart every router process that exited (same config and ports, so workers and clients find
+        it again); returns the restarted indices. At most `MAX_RESTARTS_PER_MIN` per router per minute:
+        past that it is crash-looping, and RuntimeError says so (with its log)."""
+        restarted = []
+        now = time.monotonic()
+        for k, proc in enumerate(self.routers):
+            if proc.poll() is None:
+                continue
+            recent = [t for t in self._restarts.get(k, []) if now - t < 60.0]
+            if len(recent) >= MAX_RESTARTS_PER_MIN:
+                raise RuntimeError(
+                    f"router {k} exited {len(recent) + 1} times within a minute "
+                    f"(last code {proc.returncode}); giving up:\n{self.router_log(k)[-3000:]}"
+                )
+            self._say(f"router {k} exited (code {proc.returncode}); restarting it, the others keep serving")
+            self._restarts[k] = [*recent, now]
+            self.routers[k] = self._spawn_router(k)
+            restarted.append(k)
+        return restarted
+
     def _start_router(self, k: int) -> None:
+        self.routers.append(self._spawn_router(k))
+
+    def _spawn_router(self, k: int) -> subprocess.Popen[bytes]:
         path = self._router_config(k)
         self._say(f"starting router {k + 1}/{self.options.routers} on {self.base_urls[k]} (config {path})")
         env = {**os.environ, **self.options.router_env}
-        log = open(self.workdir / f"router-{k}.log", "wb")  # noqa: SIM115 (lives as long as the process)
+        log = open(self.workdir / f"router-{k}.log", "ab")  # noqa: SIM115 (lives as long as the process)
         proc = subprocess.Popen(
             [sys.executable, "-m", "zipkv.controlplane", "--config", str(path)],
             stdout=log,
@@ -143,7 +171,7 @@ class LocalStack:
             start_new_session=True,  # Ctrl-C reaches us once; we stop the router ourselves
             preexec_fn=_die_with_parent,
         )
-        self.routers.append(proc)
+        return proc
 
     def router_log(self, k: int = 0) -> str:
         path = self.workdir / f"router-{k}.log"

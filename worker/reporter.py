@@ -38,6 +38,7 @@ class CapacityReporter:
         draining: Callable[[], bool],
         interval_ms: int = 200,
         tls: TlsFiles | None = None,
+        epoch: int | None = None,
     ) -> None:
         if not 50 <= interval_ms <= 1000:
             raise ValueError(f"report interval_ms must be within 50..1000, got {interval_ms}")
@@ -49,7 +50,9 @@ class CapacityReporter:
         self._draining = draining
         self._interval_s = interval_ms / 1000.0
         self._metadata = (("authorization", f"Bearer {token}"),) if token else ()
-        self.epoch = time.time_ns()
+        # One epoch per worker process, shared by its reporters: routers sharing Redis then see the
+        # same (epoch, sequence) from each reporter as one report, not as out of order.
+        self.epoch = epoch if epoch is not None else time.time_ns()
         self.sequence = 0
         self.sent = 0
         self.accepted = 0

@@ -83,6 +83,7 @@ class WorkerRuntime:
         await server.start()
         self._server = server
         self.address = f"{self.settings.advertise_host or self.settings.bind_host}:{port}"
+        epoch = time.time_ns()
         for router in self.settings.report_addresses():
             reporter = CapacityReporter(
                 router,
@@ -94,6 +95,7 @@ class WorkerRuntime:
                 draining=lambda: self.service.draining,
                 interval_ms=self.settings.report_interval_ms,
                 tls=tls,
+                epoch=epoch,
             )
             await reporter.report_once()
             reporter.start()
