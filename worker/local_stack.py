@@ -113,6 +113,7 @@ class LocalStack:
         for k in range(self.options.routers):
             self._start_router(k)
         self._wait_routers(timeout_s=60.0)
+        self._write_pids()
         # Every worker reports to every router: with one router gone the others still hear each worker,
         # and a restarted router (same ports) hears them again at the next report.
         self._start_workers([*(f"127.0.0.1:{p}" for p in self.grpc_ports), tap_address])
@@ -153,7 +154,14 @@ class LocalStack:
             self._restarts[k] = [*recent, now]
             self.routers[k] = self._spawn_router(k)
             restarted.append(k)
+        if restarted:
+            self._write_pids()
         return restarted
+
+    def _write_pids(self) -> None:
+        """Router process ids, for fault drills (scripts/fault_suite.sh kills one by its id)."""
+        pids = {"routers": [p.pid for p in self.routers], "base_urls": self.base_urls}
+        (STATE_DIR / f"pids-{self.options.port}.json").write_text(json.dumps(pids))
 
     def _start_router(self, k: int) -> None:
         self.routers.append(self._spawn_router(k))

@@ -49,6 +49,7 @@ def test_worker_sigkill_mid_stream_ends_cleanly_or_retries(tmp_path: Path) -> No
             time.sleep(3.0)
             outcomes = running.stop()
         after_kill = sum(outcomes.values()) - before
+        print(f"worker SIGKILL: {dict(outcomes)}; {after_kill} requests after the kill")  # with -s
         # In-flight streams on the dead worker end with a last error event (or 502 when not streamed);
         # requests that had no token yet were retried on the survivor. Nothing hangs (the load client's
         # threads all joined), nothing else fails, and the survivor keeps serving.
@@ -111,6 +112,7 @@ def test_redis_killed_and_restarted_empty_under_load(tmp_path: Path) -> None:
                 time.sleep(0.05)
             time.sleep(2.0)
             outcomes = running.stop()
+        print(f"redis SIGKILL + empty restart: {dict(outcomes)}")  # with -s
         assert failures(outcomes) == {}, outcomes  # main: 503 no_worker right after the restart
         assert sum(outcomes.values()) >= 50, outcomes
     finally:
@@ -153,6 +155,7 @@ def test_a_killed_router_is_restarted_while_its_peer_keeps_serving(
             wait_http(stack.base_urls[1] + "/readyz", timeout_s=30)
             time.sleep(1.0)
             outcomes = survivor.stop()
+        print(f"router SIGKILL + restart, the peer's clients: {dict(outcomes)}")  # with -s
         assert failures(outcomes) == {}, outcomes  # the peer never stopped serving
         body = {"model": "zipkv-tiny", "prompt": "x", "max_tokens": 2}
         assert httpx.post(stack.base_urls[1] + "/v1/completions", json=body).status_code == 200
