@@ -4,6 +4,7 @@ loopback, with a real Redis when the chart points it at one."""
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import shutil
@@ -43,11 +44,25 @@ def _wait_ready(url: str, proc: subprocess.Popen[bytes], log: Path) -> None:
     pytest.fail(f"router did not answer {url} within 60 s:\n{log.read_text()[-3000:]}")
 
 
+TLS_DIR = "/etc/zipkv-tls"  # where the chart mounts its gRPC TLS Secret
+
+
+def _tls_files(objs: list[dict[str, Any]], tmp_path: Path) -> str:
+    """The chart's gRPC TLS Secret written out as the pod's volume would show it; returns the folder."""
+    folder = tmp_path / "grpc-tls"
+    folder.mkdir(exist_ok=True)
+    secret = next(o for o in objs if o["kind"] == "Secret" and o["metadata"]["name"].endswith("grpc-tls"))
+    for key, value in secret["data"].items():
+        (folder / key).write_bytes(base64.b64decode(value))
+    return str(folder)
+
+
 def _start_router(objs: list[dict[str, Any]], tmp_path: Path, secrets: Any = None) -> subprocess.Popen[bytes]:
-    """Start the router with the Deployment's command, the ConfigMap as its file and the pod's env."""
+    """Start the router with the Deployment's command, the ConfigMap as its file and the pod's env (and
+    the chart's TLS Secret as files)."""
     container = next(containers(one(objs, "Deployment", "router")))
     config = tmp_path / "router.yaml"
-    config.write_text(router_config_text(objs))
+    config.write_text(router_config_text(objs).replace(TLS_DIR, _tls_files(objs, tmp_path)))
     args = [a.replace("/etc/zipkv/router.yaml", str(config)) for a in container["args"]]
     assert container["command"][0] == "python"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("ZIPKV_", "OTEL_"))}
@@ -172,6 +187,9 @@ def test_rendered_serve_config_reports_to_the_router(tmp_path: Path, stop: list[
     ray_container = next(containers(one(objs, "RayService")))
     env = {k: v for k, v in os.environ.items() if not k.startswith(("ZIPKV_", "OTEL_"))}
     env |= container_env(ray_container, objs) | {"RAY_USAGE_STATS_ENABLED": "0"}
+    tls_dir = _tls_files(objs, tmp_path)  # the Ray pods mount the same Secret's worker files
+    env = {k: v.replace(TLS_DIR, tls_dir) for k, v in env.items()}
+    assert env["ZIPKV_TLS_CERT"].startswith(tls_dir) and env["ZIPKV_WORKER_IDENTITY"] == "zipkv-worker"
     worker_log = tmp_path / "serve.log"
     with worker_log.open("wb") as out:
         workers = subprocess.Popen(

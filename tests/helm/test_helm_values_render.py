@@ -311,3 +311,36 @@ def test_config_change_rolls_the_router_pods() -> None:
 
     assert checksum({}) == checksum({})
     assert checksum({}) != checksum({"router": {"config": {"slo": {"ttft_ms": 999}}}})
+
+
+def test_grpc_mutual_tls_is_on_with_chart_made_certificates(tmp_path: Path) -> None:
+    import base64
+
+    from cryptography import x509
+    from cryptography.x509.oid import NameOID
+
+    objs = render()
+    secret = next(o for o in find(objs, "Secret") if o["metadata"]["name"].endswith("grpc-tls"))
+    pem = {k: base64.b64decode(v) for k, v in secret["data"].items()}
+    ca = x509.load_pem_x509_certificate(pem["ca.crt"])
+    for name in ("router", "worker"):
+        cert = x509.load_pem_x509_certificate(pem[f"{name}.crt"])
+        cert.verify_directly_issued_by(ca)  # raises unless the chart's CA signed it
+        assert cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)[0].value == f"zipkv-{name}"
+    cfg = load_router_config(objs, tmp_path)
+    assert cfg.security.tls is not None and cfg.security.tls.worker_server_name == "zipkv-worker"
+    mounts = {m["name"]: m["mountPath"] for m in router_container(objs)["volumeMounts"]}
+    assert cfg.security.tls.cert_file == f"{mounts['grpc-tls']}/router.crt"
+    ray = next(containers(one(objs, "RayService")))
+    env = container_env(ray, objs)
+    assert (
+        env["ZIPKV_TLS_CERT"] == f"{mounts['grpc-tls']}/worker.crt"
+        and env["ZIPKV_WORKER_IDENTITY"] == "zipkv-worker"
+    )
+    off = render({"grpcTls": {"enabled": False}})
+    assert load_router_config(off, tmp_path).security.tls is None
+    assert not [o for o in find(off, "Secret") if o["metadata"]["name"].endswith("grpc-tls")]
+    mine = render({"grpcTls": {"existingSecret": "my-certs"}})
+    assert not [o for o in find(mine, "Secret") if o["metadata"]["name"].endswith("grpc-tls")]
+    volumes = one(mine, "Deployment", "router")["spec"]["template"]["spec"]["volumes"]
+    assert next(v for v in volumes if v["name"] == "grpc-tls")["secret"]["secretName"] == "my-certs"

@@ -139,3 +139,11 @@ service.name). Off: the SDK is disabled outright so no exporter tries to connect
 {{- end -}}
 {{- join "," $attrs -}}
 {{- end -}}
+
+{{/* The Secret with the gRPC mutual-TLS files (ca.crt, router.crt/.key, worker.crt/.key). */}}
+{{- define "zipkv.grpcTls.secretName" -}}
+{{- default (printf "%s-grpc-tls" (include "zipkv.fullname" .)) .Values.grpcTls.existingSecret -}}
+{{- end -}}
+
+{{/* Where the TLS files are mounted in router and Ray pods. */}}
+{{- define "zipkv.grpcTls.dir" -}}/etc/zipkv-tls{{- end -}}
