@@ -20,7 +20,7 @@ OK = {"model": MODEL, "prompt": "x", "max_tokens": 2}
 @pytest.fixture(scope="module")
 def s() -> Iterator[Stack]:
     with stack() as st:
-        st.add_worker(total_tokens=10_000_000)
+        st.keep_reporting(st.add_worker(total_tokens=10_000_000))
         yield st
 
 

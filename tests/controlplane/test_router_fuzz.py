@@ -4,13 +4,12 @@ No 5xx, and every response matches the document (status, content type, body sche
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Iterator
 
 import pytest
 import schemathesis
 from hypothesis import HealthCheck, given, settings
-from router_harness import MODEL, TOKEN, Stack, stack
+from router_harness import MODEL, Stack, stack
 from schemathesis import GenerationMode
 from schemathesis.checks import not_a_server_error
 from schemathesis.specs.openapi.checks import (
@@ -18,8 +17,6 @@ from schemathesis.specs.openapi.checks import (
     response_schema_conformance,
     status_code_conformance,
 )
-
-from zipkv.controlplane.scripted_worker import report_forever
 
 # Bounded so the default run stays short (~20 s on a 2-core machine); raise for a longer soak.
 EXAMPLES = 60
@@ -30,12 +27,8 @@ def fuzz_stack() -> Iterator[Stack]:
     # A short context keeps each generated request small (a fuzzed max_tokens is capped by it).
     models = [{"name": MODEL, "tokenizer": "byte", "max_context_tokens": 256}]
     with stack(http={"max_request_bytes": 65536}, models=models) as st:
-        worker = st.add_worker(total_tokens=10_000_000, max_context_tokens=256)
-        reporting = asyncio.run_coroutine_threadsafe(
-            report_forever(worker, st.router.report_address, TOKEN), st.loop.loop
-        )  # like a real worker, so it stays placeable for the whole run
+        st.keep_reporting(st.add_worker(total_tokens=10_000_000, max_context_tokens=256))
         yield st
-        reporting.cancel()
 
 
 def test_fuzzed_requests_never_get_a_5xx_and_match_the_schema(fuzz_stack: Stack) -> None:

@@ -18,7 +18,7 @@ from zipkv.controlplane.scripted_worker import Script
 @pytest.fixture(scope="module")
 def s() -> Iterator[Stack]:
     with stack(http={"max_request_bytes": 65536}) as st:
-        st.add_worker(total_tokens=10_000_000)
+        st.keep_reporting(st.add_worker(total_tokens=10_000_000))
         yield st
 
 
