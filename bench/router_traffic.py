@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from zipkv.controlplane.config import RouterConfig
     from zipkv.controlplane.scripted_worker import ScriptedWorker
 
-TOKEN = "bench-token"
+TOKEN = "bench-report-token-0123456789"
 # Untimed requests before the latency samples: connection setup and first-request costs are not the
 # router's steady-state share.
 LATENCY_WARMUP_REQUESTS = 50

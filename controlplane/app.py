@@ -17,10 +17,13 @@ from fastapi.responses import JSONResponse, Response
 from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider
 from prometheus_client import CONTENT_TYPE_LATEST
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from zipkv.controlplane import admission as adm
 from zipkv.controlplane.config import RouterConfig
 from zipkv.controlplane.openai_api import error_body
+from zipkv.controlplane.openapi_schema import install as install_openapi
+from zipkv.controlplane.readiness import readiness
 from zipkv.controlplane.reports import ReportServicer, start_report_server
 from zipkv.controlplane.router import Router, make_store
 from zipkv.controlplane.state import Store
@@ -38,6 +41,25 @@ def _error_response(exc: adm.HttpError) -> JSONResponse:
     )
 
 
+ROUTES = "POST /v1/completions, POST /v1/chat/completions, GET /v1/models, /healthz, /readyz, /metrics"
+
+
+def _routing_http_error(request: Request, exc: StarletteHTTPException) -> adm.HttpError:
+    """404 / 405 (and any other error the framework raises) in the OpenAI error shape."""
+    where = f"{request.method} {request.url.path}"
+    if exc.status_code == 404:
+        return adm.HttpError(
+            404, f"no route {where}; this server has {ROUTES}", "invalid_request_error", "not_found"
+        )
+    if exc.status_code == 405:
+        allowed = {k.lower(): v for k, v in (exc.headers or {}).items()}.get("allow", "")
+        return adm.HttpError(
+            405, f"{where}: method not allowed (use {allowed})", "invalid_request_error", "method_not_allowed"
+        )
+    kind = "server_error" if exc.status_code >= 500 else "invalid_request_error"
+    return adm.HttpError(exc.status_code, f"{where}: {exc.detail}", kind, "http_error")
+
+
 def build_app(
     cfg: RouterConfig, *, store: Store | None = None, tracer_provider: trace.TracerProvider | None = None
 ) -> FastAPI:
@@ -48,7 +70,8 @@ def build_app(
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         servicer = ReportServicer(cfg, router.store, router.metrics)
-        server, router.report_port = await start_report_server(servicer, cfg.grpc.host, cfg.grpc.port)
+        tls = cfg.security.tls.files() if cfg.security.tls else None
+        server, router.report_port = await start_report_server(servicer, cfg.grpc.host, cfg.grpc.port, tls)
         runner = getattr(router.store, "run", None)
         refresher = asyncio.create_task(runner()) if runner is not None else None
         log.info("router up", extra={"report_port": router.report_port, "state": cfg.state.backend})
@@ -73,10 +96,17 @@ def build_app(
 
     app = FastAPI(title="zipkv router", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.router = router
+    install_openapi(app, [m.name for m in cfg.models])
 
     @app.exception_handler(adm.HttpError)
     async def _http_error(request: Request, exc: adm.HttpError) -> JSONResponse:
         return _error_response(exc)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _routing_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        response = _error_response(_routing_http_error(request, exc))
+        response.headers.update(exc.headers or {})  # e.g. Allow on a 405
+        return response
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
@@ -96,7 +126,7 @@ def build_app(
 
     @app.get("/v1/models")
     async def models(request: Request) -> dict[str, Any]:
-        adm.check_api_key(request, cfg)
+        router.check_key(request)
         data = [
             {
                 "id": m.name,
@@ -114,15 +144,10 @@ def build_app(
         return {"status": "ok"}
 
     @app.get("/readyz")
-    async def readyz() -> dict[str, Any]:
-        snap = router.store.snapshot()
-        # Degraded still serves (from the last snapshot), so readiness stays 200 and says so.
-        return {
-            "status": "degraded" if snap.degraded else "ok",
-            "degraded": snap.degraded,
-            "workers": len(snap.workers),
-            "inflight_requests": router.inflight,
-        }
+    async def readyz() -> JSONResponse:
+        # Degraded still serves (200, the states named); no worker for a model is not ready (503).
+        code, body = readiness(router.store.snapshot(), cfg, router.dispatcher.clock(), router.inflight)
+        return JSONResponse(body, status_code=code)
 
     @app.get("/metrics")
     async def metrics() -> Response:

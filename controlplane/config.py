@@ -18,7 +18,9 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import Field, ValidationError, model_validator
+
+from zipkv.controlplane.security_config import GrpcTlsConfig, SecurityConfig, Strict
 
 ENV_PREFIX = "ZIPKV_"
 
@@ -27,23 +29,22 @@ class ConfigError(ValueError):
     """The config is invalid; the message names the key and what to do."""
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+__all__ = ["ConfigError", "GrpcTlsConfig", "RouterConfig", "SecurityConfig", "load_config"]
 
 
-class HttpConfig(_Strict):
+class HttpConfig(Strict):
     host: str = "0.0.0.0"
     port: int = Field(default=8000, ge=0, le=65535)
     max_request_bytes: int = Field(default=1 << 20, gt=0, description="larger bodies get 413")
     max_prompt_messages: int = Field(default=1024, gt=0)
 
 
-class GrpcConfig(_Strict):
+class GrpcConfig(Strict):
     host: str = "0.0.0.0"
     port: int = Field(default=50051, ge=0, le=65535, description="ControlPlane.ReportCapacity listens here")
 
 
-class ModelConfig(_Strict):
+class ModelConfig(Strict):
     name: str = Field(min_length=1)
     tokenizer: str = Field(default="byte", description="`byte` (built-in) or a folder holding tokenizer.json")
     max_context_tokens: int = Field(default=2048, gt=0)
@@ -52,7 +53,7 @@ class ModelConfig(_Strict):
     default_max_tokens: int = Field(default=256, gt=0)
 
 
-class StateConfig(_Strict):
+class StateConfig(Strict):
     backend: Literal["memory", "redis"] = "memory"
     redis_url: str | None = None
     key_prefix: str = "zipkv"
@@ -68,7 +69,7 @@ class StateConfig(_Strict):
         return self
 
 
-class PlacementConfig(_Strict):
+class PlacementConfig(Strict):
     stale_after_ms: int = Field(
         default=1000, gt=0, description="older reports are compared on the coarse signal"
     )
@@ -97,42 +98,25 @@ class PlacementConfig(_Strict):
         return self
 
 
-class SloConfig(_Strict):
+class SloConfig(Strict):
     ttft_ms: float = Field(default=2000.0, gt=0)
     tpot_ms: float = Field(default=100.0, gt=0)
 
 
-class LimitsConfig(_Strict):
+class LimitsConfig(Strict):
     requests_per_s: float = Field(default=0.0, ge=0, description="token-bucket rate per API key (0 = off)")
     burst: int = Field(default=100, gt=0)
     max_inflight_requests: int = Field(default=0, ge=0, description="429 beyond this many (0 = off)")
     retry_after_s: int = Field(default=1, gt=0)
 
 
-class DispatchConfig(_Strict):
+class DispatchConfig(Strict):
     deadline_s: float = Field(default=600.0, gt=0, description="gRPC deadline of one Generate call")
     connect_timeout_s: float = Field(default=2.0, gt=0)
     retries: int = Field(default=1, ge=0, le=3, description="retries elsewhere before any token was sent")
 
 
-class SecurityConfig(_Strict):
-    api_keys: tuple[str, ...] = Field(default=(), description="Bearer keys for the HTTP API (empty = open)")
-    report_token: str = Field(default="", description="shared token workers send with ReportCapacity")
-    allow_unauthenticated_reports: bool = Field(
-        default=False, description="must be true to run with an empty report_token (local development only)"
-    )
-
-    @model_validator(mode="after")
-    def _token(self) -> SecurityConfig:
-        if not self.report_token and not self.allow_unauthenticated_reports:
-            raise ValueError(
-                "security.report_token is empty: set it (env ZIPKV_SECURITY__REPORT_TOKEN) or set "
-                "security.allow_unauthenticated_reports: true for local development"
-            )
-        return self
-
-
-class TelemetryConfig(_Strict):
+class TelemetryConfig(Strict):
     service_name: str = "zipkv-router"
     otlp_endpoint: str | None = Field(
         default=None, description="else the standard OTEL_EXPORTER_OTLP_* variables"
@@ -140,7 +124,7 @@ class TelemetryConfig(_Strict):
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
 
 
-class RouterConfig(_Strict):
+class RouterConfig(Strict):
     http: HttpConfig = HttpConfig()
     grpc: GrpcConfig = GrpcConfig()
     models: tuple[ModelConfig, ...] = Field(min_length=1)
@@ -149,7 +133,9 @@ class RouterConfig(_Strict):
     slo: SloConfig = SloConfig()
     limits: LimitsConfig = LimitsConfig()
     dispatch: DispatchConfig = DispatchConfig()
-    security: SecurityConfig = SecurityConfig(allow_unauthenticated_reports=True)
+    # Secure by default: a config without a `security:` section has no report credential and is refused
+    # below, unless it says `allow_unauthenticated_reports: true` explicitly.
+    security: SecurityConfig = SecurityConfig()
     telemetry: TelemetryConfig = TelemetryConfig()
 
     @model_validator(mode="after")
@@ -158,6 +144,14 @@ class RouterConfig(_Strict):
         dupes = sorted({n for n in names if names.count(n) > 1})
         if dupes:
             raise ValueError(f"models: duplicate names {dupes}")
+        sec = self.security
+        if sec.reports_open() and not sec.allow_unauthenticated_reports:
+            raise ValueError(
+                "security.report_token is empty: anyone reaching the report port could register a worker "
+                "and receive users' prompts. Set it (env ZIPKV_SECURITY__REPORT_TOKEN, e.g. from "
+                "`openssl rand -hex 32`), or security.worker_tokens / security.tls, or set "
+                "security.allow_unauthenticated_reports: true for local development only"
+            )
         return self
 
     def model(self, name: str) -> ModelConfig | None:

@@ -22,6 +22,7 @@ import grpc
 from opentelemetry import trace
 
 from zipkv.controlplane.config import RouterConfig
+from zipkv.controlplane.grpc_auth import bearer_metadata, open_channel
 from zipkv.controlplane.metrics import RouterMetrics
 from zipkv.controlplane.placement import Decision, RequestShape, place
 from zipkv.controlplane.state import Store
@@ -32,6 +33,9 @@ from zipkv.protos import zipkv_pb2_grpc as pb_grpc
 log = logging.getLogger("zipkv.controlplane.dispatch")
 
 RETRYABLE = {grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.UNAVAILABLE}
+# The worker refused the request itself (ids outside its vocabulary, an empty prompt): the client's
+# fault, answered 400 with the worker's own message; another worker would refuse it too.
+CALLER_ERRORS = {grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.OUT_OF_RANGE}
 FINISH_NAMES = {
     pb.FINISH_REASON_STOP: "stop",
     pb.FINISH_REASON_LENGTH: "length",
@@ -155,6 +159,9 @@ class Dispatcher:
         self._tasks: set[asyncio.Future[None]] = set()
         # Candidates kept per decision: the retries plus room for reservations lost to other routers.
         self._top_k = cfg.dispatch.retries + 8
+        sec = cfg.security
+        self._tls = sec.tls.files(sec.tls.worker_server_name) if sec.tls else None
+        self._auth = bearer_metadata(sec.dispatch_token)
 
     def spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         task = asyncio.ensure_future(coro)
@@ -163,7 +170,7 @@ class Dispatcher:
 
     def _stub(self, address: str) -> tuple[grpc.aio.Channel, pb_grpc.WorkerStub]:
         if address not in self._stubs:
-            channel = grpc.aio.insecure_channel(address)
+            channel = open_channel(address, self._tls)
             self._stubs[address] = (channel, pb_grpc.WorkerStub(channel))
         return self._stubs[address]
 
@@ -187,8 +194,22 @@ class Dispatcher:
             self.metrics.stale_reports.inc()
         return decision
 
+    def _too_large(self, shape: RequestShape) -> DispatchError:
+        largest = max(
+            (v.total_tokens for v in self.store.snapshot().workers if v.model == shape.model), default=0
+        )
+        return DispatchError(
+            400,
+            "too_large",
+            f"this request needs {shape.need_tokens} KV tokens (prompt {shape.prompt_tokens} + max_tokens "
+            f"{shape.max_new_tokens}), more than the whole KV budget of any worker of model "
+            f"{shape.model!r} (largest: {largest}); lower max_tokens or shorten the prompt",
+        )
+
     async def start(self, shape: RequestShape, prompt_ids: list[int], sampling: pb.SamplingParams) -> Stream:
         decision = self.decide(shape)
+        if not decision.ranked and set(decision.filtered) == {"too_large"}:
+            raise self._too_large(shape)
         if not decision.ranked:
             why = ", ".join(f"{n} {r}" for r, n in sorted(decision.filtered.items())) or "no worker serves it"
             raise DispatchError(
@@ -216,6 +237,10 @@ class Dispatcher:
                 stream = await self._open(w.worker_id, w.address, req, attempts)
             except grpc.aio.AioRpcError as exc:
                 await self.release(w.worker_id, rid)
+                if exc.code() in CALLER_ERRORS:
+                    raise DispatchError(
+                        400, "worker_invalid_argument", f"the worker refused the request: {exc.details()}"
+                    ) from None
                 if exc.code() not in RETRYABLE:
                     timed_out = exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED
                     raise DispatchError(
@@ -245,7 +270,8 @@ class Dispatcher:
             span.set_attribute("zipkv.dispatch.attempt", attempt)
             channel, stub = self._stub(address)
             await _connect(channel, address, self.cfg.dispatch.connect_timeout_s)
-            call = stub.Generate(req, metadata=trace_metadata(), timeout=self.cfg.dispatch.deadline_s)
+            metadata = [*trace_metadata(), *self._auth]
+            call = stub.Generate(req, metadata=metadata, timeout=self.cfg.dispatch.deadline_s)
             try:
                 first = await call.read()
             except asyncio.CancelledError:
@@ -258,7 +284,7 @@ class Dispatcher:
     async def abort(self, address: str, request_id: str) -> None:
         _, stub = self._stub(address)
         with contextlib.suppress(grpc.aio.AioRpcError, asyncio.TimeoutError):
-            await stub.Abort(pb.AbortRequest(request_id=request_id), timeout=2.0)
+            await stub.Abort(pb.AbortRequest(request_id=request_id), metadata=self._auth, timeout=2.0)
 
     async def release(self, worker_id: str, request_id: str) -> None:
         try:

@@ -58,6 +58,12 @@ class RouterMetrics:
         self.reports = Counter(
             "zipkv_router_reports_total", "capacity reports by outcome", ["outcome"], registry=r
         )
+        self.report_rejections = Counter(
+            "zipkv_router_report_rejections_total",
+            "capacity reports refused at the boundary, by the first bad field",
+            ["field"],
+            registry=r,
+        )
         self.stream_errors = Counter(
             "zipkv_router_stream_errors_total", "streams ended by a worker failure", registry=r
         )

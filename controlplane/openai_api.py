@@ -13,20 +13,62 @@ class StreamOptions(BaseModel):
     include_usage: bool = False
 
 
+INT32_MAX = (1 << 31) - 1
+# Seeds go to the worker as seed + 1 (0 on the wire means "none"); SGLang keeps them as int64.
+SEED_MAX = (1 << 63) - 2
+
+# OpenAI fields this server does not implement, each with the values that mean "not used". A request
+# that sets one to anything else gets 400 naming it, instead of an answer that silently ignored it.
+UNSUPPORTED: dict[str, tuple[object, ...]] = {
+    "logprobs": (None, False, 0),
+    "top_logprobs": (None, 0),
+    "tools": (None, []),
+    "tool_choice": (None, "none", "auto"),
+    "functions": (None, []),
+    "function_call": (None, "none", "auto"),
+    "response_format": (None, {"type": "text"}),
+    "presence_penalty": (None, 0),
+    "frequency_penalty": (None, 0),
+    "repetition_penalty": (None, 1),
+    "logit_bias": (None, {}),
+    "best_of": (None, 1),
+    "suffix": (None, ""),
+    "min_p": (None, 0),
+    "audio": (None,),
+    "prediction": (None,),
+    "modalities": (None, ["text"]),
+}
+
+
+def _same(value: object, unused: object) -> bool:
+    if isinstance(value, bool) or isinstance(unused, bool):  # True == 1: `logprobs: true` is not 1
+        return type(value) is type(unused) and value == unused
+    return value == unused
+
+
+def unsupported_field(data: dict[str, Any]) -> str | None:
+    """The first OpenAI field `data` sets that this server does not implement (None when none)."""
+    for name, unused in UNSUPPORTED.items():
+        if name in data and not any(_same(data[name], u) for u in unused):
+            return name
+    return None
+
+
 class _Sampling(BaseModel):
-    # Unknown fields are ignored (clients send many optional ones); known-unsupported ones are refused.
-    model_config = ConfigDict(extra="ignore")
+    # Unknown fields are ignored (clients send many optional ones); known-unsupported ones are refused
+    # (UNSUPPORTED, checked before this model). NaN and infinity are not numbers a sampler can use.
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
 
     model: str = Field(min_length=1)
-    max_tokens: int | None = Field(default=None, ge=1)
+    max_tokens: int | None = Field(default=None, ge=1, le=INT32_MAX)
     temperature: float = Field(default=1.0, ge=0.0, le=2.0)
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
-    top_k: int = Field(default=0, ge=-1)
+    top_k: int = Field(default=0, ge=-1, le=INT32_MAX, description="0 or -1: off")
     n: int = Field(default=1, ge=1, le=1, description="only n=1 is supported")
     stream: bool = False
     stream_options: StreamOptions | None = None
     stop: str | list[str] | None = None
-    seed: int | None = Field(default=None, ge=0)
+    seed: int | None = Field(default=None, ge=0, le=SEED_MAX)
     ignore_eos: bool = False
     user: str | None = None
 
@@ -89,7 +131,7 @@ class ChatMessage(BaseModel):
 
 class ChatRequest(_Sampling):
     messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: int | None = Field(default=None, ge=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1, le=INT32_MAX)
 
     def requested_max_tokens(self) -> int | None:
         return self.max_completion_tokens or self.max_tokens

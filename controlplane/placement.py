@@ -4,6 +4,7 @@ Filters (a worker is a candidate only if all hold):
     alive     now - received_s <= expire_after_ms (or the view is pinned while the shared state is down)
     model     view.model == request.model, and not draining
     context   prompt_tokens + max_new_tokens <= view.max_context_tokens (when the worker reports one)
+    budget    need_tokens <= total_tokens (else `too_large`: it would never fit, even on an idle worker)
     fits      need_tokens = prompt_tokens + max_new_tokens <= free_tokens - reserved_tokens
 
 Predictions (documented formulas of the reported state; units in the names):
@@ -119,6 +120,8 @@ def _filter(
             reason = "draining"
         elif v.max_context_tokens > 0 and need > v.max_context_tokens:
             reason = "context"
+        elif need > v.total_tokens:
+            reason = "too_large"  # more than the worker's whole KV budget: waiting cannot help
         elif v.free_tokens - v.reserved_tokens < need:
             reason = "headroom"
         else:
@@ -151,7 +154,7 @@ def place(
         )
         ttft_ms, tpot_ms = predict_ms(v, req, cfg, peer_itl_ms)
         slo = min(_clamp((slo_ttft - ttft_ms) / slo_ttft), _clamp((slo_tpot - tpot_ms) / slo_tpot))
-        queue = 1.0 / (1.0 + v.queued_requests)
+        queue = 1.0 / (1.0 + max(v.queued_requests, 0))  # reports are range-checked; this never divides by 0
         score = (w_head * headroom + w_slo * slo + w_queue * queue) / w_sum
         rows.append((-score, v.worker_id, v, headroom, slo, queue, ttft_ms, tpot_ms))
     rows = heapq.nsmallest(top_k, rows) if top_k is not None and top_k < len(rows) else sorted(rows)

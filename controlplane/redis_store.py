@@ -145,15 +145,15 @@ class RedisStore:
 
     async def put_report(self, view: WorkerView) -> str | None:
         local = self._local.put_report_sync(view)
-        if self._degraded:
-            return local
+        if self._degraded or local is not None:
+            return local  # a replay to this router is refused here, whatever Redis holds
         try:
             cur = await self._put_shared(view)
         except ERRORS as exc:
             self._failed(exc)
             return local
-        if cur == "":
-            return None
+        if cur in ("", f"{view.epoch}:{view.sequence}"):
+            return None  # applied, or the same report already applied through another router
         return f"out of order: ({view.epoch}, {view.sequence}) <= ({cur.replace(':', ', ')})"
 
     async def _put_shared(self, view: WorkerView) -> str:
@@ -177,7 +177,8 @@ class RedisStore:
                 pipe.hget(self._w(wid), "data")
                 pipe.hgetall(self._r(wid))
             rows = await pipe.execute() if ids else []
-        views, gone = [], []
+        missing = await self._repopulate(set(ids), now)
+        views, gone = list(missing), []
         for i, wid in enumerate(ids):
             data, res = rows[2 * i], rows[2 * i + 1]
             if data is None:
@@ -189,6 +190,23 @@ class RedisStore:
         if gone:
             await self._redis.srem(f"{self._p}:workers", *gone)
         self._snap = Snapshot(tuple(views), now)
+
+    async def _repopulate(self, present: set[str], now: float) -> list[WorkerView]:
+        """Write back the live reports this router received itself that Redis lacks: a Redis that came
+        back empty (restarted without persistence) is refilled before any placement reads it, so the
+        routers never see "no worker" while their workers are reporting. The report script keeps the
+        newest, so a peer router's fresher copy wins."""
+        back = []
+        for view in self._local.views().values():
+            if view.worker_id in present or view.pinned or now - view.received_s > self._expire_ms / 1000:
+                continue
+            await self._put_shared(view)
+            back.append(dataclasses.replace(view, reserved_tokens=0))
+        if back:
+            log.warning(
+                "redis lacked live workers; wrote back their last reports", extra={"workers": len(back)}
+            )
+        return back
 
     async def run(self) -> None:
         """Refresh the snapshot every refresh_ms; detect outages and recover from them."""

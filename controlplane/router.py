@@ -20,7 +20,13 @@ from zipkv.controlplane import admission as adm
 from zipkv.controlplane.config import ModelConfig, RouterConfig
 from zipkv.controlplane.dispatch import Dispatcher, DispatchError
 from zipkv.controlplane.metrics import RouterMetrics
-from zipkv.controlplane.openai_api import ChatRequest, CompletionRequest, ResponseShape, error_body
+from zipkv.controlplane.openai_api import (
+    ChatRequest,
+    CompletionRequest,
+    ResponseShape,
+    error_body,
+    unsupported_field,
+)
 from zipkv.controlplane.placement import RequestShape
 from zipkv.controlplane.relay import Outcome, Relay, RelayResponse, collect, stream_sse
 from zipkv.controlplane.state import MemoryStore, Store
@@ -48,8 +54,12 @@ class Router:
         self.metrics = RouterMetrics(tuple(m.name for m in cfg.models))
         self.tracer = tracer(provider)
         self.dispatcher = Dispatcher(cfg, store, self.metrics, self.tracer)
+        if cfg.security.tls is not None:
+            cfg.security.tls.check_readable()
         self.tokenizers: dict[str, Tokenizer] = {m.name: load_tokenizer(m.tokenizer) for m in cfg.models}
         self.limiter = adm.RateLimiter(cfg.limits.requests_per_s, cfg.limits.burst)
+        per_min = cfg.security.auth_failures_per_minute
+        self.auth_failures = adm.RateLimiter(per_min / 60.0, max(per_min, 1))  # rate 0: off
         self.inflight = 0
         self.report_port = 0
 
@@ -57,8 +67,28 @@ class Router:
         self.inflight -= 1
         self.metrics.inflight.set(self.inflight)
 
+    def check_key(self, request: Request) -> str:
+        """The caller's API key (see admission.check_api_key), with failed attempts limited per client
+        address: past `security.auth_failures_per_minute` the address gets 429 before any key check."""
+        client = request.client.host if request.client else ""
+        if not self.auth_failures.has_tokens(client):
+            self.metrics.rejections.labels("auth_failures").inc()
+            raise adm.HttpError(
+                429,
+                "too many failed API-key attempts from this address; wait a minute and check the key",
+                "rate_limit_error",
+                "auth_failures",
+                retry_after_s=60,
+            )
+        try:
+            return adm.check_api_key(request, self.cfg)
+        except adm.HttpError:
+            self.auth_failures.allow(client)  # spends one of the address's attempts
+            self.metrics.rejections.labels("unauthenticated").inc()
+            raise
+
     def _admit(self, request: Request) -> None:
-        key = adm.check_api_key(request, self.cfg)
+        key = self.check_key(request)
         lim = self.cfg.limits
         if not self.limiter.allow(key or (request.client.host if request.client else "")):
             self.metrics.rejections.labels("rate_limited").inc()
@@ -161,6 +191,11 @@ class Router:
 
     async def _serve(self, request: Request, kind: str, t_in: float, owner: list[Relay]) -> Response:
         data = await adm.read_json(request, self.cfg.http.max_request_bytes)
+        field = unsupported_field(data) if isinstance(data, dict) else None
+        if field is not None:
+            raise adm.bad_request(
+                f"{field} is not supported by this server; remove it from the request", field, "unsupported"
+            )
         req = adm.parse_model(ChatRequest if kind == "chat" else CompletionRequest, data)
         model = self._model(req.model)
         tok = self.tokenizers[model.name]
@@ -174,7 +209,7 @@ class Router:
             max_new_tokens=shape.max_new_tokens,
             stop_token_ids=stops,
             ignore_eos=req.ignore_eos,
-            seed=req.seed or 0,
+            seed=0 if req.seed is None else req.seed + 1,  # 0 on the wire: no seed
         )
         op = "chat" if kind == "chat" else "text_completion"
         span = self.tracer.start_span(

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 import grpc
 
+from zipkv.controlplane.grpc_auth import TlsFiles, add_port
 from zipkv.protos import zipkv_pb2 as pb
 from zipkv.protos import zipkv_pb2_grpc as pb_grpc
 
@@ -65,10 +66,11 @@ class ScriptedWorker(pb_grpc.WorkerServicer):
         self.sequence = 0
         self.epoch = int(time.time())
 
-    async def start(self, port: int = 0) -> str:
+    async def start(self, port: int = 0, tls: TlsFiles | None = None) -> str:
+        """Serve on loopback (plaintext, or mutual TLS with `tls`); returns the address."""
         self._server = grpc.aio.server()
         pb_grpc.add_WorkerServicer_to_server(self, self._server)
-        bound = self._server.add_insecure_port(f"127.0.0.1:{port}")
+        bound = add_port(self._server, f"127.0.0.1:{port}", tls)
         await self._server.start()
         self.address = f"127.0.0.1:{bound}"
         return self.address
@@ -186,8 +188,9 @@ async def _run_cli(args: argparse.Namespace) -> None:
     )
     address = await worker.start(args.port)
     print(address, flush=True)
-    if args.router:
-        await report_forever(worker, args.router, args.token, args.report_period_s)
+    routers = [a for a in args.router.split(",") if a]
+    if routers:  # the same reports to every router, as a real worker does
+        await asyncio.gather(*(report_forever(worker, r, args.token, args.report_period_s) for r in routers))
     else:
         await asyncio.Event().wait()
 
@@ -196,7 +199,7 @@ def main(argv: list[str] | None = None) -> None:
     """`python -m zipkv.controlplane.scripted_worker --router HOST:PORT`: a scripted stand-in worker
     process (benchmarks, local experiments). Prints its address, then serves and reports."""
     parser = argparse.ArgumentParser(prog="python -m zipkv.controlplane.scripted_worker")
-    parser.add_argument("--router", default="", help="ControlPlane address to report to")
+    parser.add_argument("--router", default="", help="ControlPlane address(es) to report to, comma-separated")
     parser.add_argument("--token", default="", help="report token")
     parser.add_argument("--model", default="zipkv-tiny")
     parser.add_argument("--port", type=int, default=0)

@@ -13,13 +13,12 @@ after the worker admitted the request (a report is not delayed past a token on t
 clock noise), so it already accounts for it. Double counting is conservative; never counting would
 over-commit.
 
-Reports are accepted only in order: (epoch, sequence) must grow per worker_id, and a report built more
-than `stale_after_ms` before it arrived (worker clock vs router clock) is late and ignored.
+Reports are accepted only in order: (epoch, sequence) must grow per worker_id; every field was range-checked
+before (report_checks.py), including lateness and timestamps from the future.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, replace
 from typing import Protocol
 
@@ -81,19 +80,6 @@ def view_from_report(report: pb.CapacityReport, received_s: float) -> WorkerView
         max_context_tokens=report.max_context_tokens,
         kv_bytes_per_token=report.kv_bytes_per_token,
     )
-
-
-def check_report(report: pb.CapacityReport, received_s: float, stale_after_ms: int) -> str | None:
-    """Why a report is malformed or late (None when it may be applied)."""
-    if not report.worker_id or not report.address or not report.model:
-        return "worker_id, address and model are required"
-    if report.total_tokens < 0 or report.free_tokens < 0 or report.committed_tokens < 0:
-        return "token counts must be >= 0"
-    if not (0.0 <= report.compression_ratio <= 1.0) or math.isnan(report.compression_ratio):
-        return "compression_ratio must be in [0, 1]"
-    if (received_s - report.timestamp_s) * 1000.0 > stale_after_ms:
-        return f"late: built {received_s - report.timestamp_s:.3f} s before it arrived"
-    return None
 
 
 def out_of_order(prev: WorkerView | None, new: WorkerView) -> bool:

@@ -62,10 +62,11 @@ def _up(args: argparse.Namespace) -> int:
         flush=True,
     )
     while not stop.wait(0.5):
-        for k, proc in enumerate(stack.routers):
-            if proc.poll() is not None:
-                print(f"zipkv up: router {k} exited (code {proc.returncode}); stopping", file=sys.stderr)
-                stop.set()
+        try:
+            stack.supervise_routers()  # a lost router is restarted while the others keep serving
+        except RuntimeError as exc:
+            print(f"zipkv up: {exc}; stopping", file=sys.stderr)
+            stop.set()
     print("\nstopping (draining workers; a second Ctrl-C is ignored until done)", flush=True)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     stack.stop()

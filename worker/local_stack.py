@@ -28,6 +28,7 @@ from .ray_head import start_local_ray
 from .status_tap import StatusTap
 
 APP_NAME = "zipkv"
+MAX_RESTARTS_PER_MIN = 5
 STATE_DIR = Path(os.environ.get("ZIPKV_STATE_DIR", Path(tempfile.gettempdir()) / "zipkv"))
 
 
@@ -85,6 +86,7 @@ class LocalStack:
         self.options = options
         self.progress = progress
         self.report_token = secrets.token_hex(16)
+        self.dispatch_token = secrets.token_hex(16)  # router -> worker (Generate, Abort)
         self.model_name = options.model_name or (
             Path(options.model_path).name if options.model_path else "zipkv-tiny"
         )
@@ -93,6 +95,7 @@ class LocalStack:
         self.tap: StatusTap | None = None
         self.workdir = Path(tempfile.mkdtemp(prefix="zipkv-up-"))
         self._ray_started = False
+        self._restarts: dict[int, list[float]] = {}
         self._t0 = time.monotonic()
 
     @property
@@ -110,7 +113,10 @@ class LocalStack:
         for k in range(self.options.routers):
             self._start_router(k)
         self._wait_routers(timeout_s=60.0)
-        self._start_workers([f"127.0.0.1:{self.grpc_ports[0]}", tap_address])
+        self._write_pids()
+        # Every worker reports to every router: with one router gone the others still hear each worker,
+        # and a restarted router (same ports) hears them again at the next report.
+        self._start_workers([*(f"127.0.0.1:{p}" for p in self.grpc_ports), tap_address])
         self._wait_ready(timeout_s=ready_timeout_s)
 
     def _router_config(self, k: int) -> Path:
@@ -121,7 +127,7 @@ class LocalStack:
             "http": {"host": "127.0.0.1", "port": o.port + k},
             "grpc": {"host": "127.0.0.1", "port": self.grpc_ports[k]},
             "models": [model],
-            "security": {"report_token": self.report_token},
+            "security": {"report_token": self.report_token, "dispatch_token": self.dispatch_token},
         }
         if o.redis_url:
             config["state"] = {"backend": "redis", "redis_url": o.redis_url}
@@ -129,11 +135,42 @@ class LocalStack:
         path.write_text(json.dumps(config, indent=2))  # JSON is YAML
         return path
 
+    def supervise_routers(self) -> list[int]:
+        """Restart every router process that exited (same config and ports, so workers and clients find
+        it again); returns the restarted indices. At most `MAX_RESTARTS_PER_MIN` per router per minute:
+        past that it is crash-looping, and RuntimeError says so (with its log)."""
+        restarted = []
+        now = time.monotonic()
+        for k, proc in enumerate(self.routers):
+            if proc.poll() is None:
+                continue
+            recent = [t for t in self._restarts.get(k, []) if now - t < 60.0]
+            if len(recent) >= MAX_RESTARTS_PER_MIN:
+                raise RuntimeError(
+                    f"router {k} exited {len(recent) + 1} times within a minute "
+                    f"(last code {proc.returncode}); giving up:\n{self.router_log(k)[-3000:]}"
+                )
+            self._say(f"router {k} exited (code {proc.returncode}); restarting it, the others keep serving")
+            self._restarts[k] = [*recent, now]
+            self.routers[k] = self._spawn_router(k)
+            restarted.append(k)
+        if restarted:
+            self._write_pids()
+        return restarted
+
+    def _write_pids(self) -> None:
+        """Router process ids, for fault drills (scripts/fault_suite.sh kills one by its id)."""
+        pids = {"routers": [p.pid for p in self.routers], "base_urls": self.base_urls}
+        (STATE_DIR / f"pids-{self.options.port}.json").write_text(json.dumps(pids))
+
     def _start_router(self, k: int) -> None:
+        self.routers.append(self._spawn_router(k))
+
+    def _spawn_router(self, k: int) -> subprocess.Popen[bytes]:
         path = self._router_config(k)
         self._say(f"starting router {k + 1}/{self.options.routers} on {self.base_urls[k]} (config {path})")
         env = {**os.environ, **self.options.router_env}
-        log = open(self.workdir / f"router-{k}.log", "wb")  # noqa: SIM115 (lives as long as the process)
+        log = open(self.workdir / f"router-{k}.log", "ab")  # noqa: SIM115 (lives as long as the process)
         proc = subprocess.Popen(
             [sys.executable, "-m", "zipkv.controlplane", "--config", str(path)],
             stdout=log,
@@ -142,7 +179,7 @@ class LocalStack:
             start_new_session=True,  # Ctrl-C reaches us once; we stop the router ourselves
             preexec_fn=_die_with_parent,
         )
-        self.routers.append(proc)
+        return proc
 
     def router_log(self, k: int = 0) -> str:
         path = self.workdir / f"router-{k}.log"
@@ -188,7 +225,12 @@ class LocalStack:
         """A local Ray head for the replicas (report token in their environment); `init_kwargs` go to
         `ray.init` (worker/ray_head.py: a patient start, and the GCS log when it fails)."""
         os.environ["ZIPKV_REPORT_TOKEN"] = self.report_token  # inherited by the replicas
-        replica_env = {"ZIPKV_REPORT_TOKEN": self.report_token, "OMP_NUM_THREADS": "1"}
+        os.environ["ZIPKV_DISPATCH_TOKEN"] = self.dispatch_token
+        replica_env = {
+            "ZIPKV_REPORT_TOKEN": self.report_token,
+            "ZIPKV_DISPATCH_TOKEN": self.dispatch_token,
+            "OMP_NUM_THREADS": "1",
+        }
         start_local_ray(self.options.ray_num_cpus, replica_env, self._say, **init_kwargs)
         self._ray_started = True
 

@@ -17,6 +17,7 @@ from collections.abc import Callable
 
 import grpc
 
+from zipkv.controlplane.grpc_auth import TlsFiles, open_channel
 from zipkv.protos import zipkv_pb2 as pb
 from zipkv.protos import zipkv_pb2_grpc as pb_grpc
 
@@ -36,6 +37,8 @@ class CapacityReporter:
         capacity: Callable[[], EngineCapacity],
         draining: Callable[[], bool],
         interval_ms: int = 200,
+        tls: TlsFiles | None = None,
+        epoch: int | None = None,
     ) -> None:
         if not 50 <= interval_ms <= 1000:
             raise ValueError(f"report interval_ms must be within 50..1000, got {interval_ms}")
@@ -47,12 +50,14 @@ class CapacityReporter:
         self._draining = draining
         self._interval_s = interval_ms / 1000.0
         self._metadata = (("authorization", f"Bearer {token}"),) if token else ()
-        self.epoch = time.time_ns()
+        # One epoch per worker process, shared by its reporters: routers sharing Redis then see the
+        # same (epoch, sequence) from each reporter as one report, not as out of order.
+        self.epoch = epoch if epoch is not None else time.time_ns()
         self.sequence = 0
         self.sent = 0
         self.accepted = 0
         self._failing = False
-        self._channel = grpc.aio.insecure_channel(router_address)
+        self._channel = open_channel(router_address, tls)
         self._stub = pb_grpc.ControlPlaneStub(self._channel)
         self._task: asyncio.Task[None] | None = None
 

@@ -18,6 +18,7 @@ from typing import Any
 
 import grpc
 
+from zipkv.controlplane.grpc_auth import add_port, warn_plaintext
 from zipkv.protos import zipkv_pb2_grpc as pb_grpc
 
 from .engine import Engine
@@ -38,7 +39,14 @@ class WorkerRuntime:
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="zipkv-worker-io", daemon=True)
         self.engine_loop = EngineLoop(engine, self._loop)
-        self.service = WorkerService(self.engine_loop, self.worker_id, engine.model_name)
+        tls = settings.tls_files()
+        self.service = WorkerService(
+            self.engine_loop,
+            self.worker_id,
+            engine.model_name,
+            dispatch_token=settings.dispatch_token,
+            router_identity=tls.peer_name if tls else None,
+        )
         self.reporters: list[CapacityReporter] = []
         self._server: grpc.aio.Server | None = None
         self.stopped = False
@@ -59,9 +67,15 @@ class WorkerRuntime:
         return self.address
 
     async def _start_server(self) -> None:
+        self.settings.check_serving_credentials()
+        tls = self.settings.tls_files()
         server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
         pb_grpc.add_WorkerServicer_to_server(self.service, server)
-        port = server.add_insecure_port(f"{self.settings.bind_host}:{self.settings.port}")
+        where = f"{self.settings.bind_host}:{self.settings.port}"
+        if tls is None:
+            auth = "dispatch token" if self.settings.dispatch_token else "NO credentials (loopback only)"
+            warn_plaintext(f"worker {self.worker_id} on {where}, Generate checked by {auth}")
+        port = add_port(server, where, tls)
         if port == 0:
             raise RuntimeError(
                 f"could not listen on {self.settings.bind_host}:{self.settings.port}: is it in use?"
@@ -69,6 +83,7 @@ class WorkerRuntime:
         await server.start()
         self._server = server
         self.address = f"{self.settings.advertise_host or self.settings.bind_host}:{port}"
+        epoch = time.time_ns()
         for router in self.settings.report_addresses():
             reporter = CapacityReporter(
                 router,
@@ -79,6 +94,8 @@ class WorkerRuntime:
                 capacity=self.engine_loop.capacity,
                 draining=lambda: self.service.draining,
                 interval_ms=self.settings.report_interval_ms,
+                tls=tls,
+                epoch=epoch,
             )
             await reporter.report_once()
             reporter.start()

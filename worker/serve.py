@@ -9,7 +9,9 @@ Import path for `serve run` / KubeRay: ``zipkv.worker.serve:app_builder`` with s
     serve run zipkv.worker.serve:app_builder engine=reference model=/models/llama router=router:50051 \
         num_replicas=2 gpus_per_replica=1
 
-The report token comes from the environment variable ZIPKV_REPORT_TOKEN (never an argument).
+Credentials come from the replica's environment, never from arguments: ZIPKV_REPORT_TOKEN,
+ZIPKV_DISPATCH_TOKEN (the router's security.dispatch_token), ZIPKV_WORKER_IDENTITY, and for mutual TLS
+ZIPKV_TLS_CERT, ZIPKV_TLS_KEY, ZIPKV_TLS_CA (ZIPKV_TLS_ROUTER_NAME: the router certificate's name).
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from typing import Any
 from ray import serve
 
 from .runtime import WorkerRuntime
-from .settings import WorkerSettings, build_engine
+from .settings import CREDENTIAL_ENV, WorkerSettings, build_engine
 
 log = logging.getLogger("zipkv.worker")
 DEPLOYMENT_NAME = "zipkv-worker"
@@ -40,12 +42,13 @@ class WorkerDeployment:
         import ray
 
         ctx = serve.get_replica_context()
-        worker_id = f"{ctx.deployment}-{ctx.replica_tag}"
         if not settings.get("advertise_host") and settings.get("bind_host") in (None, "0.0.0.0"):
             settings = {**settings, "advertise_host": ray.util.get_node_ip_address()}
-        if not settings.get("report_token"):
-            settings = {**settings, "report_token": WorkerSettings.report_token_from_env()}
+        settings = {**settings, **WorkerSettings.credentials_from_env()}
         self.settings = WorkerSettings(**settings)
+        # Under a per-worker token or certificate the router accepts only ids `<identity>/<replica>`.
+        identity = self.settings.worker_identity
+        worker_id = f"{identity}/{ctx.replica_tag}" if identity else f"{ctx.deployment}-{ctx.replica_tag}"
         engine = build_engine(self.settings)
         self.runtime = WorkerRuntime(engine, self.settings, worker_id=worker_id)
         self.runtime.start()
@@ -123,7 +126,8 @@ def app_builder(args: dict[str, Any]) -> serve.Application:
     """The Ray Serve application (`serve run zipkv.worker.serve:app_builder key=value ...`)."""
     settings, replicas, gpus, cpus = settings_from_args(args)
     fields = dataclasses.asdict(settings)
-    fields["report_token"] = ""  # read from ZIPKV_REPORT_TOKEN inside the replica, never shipped as an arg
+    for key in CREDENTIAL_ENV:  # read from the environment inside the replica, never shipped as an arg
+        fields[key] = WorkerSettings.__dataclass_fields__[key].default
     return WorkerDeployment.options(  # type: ignore[attr-defined]
         num_replicas=replicas,
         ray_actor_options={"num_cpus": cpus, "num_gpus": gpus},

@@ -7,6 +7,7 @@ from collections.abc import AsyncIterator
 
 import grpc
 
+from zipkv.controlplane.grpc_auth import bearer_token, peer_identity, tokens_equal
 from zipkv.protos import zipkv_pb2 as pb
 from zipkv.protos import zipkv_pb2_grpc as pb_grpc
 
@@ -41,15 +42,35 @@ def to_engine_request(msg: pb.GenerateRequest, default_max_new_tokens: int = 16)
 
 
 class WorkerService(pb_grpc.WorkerServicer):
-    def __init__(self, engine_loop: EngineLoop, worker_id: str, model: str) -> None:
+    def __init__(
+        self,
+        engine_loop: EngineLoop,
+        worker_id: str,
+        model: str,
+        dispatch_token: str = "",
+        router_identity: str | None = None,
+    ) -> None:
         self.loop = engine_loop
         self.worker_id = worker_id
         self.model = model
         self.draining = False
+        self._token = dispatch_token
+        self._router_identity = router_identity  # under mutual TLS: the CN the caller must hold
+
+    async def _authenticate(self, context: grpc.aio.ServicerContext) -> None:
+        """Generate and Abort come from the router only: its dispatch token and/or its certificate."""
+        if self._token and not tokens_equal(bearer_token(context.invocation_metadata()), self._token):
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED, "dispatch token missing or wrong")
+        if self._router_identity is not None and peer_identity(context) != self._router_identity:
+            await context.abort(
+                grpc.StatusCode.PERMISSION_DENIED,
+                f"only the router's certificate ({self._router_identity!r}) may call this worker",
+            )
 
     async def Generate(
         self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.GenerateResponse]:
+        await self._authenticate(context)
         if self.draining:
             await context.abort(
                 grpc.StatusCode.UNAVAILABLE, f"worker {self.worker_id} is draining: retry elsewhere"
@@ -95,6 +116,7 @@ class WorkerService(pb_grpc.WorkerServicer):
                 log.info("generate cancelled request_id=%s", request.request_id)
 
     async def Abort(self, request: pb.AbortRequest, context: grpc.aio.ServicerContext) -> pb.AbortResponse:
+        await self._authenticate(context)
         found = self.loop.has_stream(request.request_id)
         if found:
             self.loop.abort(request.request_id, "aborted by the router")

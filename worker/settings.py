@@ -7,10 +7,23 @@ import os
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from zipkv.controlplane.grpc_auth import TlsFiles
+
 from .engine import Engine
 
 EngineKind = Literal["reference", "sglang"]
 REPORT_TOKEN_ENV = "ZIPKV_REPORT_TOKEN"
+# Secrets and certificate paths come from the environment inside the replica, never as Serve arguments.
+CREDENTIAL_ENV = {
+    "report_token": REPORT_TOKEN_ENV,
+    "dispatch_token": "ZIPKV_DISPATCH_TOKEN",
+    "worker_identity": "ZIPKV_WORKER_IDENTITY",
+    "tls_cert_file": "ZIPKV_TLS_CERT",
+    "tls_key_file": "ZIPKV_TLS_KEY",
+    "tls_ca_file": "ZIPKV_TLS_CA",
+    "tls_router_name": "ZIPKV_TLS_ROUTER_NAME",
+}
+LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
 
 
 @dataclass(frozen=True)
@@ -26,6 +39,18 @@ class WorkerSettings:
     # (e.g. the router and `zipkv up`'s status tap); None = no reports.
     router_address: str | None = None
     report_token: str = ""
+    # Bearer token the router must send with Generate/Abort. Without it (and without TLS) the worker
+    # serves only on loopback: anything that reaches it could otherwise bypass the router's API keys.
+    dispatch_token: str = ""
+    # Reports name worker ids `<worker_identity>/<replica>`: the router binds them to a per-worker token
+    # or to this worker's certificate common name.
+    worker_identity: str = ""
+    # Mutual TLS on both gRPC hops (all three files or none): this worker's certificate and key, and the
+    # CA that signed the router's. `tls_router_name`: the name the router's certificate holds.
+    tls_cert_file: str = ""
+    tls_key_file: str = ""
+    tls_ca_file: str = ""
+    tls_router_name: str = "zipkv-router"
     report_interval_ms: int = 200
     bind_host: str = "127.0.0.1"
     advertise_host: str | None = None  # what the router dials; default bind_host
@@ -44,6 +69,9 @@ class WorkerSettings:
         if not 0 <= self.port <= 65535:
             raise ValueError(f"port must be within 0..65535, got {self.port}")
         self.sglang_kwargs()  # validates
+        tls = (self.tls_cert_file, self.tls_key_file, self.tls_ca_file)
+        if any(tls) and not all(tls):
+            raise ValueError("TLS needs all of ZIPKV_TLS_CERT, ZIPKV_TLS_KEY and ZIPKV_TLS_CA (or none)")
         # The model path is checked where the model loads (the replica's machine), not here.
 
     def sglang_kwargs(self) -> dict[str, Any]:
@@ -68,6 +96,27 @@ class WorkerSettings:
     @staticmethod
     def report_token_from_env() -> str:
         return os.environ.get(REPORT_TOKEN_ENV, "")
+
+    @staticmethod
+    def credentials_from_env() -> dict[str, str]:
+        """The credential settings this process's environment sets (CREDENTIAL_ENV)."""
+        return {key: os.environ[env] for key, env in CREDENTIAL_ENV.items() if os.environ.get(env)}
+
+    def tls_files(self) -> TlsFiles | None:
+        if not self.tls_cert_file:
+            return None
+        return TlsFiles(self.tls_cert_file, self.tls_key_file, self.tls_ca_file, self.tls_router_name)
+
+    def check_serving_credentials(self) -> None:
+        """Refuse to serve Generate unauthenticated beyond loopback (call before binding)."""
+        if self.dispatch_token or self.tls_cert_file or self.bind_host in LOOPBACK_HOSTS:
+            return
+        raise ValueError(
+            f"refusing to serve Worker.Generate on {self.bind_host} without credentials: anything that "
+            "reaches it could bypass the router's API keys. Set ZIPKV_DISPATCH_TOKEN (the router's "
+            "security.dispatch_token) and/or mutual TLS (ZIPKV_TLS_CERT, ZIPKV_TLS_KEY, ZIPKV_TLS_CA), "
+            "or bind 127.0.0.1"
+        )
 
 
 def resolve_device(device: str) -> str:

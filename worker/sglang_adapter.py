@@ -21,7 +21,14 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from .engine import EngineCapacity, EngineEvent, EngineRequest, FinishReason, RequestRejected
+from .engine import (
+    EngineCapacity,
+    EngineEvent,
+    EngineRequest,
+    FinishReason,
+    RequestRejected,
+    SamplingOptions,
+)
 from .owner_thread import OwnerThread
 from .settings import WorkerSettings
 
@@ -101,6 +108,20 @@ def kv_bytes_per_token(model_path: str) -> int:
     heads = cfg["num_attention_heads"]
     head_dim = cfg.get("head_dim") or cfg["hidden_size"] // heads
     return 2 * cfg.get("num_key_value_heads", heads) * head_dim * 2 * cfg["num_hidden_layers"]
+
+
+def sglang_sampling_params(s: SamplingOptions) -> dict[str, Any]:
+    """SGLang's `sampling_params` for one request. A seed goes in as `sampling_seed`; SGLang samples
+    from it only with `enable_deterministic_inference` (pass it in `sglang_args`), else it is ignored."""
+    return {
+        "max_new_tokens": s.max_new_tokens,
+        "temperature": s.temperature,
+        "top_p": s.top_p,
+        "top_k": s.top_k or -1,
+        "ignore_eos": s.ignore_eos,
+        "stop_token_ids": list(s.stop_token_ids) or None,
+        "sampling_seed": s.seed or None,  # 0: no seed
+    }
 
 
 class SGLangEngine:
@@ -213,15 +234,7 @@ class SGLangEngine:
 
     async def _consume(self, run: _Running) -> None:
         req, rid = run.request, run.request.request_id
-        s = req.sampling
-        params = {
-            "max_new_tokens": s.max_new_tokens,
-            "temperature": s.temperature,
-            "top_p": s.top_p,
-            "top_k": s.top_k or -1,
-            "ignore_eos": s.ignore_eos,
-            "stop_token_ids": list(s.stop_token_ids) or None,
-        }
+        params = sglang_sampling_params(req.sampling)
         try:
             stream = await self._eng.async_generate(
                 input_ids=list(req.prompt_token_ids), sampling_params=params, stream=True, rid=rid

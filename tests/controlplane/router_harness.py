@@ -10,7 +10,7 @@ from collections.abc import Coroutine, Iterator
 from typing import Any, TypeVar
 
 from zipkv.controlplane.config import RouterConfig
-from zipkv.controlplane.scripted_worker import Script, ScriptedWorker, send_report
+from zipkv.controlplane.scripted_worker import Script, ScriptedWorker, report_forever, send_report
 from zipkv.controlplane.server import RunningRouter, running_router
 from zipkv.protos import zipkv_pb2 as pb
 
@@ -59,6 +59,13 @@ class Stack:
         self.router: RunningRouter = loop.run(self._cm.__aenter__())
         self.url = self.router.http_url
         self.workers: list[ScriptedWorker] = []
+        self._reporting: list[Any] = []
+
+    def keep_reporting(self, worker: ScriptedWorker, period_s: float = 0.2) -> None:
+        """Report `worker` every period_s until close, like a real worker: a module-scoped stack then
+        keeps its worker placeable however long the module's tests take (reports expire after 5 s)."""
+        coro = report_forever(worker, self.router.report_address, TOKEN, period_s)
+        self._reporting.append(asyncio.run_coroutine_threadsafe(coro, self.loop.loop))
 
     def add_worker(self, script: Script | None = None, report: bool = True, **kw: Any) -> ScriptedWorker:
         worker = ScriptedWorker(script=script, **kw)
@@ -76,6 +83,8 @@ class Stack:
         return self.loop.run(send_report(self.router.report_address, report, token))
 
     def close(self) -> None:
+        for task in self._reporting:
+            task.cancel()
         with contextlib.suppress(Exception):
             self.loop.run(self._cm.__aexit__(None, None, None))
         for w in self.workers:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -19,10 +20,40 @@ def _write(tmp_path: Path, text: str) -> str:
     return str(path)
 
 
-def test_example_config_loads() -> None:
-    cfg = load_config(str(EXAMPLE), {})
+GOOD_TOKEN = "0123456789abcdef0123456789abcdef"
+TOKEN_ENV = {"ZIPKV_SECURITY__REPORT_TOKEN": GOOD_TOKEN}
+
+
+def test_example_config_loads_with_a_token_from_the_environment() -> None:
+    cfg = load_config(str(EXAMPLE), TOKEN_ENV)
     assert cfg.models[0].name == "zipkv-tiny"
-    assert cfg.security.report_token == "change-me"
+    assert cfg.security.report_token == GOOD_TOKEN
+    with pytest.raises(ConfigError, match="report_token is empty"):
+        load_config(str(EXAMPLE), {})  # the example holds no secret: it must be given
+
+
+def test_no_security_section_refuses_unauthenticated_reports(tmp_path: Path) -> None:
+    # Without a `security:` section the router used to accept anyone's reports (and send prompts to
+    # whatever address they named). Now it refuses to start unless the operator opts out explicitly.
+    with pytest.raises(ConfigError, match="report_token is empty"):
+        load_config(_write(tmp_path, "models: [{name: m}]\n"), {})
+    cfg = load_config(
+        _write(tmp_path, "models: [{name: m}]\nsecurity: {allow_unauthenticated_reports: true}\n"), {}
+    )
+    assert cfg.security.reports_open() and cfg.security.allow_unauthenticated_reports
+
+
+@pytest.mark.parametrize("token", ["change-me", "CHANGE-ME", "secret", "password", "short-token"])
+def test_placeholder_and_short_report_tokens_are_refused(tmp_path: Path, token: str) -> None:
+    with pytest.raises(ConfigError, match="report_token"):
+        load_config(_write(tmp_path, "models: [{name: m}]\n"), {"ZIPKV_SECURITY__REPORT_TOKEN": token})
+
+
+@pytest.mark.parametrize("keys", ["[change-me]", "['']", "['k\u00e9y-0123456789abcdef']"])
+def test_placeholder_or_non_ascii_api_keys_are_refused(tmp_path: Path, keys: str) -> None:
+    env = {**TOKEN_ENV, "ZIPKV_SECURITY__API_KEYS": keys}
+    with pytest.raises(ConfigError, match="api_keys"):
+        load_config(_write(tmp_path, "models: [{name: m}]\n"), env)
 
 
 def test_env_overrides_nested_keys(tmp_path: Path) -> None:
@@ -33,7 +64,7 @@ def test_env_overrides_nested_keys(tmp_path: Path) -> None:
         "ZIPKV_SECURITY__API_KEYS": "[k1, k2]",
         "UNRELATED": "x",
     }
-    cfg = load_config(str(EXAMPLE), env)
+    cfg = load_config(str(EXAMPLE), {**env, **TOKEN_ENV})
     assert cfg.http.port == 9123
     assert cfg.state.backend == "redis"
     assert cfg.security.api_keys == ("k1", "k2")
@@ -71,6 +102,7 @@ def test_check_command_exit_codes(tmp_path: Path) -> None:
         capture_output=True,
         text=True,
         check=False,
+        env={**os.environ, **TOKEN_ENV},
     )
     assert ok.returncode == 0, ok.stderr
     bad = subprocess.run(
@@ -84,7 +116,8 @@ def test_check_command_exit_codes(tmp_path: Path) -> None:
 
 
 def test_router_start_up_fails_loudly_on_a_bad_tokenizer(tmp_path: Path) -> None:
-    cfg = _write(tmp_path, "models: [{name: m, tokenizer: /nonexistent/tok}]\nsecurity: {report_token: x}\n")
+    text = "models: [{name: m, tokenizer: /nonexistent/tok}]\nsecurity: {report_token: 0123456789abcdef}\n"
+    cfg = _write(tmp_path, text)
     out = subprocess.run(
         [sys.executable, "-m", "zipkv.controlplane", "--config", cfg],
         capture_output=True,

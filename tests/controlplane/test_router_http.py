@@ -18,7 +18,7 @@ from zipkv.controlplane.scripted_worker import Script
 @pytest.fixture(scope="module")
 def s() -> Iterator[Stack]:
     with stack(http={"max_request_bytes": 65536}) as st:
-        st.add_worker(total_tokens=10_000_000)
+        st.keep_reporting(st.add_worker(total_tokens=10_000_000))
         yield st
 
 
@@ -215,7 +215,8 @@ def test_503_with_retry_after_when_no_worker_fits() -> None:
     with stack() as st:
         r = _post(st, {"model": MODEL, "prompt": "x"})
         assert r.status_code == 503 and r.headers["retry-after"] == "1"
-        st.add_worker(total_tokens=100)
+        w = st.add_worker(total_tokens=1000)
+        assert st.report(w, free_tokens=100).accepted  # busy: 100 of its 1000 tokens free
         r = _post(st, {"model": MODEL, "prompt": "x", "max_tokens": 200})  # needs 202 > 100 free
         assert r.status_code == 503 and "1 headroom" in r.json()["error"]["message"]
         assert _post(st, {"model": MODEL, "prompt": "x", "max_tokens": 20}).status_code == 200

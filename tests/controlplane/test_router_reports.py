@@ -52,8 +52,8 @@ def test_out_of_order_and_late_reports_are_ignored() -> None:
 @pytest.mark.parametrize(
     ("overrides", "needle"),
     [
-        ({"worker_id": ""}, "required"),
-        ({"free_tokens": -1}, ">= 0"),
+        ({"worker_id": ""}, "worker_id"),
+        ({"free_tokens": -1}, "free_tokens"),
         ({"compression_ratio": 1.5}, "compression_ratio"),
     ],
 )
@@ -133,3 +133,31 @@ def test_scripted_worker_health_over_grpc() -> None:
         assert h.serving and h.worker_id == w.worker_id
 
     asyncio.run(scenario())
+
+
+WORKER_A_TOKEN = "token-of-worker-a-0123456789"
+
+
+def test_a_per_worker_token_reports_only_its_own_worker_ids() -> None:
+    # The shared token lets any holder speak for any worker_id; a per-worker token is bound to one
+    # identity: it may report `a` and `a/<replica>`, never another worker's id.
+    with stack(security={"worker_tokens": {"a": WORKER_A_TOKEN}}) as s:
+        mine = s.add_worker(report=False, worker_id="a/replica-1")
+        other = s.add_worker(report=False, worker_id="b/replica-1")
+        assert s.report(mine, token=WORKER_A_TOKEN).accepted
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            s.report(other, token=WORKER_A_TOKEN)
+        assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED
+        with pytest.raises(grpc.aio.AioRpcError):
+            s.report(s.add_worker(report=False, worker_id="ab"), token=WORKER_A_TOKEN)  # not under "a/"
+        assert [v.worker_id for v in s.router.router.store.snapshot().workers] == ["a/replica-1"]
+        assert 'zipkv_router_reports_total{outcome="forbidden"} 2.0' in httpx.get(s.url + "/metrics").text
+
+
+def test_a_replayed_report_is_refused() -> None:
+    with stack() as s:
+        w = s.add_worker(report=False)
+        report = w.report(free_tokens=100)
+        assert s.send(report).accepted
+        again = s.send(report)  # captured and sent again, e.g. to pin stale headroom
+        assert not again.accepted and "out of order" in again.reason

@@ -40,7 +40,11 @@ from zipkv.controlplane.config import ConfigError, RouterConfig, load_config
 
 # The production example names Secrets the user creates before installing; these stand in for them.
 EXISTING_SECRETS = {
-    "zipkv-auth": {"report-token": "prod-report-token-0123456789", "api-keys": '["key-aaaaaaaaaaaaaaaa"]'},
+    "zipkv-auth": {
+        "report-token": "prod-report-token-0123456789",
+        "dispatch-token": "prod-dispatch-token-0123456789",
+        "api-keys": '["key-aaaaaaaaaaaaaaaa"]',
+    },
     "zipkv-redis": {"redis-password": "s3cretRedisPassw0rd"},
 }
 VALUE_SETS: dict[str, dict[str, Any]] = {"default": {}} | {p.stem: example_values(p) for p in EXAMPLES}
@@ -121,9 +125,13 @@ def test_router_config_passes_router_validation(name: str, tmp_path: Path) -> No
     values = VALUE_SETS[name]
     objs = render(values)
     cfg = router_config(objs, tmp_path)
-    # The file alone (no Secrets) must be valid too, apart from the token that only the Secret holds.
-    with pytest.raises(ConfigError, match="report_token"):
-        load_config(str(tmp_path / "router.yaml"), {})
+    # The file alone (no Secrets) must be valid too: with the chart's mutual TLS the certificate is the
+    # report credential; without it only the Secret's token is, and the file alone is refused.
+    if cfg.security.tls is None:
+        with pytest.raises(ConfigError, match="report_token"):
+            load_config(str(tmp_path / "router.yaml"), {})
+    else:
+        assert load_config(str(tmp_path / "router.yaml"), {}).security.tls == cfg.security.tls
     deployment = one(objs, "Deployment", "router")
     container = next(containers(deployment))
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
@@ -179,9 +187,12 @@ def test_workers_are_wired_to_the_router() -> None:
     app = serve_config(objs)["applications"]
     assert len(app) == 1 and app[0]["import_path"] == "zipkv.worker.serve:app_builder"
     args = app[0]["args"]
-    service = one(objs, "Service", "router")
+    service = one(objs, "Service", "router-report")
     report_port = next(p["port"] for p in service["spec"]["ports"] if p["name"] == "grpc-report")
     assert args["router"] == f"{service['metadata']['name']}.{NAMESPACE}.svc:{report_port}"
+    # Reports must reach a router before it is ready (it is ready once a worker reported): published
+    # while not ready, else the report Service has no endpoints and nothing ever becomes ready.
+    assert service["spec"]["publishNotReadyAddresses"] is True
     assert args["engine"] == "sglang"
     # The token travels through the Secret only, never in the RayService (readable by more people).
     token = container_env(next(containers(one(objs, "Deployment", "router"))), objs)

@@ -4,11 +4,14 @@ loopback, with a real Redis when the chart points it at one."""
 
 from __future__ import annotations
 
+import base64
+import json
 import os
 import shutil
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,8 +24,11 @@ pytestmark = pytest.mark.timeout(120)
 
 
 def _get(url: str) -> tuple[int, bytes]:
-    with urllib.request.urlopen(url, timeout=2) as resp:
-        return int(resp.status), resp.read()
+    try:
+        with urllib.request.urlopen(url, timeout=2) as resp:
+            return int(resp.status), resp.read()
+    except urllib.error.HTTPError as exc:  # a 503 from /readyz is an answer too
+        return int(exc.code), exc.read()
 
 
 def _wait_ready(url: str, proc: subprocess.Popen[bytes], log: Path) -> None:
@@ -38,11 +44,25 @@ def _wait_ready(url: str, proc: subprocess.Popen[bytes], log: Path) -> None:
     pytest.fail(f"router did not answer {url} within 60 s:\n{log.read_text()[-3000:]}")
 
 
+TLS_DIR = "/etc/zipkv-tls"  # where the chart mounts its gRPC TLS Secret
+
+
+def _tls_files(objs: list[dict[str, Any]], tmp_path: Path) -> str:
+    """The chart's gRPC TLS Secret written out as the pod's volume would show it; returns the folder."""
+    folder = tmp_path / "grpc-tls"
+    folder.mkdir(exist_ok=True)
+    secret = next(o for o in objs if o["kind"] == "Secret" and o["metadata"]["name"].endswith("grpc-tls"))
+    for key, value in secret["data"].items():
+        (folder / key).write_bytes(base64.b64decode(value))
+    return str(folder)
+
+
 def _start_router(objs: list[dict[str, Any]], tmp_path: Path, secrets: Any = None) -> subprocess.Popen[bytes]:
-    """Start the router with the Deployment's command, the ConfigMap as its file and the pod's env."""
+    """Start the router with the Deployment's command, the ConfigMap as its file and the pod's env (and
+    the chart's TLS Secret as files)."""
     container = next(containers(one(objs, "Deployment", "router")))
     config = tmp_path / "router.yaml"
-    config.write_text(router_config_text(objs))
+    config.write_text(router_config_text(objs).replace(TLS_DIR, _tls_files(objs, tmp_path)))
     args = [a.replace("/etc/zipkv/router.yaml", str(config)) for a in container["args"]]
     assert container["command"][0] == "python"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("ZIPKV_", "OTEL_"))}
@@ -86,9 +106,12 @@ def test_router_boots_from_the_dev_example_config(tmp_path: Path, stop: list[Any
     stop.append(proc)
     urls = _probe_urls(objs, ports["httpPort"])
     _wait_ready(urls[0], proc, tmp_path / "router.log")
-    for url in urls:
+    startup, liveness, readiness, metrics = urls
+    for url in (startup, liveness, metrics):
         assert _get(url)[0] == 200, url
-    assert b"zipkv_router" in _get(urls[-1])[1]
+    status, body = _get(readiness)  # no worker reports here: honestly not ready, and it says why
+    assert status == 503 and b"no_worker" in body, body
+    assert b"zipkv_router" in _get(metrics)[1]
 
 
 def test_router_boots_against_a_password_protected_redis(tmp_path: Path, stop: list[Any]) -> None:
@@ -127,7 +150,9 @@ def test_router_boots_against_a_password_protected_redis(tmp_path: Path, stop: l
         if b'"degraded":false' in body.replace(b" ", b"") or time.monotonic() > deadline:
             break
         time.sleep(0.2)
-    assert status == 200 and b'"degraded":false' in body.replace(b" ", b""), body
+    assert b'"degraded":false' in body.replace(b" ", b""), body
+    # No worker reports here, so it is honestly not ready (503) and says why.
+    assert status == 503 and b"no_worker" in body, body
 
 
 @pytest.mark.slow
@@ -162,6 +187,9 @@ def test_rendered_serve_config_reports_to_the_router(tmp_path: Path, stop: list[
     ray_container = next(containers(one(objs, "RayService")))
     env = {k: v for k, v in os.environ.items() if not k.startswith(("ZIPKV_", "OTEL_"))}
     env |= container_env(ray_container, objs) | {"RAY_USAGE_STATS_ENABLED": "0"}
+    tls_dir = _tls_files(objs, tmp_path)  # the Ray pods mount the same Secret's worker files
+    env = {k: v.replace(TLS_DIR, tls_dir) for k, v in env.items()}
+    assert env["ZIPKV_TLS_CERT"].startswith(tls_dir) and env["ZIPKV_WORKER_IDENTITY"] == "zipkv-worker"
     worker_log = tmp_path / "serve.log"
     with worker_log.open("wb") as out:
         workers = subprocess.Popen(
@@ -179,5 +207,14 @@ def test_rendered_serve_config_reports_to_the_router(tmp_path: Path, stop: list[
         time.sleep(0.5)
     else:
         pytest.fail(f"no worker reached the router in 180 s:\n{worker_log.read_text()[-4000:]}")
-    models = _get(f"http://127.0.0.1:{ports['httpPort']}/v1/models")[1]
-    assert b"zipkv-tiny" in models
+    assert _get(urls[2])[0] == 200  # ready once a worker of the model reports
+    router_env = container_env(next(containers(one(objs, "Deployment", "router"))), objs)
+    key = json.loads(router_env["ZIPKV_SECURITY__API_KEYS"])[
+        0
+    ]  # the chart generated one: the API is not open
+    assert _get(f"http://127.0.0.1:{ports['httpPort']}/v1/models")[0] == 401
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{ports['httpPort']}/v1/models", headers={"authorization": f"Bearer {key}"}
+    )
+    with urllib.request.urlopen(request, timeout=5) as resp:
+        assert b"zipkv-tiny" in resp.read()

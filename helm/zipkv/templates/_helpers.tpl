@@ -89,7 +89,7 @@ app.kubernetes.io/component: {{ .component }}
 
 {{/* The router's gRPC report address, as the workers dial it. */}}
 {{- define "zipkv.router.reportAddress" -}}
-{{- printf "%s.%s.svc:%d" (include "zipkv.router.fullname" .) .Release.Namespace (int .Values.router.service.reportPort) -}}
+{{- printf "%s-report.%s.svc:%d" (include "zipkv.router.fullname" .) .Release.Namespace (int .Values.router.service.reportPort) -}}
 {{- end -}}
 
 {{/*
@@ -139,3 +139,11 @@ service.name). Off: the SDK is disabled outright so no exporter tries to connect
 {{- end -}}
 {{- join "," $attrs -}}
 {{- end -}}
+
+{{/* The Secret with the gRPC mutual-TLS files (ca.crt, router.crt/.key, worker.crt/.key). */}}
+{{- define "zipkv.grpcTls.secretName" -}}
+{{- default (printf "%s-grpc-tls" (include "zipkv.fullname" .)) .Values.grpcTls.existingSecret -}}
+{{- end -}}
+
+{{/* Where the TLS files are mounted in router and Ray pods. */}}
+{{- define "zipkv.grpcTls.dir" -}}/etc/zipkv-tls{{- end -}}

@@ -43,6 +43,25 @@ applications:
     secretKeyRef:
       name: {{ include "zipkv.auth.secretName" . }}
       key: report-token
+- name: ZIPKV_DISPATCH_TOKEN
+  valueFrom:
+    secretKeyRef:
+      name: {{ include "zipkv.auth.secretName" . }}
+      key: dispatch-token
+{{- if .Values.grpcTls.enabled }}
+{{- $dir := include "zipkv.grpcTls.dir" . }}
+- name: ZIPKV_TLS_CERT
+  value: {{ printf "%s/worker.crt" $dir }}
+- name: ZIPKV_TLS_KEY
+  value: {{ printf "%s/worker.key" $dir }}
+- name: ZIPKV_TLS_CA
+  value: {{ printf "%s/ca.crt" $dir }}
+- name: ZIPKV_TLS_ROUTER_NAME
+  value: zipkv-router
+# Report ids are `zipkv-worker/<replica>`: the router binds them to the certificate's common name.
+- name: ZIPKV_WORKER_IDENTITY
+  value: zipkv-worker
+{{- end }}
 {{- with .Values.model.hfTokenSecret }}
 - name: HF_TOKEN
   valueFrom:
@@ -59,6 +78,11 @@ applications:
 {{- define "zipkv.workers.volumeMounts" -}}
 - name: dshm
   mountPath: /dev/shm
+{{- if .Values.grpcTls.enabled }}
+- name: grpc-tls
+  mountPath: {{ include "zipkv.grpcTls.dir" . }}
+  readOnly: true
+{{- end }}
 {{- if .Values.model.volume }}
 - name: model
   mountPath: {{ .Values.model.mountPath }}
@@ -71,6 +95,15 @@ applications:
   emptyDir:
     medium: Memory
     sizeLimit: {{ .Values.workers.gpuWorker.shmSize }}
+{{- if .Values.grpcTls.enabled }}
+- name: grpc-tls
+  secret:
+    secretName: {{ include "zipkv.grpcTls.secretName" . }}
+    items:
+      - {key: ca.crt, path: ca.crt}
+      - {key: worker.crt, path: worker.crt}
+      - {key: worker.key, path: worker.key}
+{{- end }}
 {{- if .Values.model.volume }}
 - name: model
   {{- toYaml .Values.model.volume | nindent 2 }}
