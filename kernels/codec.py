@@ -55,18 +55,12 @@ def _geometry_args(fmt: PageFormat) -> dict[str, int]:
     return {"KR": k.tokens, "KC": k.channels, "VR": v.tokens, "VC": v.channels}
 
 
-def offset_alignment_bytes(fmt: PageFormat) -> int:
-    """What page offsets the kernels need: v1/v2 multiples of 256 bytes, v3 of 16 (16-byte vectors; v3
-    pages are multiples of 64 bytes)."""
-    return 16 if fmt.version >= 3 else 256
-
-
 def _check_aligned(fmt: PageFormat, **offsets: torch.Tensor) -> None:
     """Offsets off the kernels' alignment would read wrong bytes. Checked where it costs no device sync:
     under the interpreter (the CPU); on the GPU the callers (the allocator) guarantee it."""
     if not _INTERPRET:
         return
-    align = offset_alignment_bytes(fmt)
+    align = fmt.page_alignment_bytes
     for name, x in offsets.items():
         if bool((x % align != 0).any()):
             raise ValueError(f"{name} must be multiples of {align} bytes for page format v{fmt.version}")
@@ -85,7 +79,7 @@ def encode_pages(
 
     Writes each page's metadata into ``meta_out`` (uint8 [n, 2H, meta_bytes]) and its stored size in bytes
     (metadata excluded) into ``sizes_out`` (int32 [n]). One launch, no host sync. Offsets must be multiples
-    of ``offset_alignment_bytes(fmt)`` (v1/v2 256, v3 16); each destination needs room for
+    of ``fmt.page_alignment_bytes`` (v1/v2 256, v3 16); each destination needs room for
     ``fmt.raw_page_bytes`` and must not overlap any source page. v3 (codec_v3.py) writes each page's
     records then its raw blocks' patches in rank order, or the raw page again when it stores raw.
     """
@@ -126,7 +120,7 @@ def decode_pages(
     """Restore n pages (raw or compressed) at byte ``offsets`` (int64 [n]) with metadata ``meta``
     (uint8 [n, 2H, meta_bytes]) into ``out`` (bf16 [n, 2, H, 16, D]). One launch, no host sync.
 
-    Offsets must be multiples of ``offset_alignment_bytes(fmt)`` (v1/v2 256, v3 16: the kernels read whole
+    Offsets must be multiples of ``fmt.page_alignment_bytes`` (v1/v2 256, v3 16: the kernels read whole
     16-byte vectors). ``use_prmt`` picks the PTX byte interleave of v1/v2 (GPU only); by default it is on
     when compiled and off under the interpreter. v3's restore (codec_v3.py) has no such choice."""
     _check_heap(heap)
