@@ -13,6 +13,7 @@ import torch
 
 from zipkv.allocator.plans import CompletedFence, Fence
 from zipkv.kernels.layout import OFFSET_BYTES, RAW_MARKER, PageFormat
+from zipkv.kernels.layout_v3 import RAW_PAGE_MARKER
 
 
 class PageEncoder(Protocol):
@@ -51,7 +52,8 @@ def fence_factory(device: torch.device) -> type[Fence]:
 
 
 def default_encoder(device: torch.device) -> PageEncoder:
-    """The Triton codec's one-launch ``encode_pages`` on CUDA; its torch reference twin elsewhere."""
+    """The Triton codec's one-launch ``encode_pages`` on CUDA; its torch reference twin elsewhere (both
+    read ``fmt.version``)."""
     if device.type == "cuda":
         from zipkv.kernels import codec
 
@@ -62,7 +64,12 @@ def default_encoder(device: torch.device) -> PageEncoder:
 
 
 def raw_meta_row(fmt: PageFormat, device: torch.device | str = "cpu") -> torch.Tensor:
-    """uint8 [2H, meta_bytes]: metadata of an uncompressed page (raw offsets, every marker raw)."""
+    """uint8 [2H, meta_bytes]: metadata of an uncompressed page (v1/v2: raw offsets, every marker raw;
+    v3: every byte RAW_PAGE_MARKER, kernels/layout_v3.py)."""
+    if fmt.version >= 3:
+        return torch.full((fmt.page_heads_per_page, fmt.meta_bytes), RAW_PAGE_MARKER, dtype=torch.uint8).to(
+            device
+        )
     rows = np.zeros((fmt.page_heads_per_page, fmt.meta_bytes), dtype=np.uint8)
     for i in range(fmt.page_heads_per_page):
         offset = i * fmt.raw_page_head_bytes

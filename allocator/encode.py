@@ -17,7 +17,6 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from zipkv.allocator.plans import (
-    UNIT_BYTES,
     ChunkKind,
     EncodeBatch,
     EncodePlan,
@@ -177,13 +176,14 @@ def poll(led: Ledger) -> None:
 def apply_batch(led: Ledger, plan: EncodePlan, sizes_bytes: np.ndarray) -> None:
     """The sizes of a finished launch arrived: place pages exactly, refund tails, free raw slots."""
     sizes = np.asarray(sizes_bytes, dtype=I64).ravel()
-    raw_bytes = led.raw * UNIT_BYTES
-    if sizes.size != plan.size or (sizes % UNIT_BYTES).any() or sizes.min() <= 0 or sizes.max() > raw_bytes:
+    unit = led.cfg.unit_bytes
+    raw_bytes = led.raw * unit
+    if sizes.size != plan.size or (sizes % unit).any() or sizes.min() <= 0 or sizes.max() > raw_bytes:
         raise RuntimeError(
             f"encoder returned {sizes.size} sizes for {plan.size} pages, range {sizes.min()}..{sizes.max()}; "
-            f"expected multiples of {UNIT_BYTES} in (0, {raw_bytes}]: the encoder and PageFormat disagree"
+            f"expected multiples of {unit} in (0, {raw_bytes}]: the encoder and PageFormat disagree"
         )
-    su = sizes // UNIT_BYTES
+    su = sizes // unit
     packed = packed_units(su, plan.segments, plan.region_first, plan.region_base_units)
     c = plan.region_chunk
     true_end = plan.region_base_units + np.add.reduceat(su, plan.region_first)

@@ -1,6 +1,6 @@
 """Host-side bookkeeping of the page pool: chunks, slots, page table mirror, reservations.
 
-No torch here: everything is in units (``plans.UNIT_BYTES``) and numpy arrays, so it can be driven and
+No torch here: everything is in units (``LedgerConfig.unit_bytes``) and numpy arrays, so it can be driven and
 checked without a device (tests, the admission simulation, the bookkeeping benchmark). ``PagePool``
 (pool.py) wraps it, owns the device tensors and carries out its plans.
 

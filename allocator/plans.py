@@ -8,7 +8,10 @@ from typing import Protocol
 
 import numpy as np
 
-UNIT_BYTES = 256  # every page location and size is a multiple of this (768 and 1024 are)
+# Every page location and size is a whole number of units: a pool's unit is what one compressed block of
+# its format saves (pool.unit_bytes_for). 256 for formats v1/v2 (blocks of 768 and 1024 bytes), the default
+# of a bare Ledger; 64 for v3 (192 and 256).
+UNIT_BYTES = 256
 
 
 class OutOfPages(RuntimeError):
@@ -131,8 +134,9 @@ class PoolStats:
     budget_bytes: int  # bytes managed (whole chunks)
     compression_ratio: float  # stored / raw bytes over compressed pages (1.0 when none)
     pool_chunks: int  # empty chunks in the shared pool
-    # Blocks (512 values) of the compressed pages, all layers: how many stored compressed, out of how many.
-    # Known on the host from the stored sizes: a compressed block takes one unit less than a raw one.
+    # Blocks (the format's unit of coding) of the compressed pages, all layers: how many stored compressed,
+    # out of how many. Known on the host from the stored sizes: a compressed block takes one unit less than
+    # a raw one.
     compressed_blocks: int = 0
     compressed_page_blocks: int = 0
 
@@ -147,8 +151,11 @@ class LedgerConfig:
     shared_pool: bool = True
     compression: bool = True
     compaction_live_fraction: float = 0.5  # LOG chunks less live than this get their pages moved out
+    unit_bytes: int = UNIT_BYTES  # bytes of a unit (sizes reach the ledger in bytes)
 
     def __post_init__(self) -> None:
+        if self.unit_bytes < 1:
+            raise ValueError(f"{self}: unit_bytes must be >= 1")
         if min(self.num_layers, self.chunk_units, self.raw_page_units, self.max_pages) < 1:
             raise ValueError(f"{self}: layers, chunk/page sizes and max_pages must all be >= 1")
         if self.chunk_units % self.raw_page_units != 0:

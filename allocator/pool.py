@@ -5,10 +5,11 @@ maps the stable page id to the current place; (3) per-layer space plus a shared 
 returned only when no read is in flight (fences); (4) ``new_pages_fit()`` after reservations.
 
 Device tensors (fixed addresses for the pool's life, updated in place, so CUDA graphs can replay):
-  heap      uint8 [budget_bytes, rounded down to 256]         every page, raw or compressed
+  heap      uint8 [budget_bytes, rounded down to a unit]      every page, raw or compressed
   page_loc  int64 [num_layers, max_pages]                     byte offset of page p of layer l
   page_meta uint8 [num_layers, max_pages, 2H, fmt.meta_bytes] the format's per-page-head metadata
-The last 256 bytes of the heap are a scratch unit the pack step writes discarded bytes to.
+Places and sizes are in units of ``unit_bytes_for(fmt)`` (256 bytes for formats v1/v2, 64 for v3). The
+last unit of the heap is a scratch unit the pack step writes discarded bytes to.
 
 Per step: ``allocate`` / ``free`` / ``mark_full`` while scheduling, then one ``end_step()`` that issues a
 single encode launch for every page that filled (all layers), packs the results, and applies what has
@@ -24,13 +25,24 @@ import torch
 
 from zipkv.allocator.device import PageEncoder, default_encoder, fence_factory, raw_meta_row, upload
 from zipkv.allocator.ledger import Ledger, LedgerConfig
-from zipkv.allocator.plans import UNIT_BYTES, ChunkKind, EncodePlan, MovePlan, PageState, PoolStats
-from zipkv.kernels.layout import COMPRESSED_BLOCK_BYTES, RAW_BLOCK_BYTES, PageFormat
+from zipkv.allocator.plans import ChunkKind, EncodePlan, MovePlan, PageState, PoolStats
+from zipkv.kernels.layout import PageFormat
 
 MiB = 1 << 20
-# stats() counts compressed blocks as units saved; that needs a compressed block to save exactly one unit.
-assert RAW_BLOCK_BYTES - COMPRESSED_BLOCK_BYTES == UNIT_BYTES, "stats(): block sizes changed, recount blocks"
 PACK_TEMP_BYTES = 64 * MiB  # bound on the temporary copy the pack and move steps make per slice
+
+
+def unit_bytes_for(fmt: PageFormat) -> int:
+    """The pool's unit for a page format: what one compressed block saves (v1/v2 1024 - 768 = 256 bytes,
+    v3 256 - 192 = 64). Every stored page is a whole number of units, so the encoder's sizes place pages
+    exactly; units keep the codec's alignment; and stats() counts each unit saved as a compressed block."""
+    unit = fmt.raw_block_bytes - fmt.compressed_block_bytes
+    if fmt.raw_page_bytes % unit or fmt.min_page_bytes % unit or unit % fmt.page_alignment_bytes:
+        raise ValueError(  # a format change broke the arithmetic the pool relies on
+            f"page format v{fmt.version}: pages of {fmt.raw_page_bytes} and {fmt.min_page_bytes} B are not "
+            f"whole {unit} B units aligned to {fmt.page_alignment_bytes} B; the allocator needs them to be"
+        )
+    return unit
 
 
 class PagePool:
@@ -55,14 +67,15 @@ class PagePool:
                 f"chunk_bytes {chunk_bytes} must be a positive multiple of the raw page size "
                 f"{fmt.raw_page_bytes} B ({fmt.ascii_map().splitlines()[0]})"
             )
-        budget_bytes -= budget_bytes % UNIT_BYTES  # the codec addresses the heap in words
-        num_chunks = (budget_bytes - UNIT_BYTES) // chunk_bytes
+        self.unit_bytes = unit = unit_bytes_for(fmt)
+        budget_bytes -= budget_bytes % unit  # the codec addresses the heap in aligned units
+        num_chunks = (budget_bytes - unit) // chunk_bytes
         if num_chunks < num_layers:
             raise ValueError(
                 f"budget_bytes {budget_bytes} holds {max(num_chunks, 0)} chunks of {chunk_bytes} B (after a "
-                f"{UNIT_BYTES} B scratch unit) but {num_layers} layers need one each; raise the budget"
+                f"{unit} B scratch unit) but {num_layers} layers need one each; raise the budget"
             )
-        chunk_units, raw_units = chunk_bytes // UNIT_BYTES, fmt.raw_page_bytes // UNIT_BYTES
+        chunk_units, raw_units = chunk_bytes // unit, fmt.raw_page_bytes // unit
         if max_pages is None:  # every page id needs a page in every layer, at least min_page_bytes each
             max_pages = max(1, num_chunks * chunk_bytes // (num_layers * fmt.min_page_bytes))
         self.fmt, self.num_layers, self.compression = fmt, num_layers, compression
@@ -77,6 +90,7 @@ class PagePool:
                 shared_pool=shared_pool,
                 compression=compression,
                 compaction_live_fraction=compaction_live_fraction,
+                unit_bytes=unit,
             ),
             fence_factory(self.device),
         )
@@ -88,7 +102,7 @@ class PagePool:
         self.heap = torch.zeros(budget_bytes, dtype=torch.uint8, device=self.device)
         self.page_loc = torch.zeros((num_layers, max_pages), dtype=torch.int64, device=self.device)
         self.page_meta = self._raw_meta.expand(num_layers, max_pages, -1, -1).contiguous()
-        self._units = self.heap[: (num_chunks * chunk_units + 1) * UNIT_BYTES].view(-1, UNIT_BYTES)
+        self._units = self.heap[: (num_chunks * chunk_units + 1) * unit].view(-1, unit)
         self._scratch_unit = num_chunks * chunk_units
         self._slice_pages = max(1, PACK_TEMP_BYTES // fmt.raw_page_bytes)
 
@@ -105,7 +119,7 @@ class PagePool:
         ids, units = self.ledger.allocate(n_pages, request_id)
         if ids.size:
             idx = upload(ids, self.device)
-            self.page_loc[:, idx] = upload(units * UNIT_BYTES, self.device)
+            self.page_loc[:, idx] = upload(units * self.unit_bytes, self.device)
             self.page_meta[:, idx] = self._raw_meta
         return ids.tolist()
 
@@ -162,19 +176,17 @@ class PagePool:
 
     # ---- device work -------------------------------------------------------------------------------
     def _launch_encode(self, plan: EncodePlan) -> None:
-        dev, fmt, n = self.device, self.fmt, plan.size
+        dev, fmt, n, unit = self.device, self.fmt, plan.size, self.unit_bytes
         meta_out = torch.empty((n, fmt.page_heads_per_page, fmt.meta_bytes), dtype=torch.uint8, device=dev)
         sizes_out = torch.zeros(n, dtype=torch.int32, device=dev)
         stage = upload(plan.stage_units, dev)
-        self.encoder(
-            self.heap, upload(plan.src_units * UNIT_BYTES, dev), stage * UNIT_BYTES, meta_out, sizes_out, fmt
-        )
+        self.encoder(self.heap, upload(plan.src_units * unit, dev), stage * unit, meta_out, sizes_out, fmt)
         # Pack each region's pages one after another (the host repeats this with packed_units()).
-        size_units = sizes_out.to(torch.int64) // UNIT_BYTES
+        size_units = sizes_out.to(torch.int64) // unit
         excl = torch.cumsum(size_units, 0) - size_units
         segments, first = upload(plan.segments, dev), upload(plan.region_first, dev)
         dst = upload(plan.region_base_units, dev)[segments] + excl - excl[first][segments]
-        j = torch.arange(fmt.raw_page_bytes // UNIT_BYTES, device=dev)
+        j = torch.arange(fmt.raw_page_bytes // unit, device=dev)
         # Ascending slices are safe: a page's packed place never reaches past a later page's stage place.
         for lo in range(0, n, self._slice_pages):
             hi = min(n, lo + self._slice_pages)
@@ -182,7 +194,7 @@ class PagePool:
             keep = j < size_units[lo:hi, None]
             self._units[torch.where(keep, dst[lo:hi, None] + j, self._scratch_unit)] = temp
         layers, pages = upload(plan.layers, dev), upload(plan.pages, dev)
-        self.page_loc[layers, pages] = dst * UNIT_BYTES
+        self.page_loc[layers, pages] = dst * unit
         self.page_meta[layers, pages] = meta_out
         if dev.type == "cuda":
             host = torch.empty(n, dtype=torch.int32, pin_memory=True)
@@ -201,18 +213,18 @@ class PagePool:
             dst = upload(np.repeat(move.dst_units[sl], sizes) + within, dev)
             self._units[dst] = self._units[src]
         layers, pages = upload(move.layers, dev), upload(move.pages, dev)
-        self.page_loc[layers, pages] = upload(move.dst_units * UNIT_BYTES, dev)
+        self.page_loc[layers, pages] = upload(move.dst_units * self.unit_bytes, dev)
 
     # ---- reporting ---------------------------------------------------------------------------------
     def stats(self) -> PoolStats:
-        led = self.ledger
+        led, unit = self.ledger, self.unit_bytes
         state = led.page_state
         compressed = state == PageState.COMPRESSED
         raw_units = int(compressed.sum()) * self.num_layers * led.raw
         stored_units = int(led.page_units[:, compressed].sum())
         log = led.chunk_kind == ChunkKind.LOG
-        budget = led.cfg.num_chunks * led.cu * UNIT_BYTES
-        used = int(led.chunk_live.sum()) * UNIT_BYTES
+        budget = led.cfg.num_chunks * led.cu * unit
+        used = int(led.chunk_live.sum()) * unit
         return PoolStats(
             free_pages=led.new_pages_fit(),
             used_pages=int((state != PageState.FREE).sum()),
@@ -223,11 +235,12 @@ class PagePool:
             used_bytes=used,
             free_bytes=budget - used,
             committed_bytes=led.reserved_pages * self.num_layers * self.fmt.raw_page_bytes,
-            dead_bytes=int((led.chunk_bump[log] - led.chunk_live[log]).sum()) * UNIT_BYTES,
+            dead_bytes=int((led.chunk_bump[log] - led.chunk_live[log]).sum()) * unit,
             budget_bytes=budget,
             compression_ratio=stored_units / raw_units if raw_units else 1.0,
             pool_chunks=len(led.pool),
-            # 768 vs 1024 bytes per block: each compressed block saves exactly one unit of its page.
+            # each block stored compressed saves exactly one unit of its page (unit_bytes_for); a v3 page
+            # stored raw saves none, and none of its blocks is stored compressed
             compressed_blocks=raw_units - stored_units,
-            compressed_page_blocks=raw_units * UNIT_BYTES // RAW_BLOCK_BYTES,
+            compressed_page_blocks=raw_units * unit // self.fmt.raw_block_bytes,
         )

@@ -1,11 +1,16 @@
 """Codec throughput on the GPU: Triton encode and decode of full pages against a plain copy of the same pages.
 
-Pages of Llama-3.1-8B shape (32 layers x ``--pages-per-layer`` pages, 8 KV heads, head_dim 128, page 16).
-Every kernel output is checked bit for bit (decode against the original pages, encode against the torch
-reference on a sample of pages) before it is timed. Timing: CUDA events around each call, L2 flushed before
-each call by zeroing a 512 MiB buffer (outside the events), warm-ups, median of ``--reps`` calls.
+Pages of Llama-3.1-8B shape (32 layers x ``--pages-per-layer`` pages, 8 KV heads, head_dim 128, page 16) in
+page format ``--format-version`` (default: the default format). Every kernel output is checked bit for bit
+(decode against the original pages, encode against the torch reference on a sample of pages) before it is
+timed. Timing: CUDA events around each call, L2 flushed before each call by zeroing a 512 MiB buffer
+(outside the events), warm-ups, median of ``--reps`` calls.
 
     python bench/bench_codec.py --out bench/results/codec.json
+    python bench/bench_codec.py --format-version 3 --out bench/results/codec_v3.json
+
+Without a GPU it runs under Triton's interpreter as a smoke test of the script (``--device cpu`` and a tiny
+``--layers 1 --pages-per-layer 2``): its times are wall-clock times of the interpreter, not a benchmark.
 """
 
 from __future__ import annotations
@@ -14,27 +19,40 @@ import argparse
 import datetime
 import functools
 import json
+import os
 import statistics
 import sys
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
+
+if not torch.cuda.is_available():  # before zipkv.kernels.codec's triton.jit: the kernels then run interpreted
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 import triton
 
 from zipkv.kernels import codec
+from zipkv.kernels import layout_v3 as v3
 from zipkv.kernels import reference as ref
-from zipkv.kernels.layout import PageFormat
+from zipkv.kernels.layout import OFFSET_BYTES, RAW_MARKER, PageFormat
 
 GB = 1e9
 
 
-def median_ms(fn: Callable[[], object], reps: int, flush: torch.Tensor) -> float:
-    for _ in range(3):
+def median_ms(fn: Callable[[], object], reps: int, flush: torch.Tensor, warmups: int = 3) -> float:
+    """Median over ``reps`` calls after ``warmups``: CUDA events, L2 flushed before each call on the GPU;
+    wall clock on the CPU (the interpreter: a smoke run)."""
+    for _ in range(warmups):
         fn()
     times = []
     for _ in range(reps):
+        if flush.device.type != "cuda":
+            t0 = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - t0) * 1e3)
+            continue
         flush.zero_()
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
@@ -45,14 +63,27 @@ def median_ms(fn: Callable[[], object], reps: int, flush: torch.Tensor) -> float
     return statistics.median(times)
 
 
+def sync(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
 def make_pages(kind: str, shape: tuple[int, ...], gen: torch.Generator) -> torch.Tensor:
     """bf16 pages: 'normal' N(0, 1); 'compressible' one exponent window; 'raw' random bit patterns."""
+    dev = gen.device
     if kind == "normal":
-        return torch.randn(shape, generator=gen, device="cuda").bfloat16()
+        return torch.randn(shape, generator=gen, device=dev).bfloat16()
     if kind == "compressible":
-        return (torch.rand(shape, generator=gen, device="cuda") + 1.0).bfloat16()
-    bits = torch.randint(-(2**15), 2**15, shape, generator=gen, device="cuda", dtype=torch.int16)
+        return (torch.rand(shape, generator=gen, device=dev) + 1.0).bfloat16()
+    bits = torch.randint(-(2**15), 2**15, shape, generator=gen, device=dev, dtype=torch.int16)
     return bits.view(torch.bfloat16)
+
+
+def coded_blocks(meta: torch.Tensor, fmt: PageFormat) -> int:
+    """Blocks stored compressed, from the encoder's metadata (uint8 [n, 2H, meta_bytes])."""
+    if fmt.version >= 3:
+        return int((meta < v3.RAW_BLOCK_FLAG).sum())  # b/2; raw blocks 0x80 | rank, raw pages 0xFF
+    return int((meta[:, :, OFFSET_BYTES : OFFSET_BYTES + fmt.blocks_per_page_head] != RAW_MARKER).sum())
 
 
 @dataclass(frozen=True)
@@ -74,18 +105,18 @@ class Setup:
     """A heap holding n raw pages (sources) and room for their compressed copies (destinations)."""
 
     def __init__(self, fmt: PageFormat, pages: torch.Tensor) -> None:
-        n = pages.shape[0]
+        n, dev = pages.shape[0], pages.device
         raw = fmt.raw_page_bytes
         self.fmt, self.n, self.pages = fmt, n, pages
-        self.heap = torch.zeros(2 * n * raw, dtype=torch.uint8, device="cuda")
-        index = ref.raw_page_value_index(fmt, "cuda").view(-1)
+        self.heap = torch.zeros(2 * n * raw, dtype=torch.uint8, device=dev)
+        index = ref.raw_page_value_index(fmt, dev).view(-1)
         raw_values = self.heap[: n * raw].view(torch.bfloat16).view(n, -1)
         raw_values[:, index] = pages.reshape(n, -1)
-        self.src = torch.arange(n, device="cuda", dtype=torch.int64) * raw
+        self.src = torch.arange(n, device=dev, dtype=torch.int64) * raw
         self.dst = self.src + n * raw
-        self.meta = torch.empty(n, fmt.page_heads_per_page, fmt.meta_bytes, dtype=torch.uint8, device="cuda")
-        self.sizes = torch.empty(n, dtype=torch.int32, device="cuda")
-        self.raw_meta = ref.raw_page_meta(fmt, "cuda").expand(n, -1, -1).contiguous()
+        self.meta = torch.empty(n, fmt.page_heads_per_page, fmt.meta_bytes, dtype=torch.uint8, device=dev)
+        self.sizes = torch.empty(n, dtype=torch.int32, device=dev)
+        self.raw_meta = ref.raw_page_meta(fmt, dev).expand(n, -1, -1).contiguous()
         self.out = torch.empty_like(pages)
 
     def encode(self, num_warps: int) -> None:
@@ -125,10 +156,10 @@ def measure(s: Setup, args: argparse.Namespace, flush: torch.Tensor) -> dict[str
     """Check, then time, encode and decode of one data set against a copy of the same bytes."""
     fmt, raw_bytes = s.fmt, s.n * s.fmt.raw_page_bytes
     s.encode(args.encode_warps[0])
-    torch.cuda.synchronize()
+    sync(args.device)
     s.check_encode()
     stored = int(s.sizes.sum())
-    compressed_blocks = int((s.meta[:, :, 4 : 4 + fmt.blocks_per_page_head] != 255).sum())
+    compressed_blocks = coded_blocks(s.meta, fmt)
     row: dict[str, Any] = {
         "pages": s.n,
         "raw_bytes": raw_bytes,
@@ -137,32 +168,37 @@ def measure(s: Setup, args: argparse.Namespace, flush: torch.Tensor) -> dict[str
         "compressible_block_fraction": compressed_blocks / (s.n * fmt.blocks_per_page),
     }
     flat_out, flat_src = s.out.view(-1), s.heap[:raw_bytes].view(torch.bfloat16)
-    row["copy_ms"] = median_ms(lambda: flat_out.copy_(flat_src), args.reps, flush)
+    row["copy_ms"] = median_ms(lambda: flat_out.copy_(flat_src), args.reps, flush, args.warmups)
     enc_ms: dict[int, float] = {}
     for w in args.encode_warps:
-        enc_ms[w] = median_ms(functools.partial(s.encode, w), args.reps, flush)
+        enc_ms[w] = median_ms(functools.partial(s.encode, w), args.reps, flush, args.warmups)
     # The full sweep on the first data set; the others reuse its best configuration.
     configs = args.sweep or [args.best]
     dec_ms: dict[DecodeConfig, float] = {}
 
     def time_decode(config: DecodeConfig) -> None:
         s.decode(config)
-        torch.cuda.synchronize()
+        sync(args.device)
         s.check_decode(config.name)
-        dec_ms[config] = median_ms(functools.partial(s.decode, config), args.reps, flush)
+        dec_ms[config] = median_ms(functools.partial(s.decode, config), args.reps, flush, args.warmups)
 
     for config in configs:
         time_decode(config)
     best = min(dec_ms, key=lambda c: dec_ms[c])
     if args.sweep:
-        for variant in (replace(best, use_prmt=False), replace(best, stream_stores=True)):
+        variants = [replace(best, stream_stores=True)]
+        if fmt.version < 3:  # v3's restore has one (plain-integer) path
+            variants.insert(0, replace(best, use_prmt=False))
+        for variant in variants:
             time_decode(variant)
         best = min(dec_ms, key=lambda c: dec_ms[c])
         args.sweep, args.best = [], best
     s.decode(best, raw=True)
-    torch.cuda.synchronize()
+    sync(args.device)
     s.check_decode("raw pages")
-    row["decode_raw_pages_ms"] = median_ms(functools.partial(s.decode, best, raw=True), args.reps, flush)
+    row["decode_raw_pages_ms"] = median_ms(
+        functools.partial(s.decode, best, raw=True), args.reps, flush, args.warmups
+    )
     row["encode_ms_by_warps"] = enc_ms
     row["decode_ms_by_config"] = {c.name: t for c, t in dec_ms.items()}
     row["encode_best_num_warps"] = min(enc_ms, key=lambda w: enc_ms[w])
@@ -181,33 +217,40 @@ def measure(s: Setup, args: argparse.Namespace, flush: torch.Tensor) -> dict[str
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    fmt = PageFormat(head_dim=128, num_kv_heads=8)
+    fmt = PageFormat(head_dim=128, num_kv_heads=8, version=args.format_version)
     n = args.layers * args.pages_per_layer
     shape = (n, 2, fmt.num_kv_heads, 16, fmt.head_dim)
-    flush = torch.empty(512 * 2**20, dtype=torch.uint8, device="cuda")
-    gen = torch.Generator(device="cuda").manual_seed(0)
+    on_gpu = args.device == "cuda"
+    flush = torch.empty(512 * 2**20 if on_gpu else 1, dtype=torch.uint8, device=args.device)
+    gen = torch.Generator(device=args.device).manual_seed(0)
     results = {}
     for kind in args.data:
         results[kind] = measure(Setup(fmt, make_pages(kind, shape, gen)), args, flush)
-        torch.cuda.empty_cache()
+        if on_gpu:
+            torch.cuda.empty_cache()
         print(kind, "done", flush=True)
     shape_info = {"layers": args.layers, "pages_per_layer": args.pages_per_layer, "num_kv_heads": 8}
     shape_info |= {"head_dim": 128, "page_tokens": 16, "geometry": fmt.k_geometry.name}
+    shape_info |= {"format_version": fmt.version}
     return {
-        "benchmark": "codec",
+        "benchmark": "codec" if on_gpu else False,  # the interpreter's times are a smoke run's
         "date_utc": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-        "device": torch.cuda.get_device_name(),
+        "device": torch.cuda.get_device_name() if on_gpu else "cpu (Triton interpreter)",
         "torch": torch.__version__,
         "triton": triton.__version__,
         "command": " ".join(["python", *sys.argv]),
         "shape": shape_info,
-        "timing": f"CUDA events, L2 flushed (512 MiB memset) before each call, median of {args.reps}",
+        "timing": f"CUDA events, L2 flushed (512 MiB memset) before each call, {args.warmups} warm-ups, "
+        f"median of {args.reps}"
+        if on_gpu
+        else f"wall clock under the Triton interpreter, median of {args.reps} (not a benchmark)",
         "results": results,
     }
 
 
 def print_table(report: dict[str, Any]) -> None:
-    print(f"\ncodec on {report['device']} (torch {report['torch']}, triton {report['triton']})")
+    version = report["shape"]["format_version"]
+    print(f"\ncodec v{version} on {report['device']} (torch {report['torch']}, triton {report['triton']})")
     print("| data | compressible blocks | stored/raw | encode GB/s | decode GB/s | copy GB/s "
           "| decode raw pages GB/s | decode vs copy |")  # fmt: skip
     print("|---|---|---|---|---|---|---|---|")
@@ -226,15 +269,23 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=32)
     parser.add_argument("--pages-per-layer", type=int, default=512)
     parser.add_argument("--reps", type=int, default=30)
+    parser.add_argument("--warmups", type=int, default=3, help="untimed calls before each timing")
     parser.add_argument("--data", nargs="+", default=["normal", "compressible", "raw"])
     parser.add_argument("--encode-warps", type=int, nargs="+", default=[4, 2, 8])
     parser.add_argument("--decode-warps", type=int, nargs="+", default=[2, 4, 8])
     parser.add_argument("--decode-page-heads", type=int, nargs="+", default=[1, 2, 4])
+    parser.add_argument("--format-version", type=int, default=PageFormat(128, 8).version, choices=(1, 2, 3))
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--out", default="bench/results/codec.json")
     args = parser.parse_args()
-    if not torch.cuda.is_available():
-        sys.exit("bench_codec needs a CUDA GPU (see docs/benchmarks.md for the command on the GPU machine)")
-    args.sweep = [DecodeConfig(g, w) for g in args.decode_page_heads for w in args.decode_warps]
+    if args.device == "cuda" and not torch.cuda.is_available():
+        sys.exit("bench_codec needs a CUDA GPU for --device cuda (docs/benchmarks.md has the command)")
+    if args.device == "cpu" and not codec._INTERPRET:
+        sys.exit("--device cpu runs the kernels under Triton's interpreter: set TRITON_INTERPRET=1")
+    prmt = args.format_version < 3 and args.device == "cuda"  # v1/v2 PTX interleave (GPU only); v3 has none
+    args.sweep = [
+        DecodeConfig(g, w, use_prmt=prmt) for g in args.decode_page_heads for w in args.decode_warps
+    ]
     report = run(args)
     with open(args.out, "w") as f:
         json.dump(report, f, indent=2)

@@ -1,4 +1,5 @@
-"""Registers, spills and load instructions of the decode kernel for a GPU target, compiled on any machine.
+"""Registers, spills and load instructions of the decode kernel (and the v3 codec's) for a GPU target,
+compiled on any machine.
 
 The decode kernel's speed is set by how many programs fit on an SM, i.e. by its registers
 (docs/benchmarks.md), so a change to it can be judged before it reaches the GPU: Triton compiles for
@@ -7,6 +8,7 @@ The decode kernel's speed is set by how many programs fit on an SM, i.e. by its 
 those the H200 reports (253 registers for v1's compressed kernel, 244 for v2's, 188 for the twin).
 
     python bench/kernel_resources.py [--head-dim 128] [--configs 32:1:1,32:1:2] [--arch 90]
+    python bench/kernel_resources.py --kernel codec [--configs 4,8]   # v3 encode/decode, num_warps
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from triton.runtime.jit import JITFunction
 
+from zipkv.kernels import codec_v3
 from zipkv.kernels import decode_attention as da
 from zipkv.kernels import extend_attention as ea
 from zipkv.kernels.layout import PageFormat
@@ -47,6 +50,11 @@ _EXTEND_ARG_TYPES = {
     **{f"stride_{t}{d}": "i32" for t in "qkvo" for d in "th"},
 }  # fmt: skip
 _EXTEND_ALIGNED = {n for n in _EXTEND_ARG_TYPES if n != "qk_scale"}
+_CODEC_ARG_TYPES = {
+    "heap_i16": "*i16", "heap_u8": "*u8", "src_offsets": "*i64", "dst_offsets": "*i64", "offsets": "*i64",
+    "meta_u8": "*u8", "sizes_out": "*i32", "out_i16": "*i16", "H": "i32",
+}  # fmt: skip
+_CODEC_ALIGNED = {n for n, t in _CODEC_ARG_TYPES.items() if t.startswith("*")}
 
 
 @dataclass(frozen=True)
@@ -56,6 +64,8 @@ class Resources:
     spill_bytes: int
     shared_bytes: int
     global_loads: int  # ld.global instructions in the PTX
+    vector_loads: int  # of those, 16-byte ones (ld.global.v4 of 32-bit words)
+    vector_stores: int  # 16-byte st.global
     async_copies: int  # cp.async instructions (pipelined loads through shared memory)
     shared_stores: int  # st.shared: tiles moved to another register layout go through shared memory
     barriers: int  # bar.sync
@@ -102,6 +112,21 @@ def compile_extend_kernel(
     )
 
 
+def compile_codec_kernel(
+    fmt: PageFormat, kind: str, num_warps: int, arch: int = 90, page_heads_per_program: int = 1
+) -> Resources:
+    """Compile page format v3's encode or decode kernel (kernels/codec_v3.py) as kernels/codec.py launches
+    it on a GPU (16-byte aligned pointers)."""
+    if fmt.version < 3:
+        raise ValueError(
+            f"compile_codec_kernel compiles the v3 codec (kernels/codec_v3.py), got v{fmt.version}"
+        )
+    fn = codec_v3._encode_pages_v3_kernel if kind == "encode" else codec_v3._decode_pages_v3_kernel
+    const = {"D": fmt.head_dim, "G": page_heads_per_program, "STREAM": False}
+    kernel = _compile(fn, const, _CODEC_ARG_TYPES, _CODEC_ALIGNED, arch, num_warps, 1)
+    return _resources(kernel, f"codec v3 {kind} head_dim {fmt.head_dim} warps {num_warps}")
+
+
 def _compile(fn, const, arg_types, aligned, arch, num_warps, num_stages):  # type: ignore[no-untyped-def]
     if not isinstance(fn, JITFunction):  # TRITON_INTERPRET=1 at import made it an interpreted function
         raise RuntimeError("the kernels were built for Triton's interpreter: run with TRITON_INTERPRET unset")
@@ -124,6 +149,8 @@ def _resources(kernel, variant: str) -> Resources:  # type: ignore[no-untyped-de
         spill_bytes=spill_bytes,
         shared_bytes=int(kernel.metadata.shared),
         global_loads=len(re.findall(r"\bld\.global", ptx)),
+        vector_loads=len(re.findall(r"\bld\.global(\.\w+)*\.v4\.b32", ptx)),
+        vector_stores=len(re.findall(r"\bst\.global(\.\w+)*\.v4\.b32", ptx)),
         async_copies=len(re.findall(r"\bcp\.async\.c[ag]", ptx)),
         shared_stores=len(re.findall(r"\bst\.shared", ptx)),
         barriers=len(re.findall(r"\bbar\.sync", ptx)),
@@ -149,12 +176,13 @@ def _cubin_usage(cubin: bytes) -> tuple[int, int]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--kernel", choices=["decode", "extend"], default="decode")
+    ap.add_argument("--kernel", choices=["decode", "extend", "codec"], default="decode")
     ap.add_argument("--head-dim", type=int, default=128)
     ap.add_argument(
         "--configs",
         default="",
-        help="decode: block_n:warps:stages list (32:1:1,32:1:2); extend: block_m:block_n:warps",
+        help="decode: block_n:warps:stages list (32:1:1,32:1:2); extend: block_m:block_n:warps; "
+        "codec: warps (4,8)",
     )
     ap.add_argument("--versions", default="1,2", help="page format versions of the compressed kernel")
     ap.add_argument("--arch", type=int, default=90, help="compute capability, e.g. 90 for H100/H200")
@@ -162,9 +190,17 @@ def main() -> None:
     args = ap.parse_args()
     if not args.json:
         print(f"triton {triton.__version__}, sm_{args.arch}", flush=True)
-    configs = args.configs or ("32:1:1,32:1:2" if args.kernel == "decode" else "16:32:4")
     found = []
-    for cfg in configs.split(","):
+    if args.kernel == "codec":
+        for warps in (int(w) for w in (args.configs or "4").split(",")):
+            for kind in ("encode", "decode"):
+                found.append(
+                    compile_codec_kernel(PageFormat(args.head_dim, 8, version=3), kind, warps, args.arch)
+                )
+                if not args.json:
+                    print(found[-1], flush=True)
+    configs = args.configs or ("32:1:1,32:1:2" if args.kernel == "decode" else "16:32:4")
+    for cfg in configs.split(",") if args.kernel != "codec" else []:
         a, b, c = (int(x) for x in cfg.split(":"))
         runs = [(PageFormat(args.head_dim, 8, version=int(v)), True) for v in args.versions.split(",")]
         for fmt, compressed in [*runs, (PageFormat(args.head_dim, 8), False)]:

@@ -2,10 +2,11 @@
 
 The public entry points: each wrapper checks its tensors, then makes one launch with no host sync. The
 kernels live beside this module, the writer in codec_encode.py and the reader in codec_decode.py (see their
-docstrings for how each walks a page). Each kernel has a plain-torch twin in kernels/reference.py and is
-tested against it bit for bit, compiled on the GPU and under ``TRITON_INTERPRET=1`` on the CPU. Every block
-geometry of layout.py is handled by index arithmetic (the K and V geometries are constexpr). The codec is
-integer-only: nothing here does bf16 math.
+docstrings for how each walks a page); page format v3's two in codec_v3.py, picked by ``fmt.version`` so
+callers do not change with the format. Each kernel has a plain-torch twin in kernels/reference.py (v3's in
+reference_v3.py) and is tested against it bit for bit, compiled on the GPU and under ``TRITON_INTERPRET=1``
+on the CPU. Every block geometry of layout.py is handled by index arithmetic (the K and V geometries are
+constexpr). The codec is integer-only: nothing here does bf16 math.
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ import torch
 
 from .codec_decode import _decode_pages_kernel
 from .codec_encode import _encode_pages_kernel, _store_tokens_kernel
-from .layout import PAGE_TOKENS, PageFormat
+from .codec_v3 import _decode_pages_v3_kernel, _encode_pages_v3_kernel
+from .layout import PAGE_TOKENS, PageFormat, token_major
 
 _INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
@@ -47,8 +49,21 @@ def _check(
 
 
 def _geometry_args(fmt: PageFormat) -> dict[str, int]:
-    return {"KR": fmt.k_geometry.tokens, "KC": fmt.k_geometry.channels,
-            "VR": fmt.v_geometry.tokens, "VC": fmt.v_geometry.channels}  # fmt: skip
+    """The block geometry a raw page is laid out in: v3's raw pages are plain [2, H, 16, D] bf16, which is
+    v1/v2's token-major raw page."""
+    k, v = (token_major(fmt.head_dim),) * 2 if fmt.version >= 3 else (fmt.k_geometry, fmt.v_geometry)
+    return {"KR": k.tokens, "KC": k.channels, "VR": v.tokens, "VC": v.channels}
+
+
+def _check_aligned(fmt: PageFormat, **offsets: torch.Tensor) -> None:
+    """Offsets off the kernels' alignment would read wrong bytes. Checked where it costs no device sync:
+    under the interpreter (the CPU); on the GPU the callers (the allocator) guarantee it."""
+    if not _INTERPRET:
+        return
+    align = fmt.page_alignment_bytes
+    for name, x in offsets.items():
+        if bool((x % align != 0).any()):
+            raise ValueError(f"{name} must be multiples of {align} bytes for page format v{fmt.version}")
 
 
 def encode_pages(
@@ -63,9 +78,10 @@ def encode_pages(
     """Compress n full raw pages at byte ``src_offsets`` (int64 [n]) into ``dst_offsets`` (int64 [n]).
 
     Writes each page's metadata into ``meta_out`` (uint8 [n, 2H, meta_bytes]) and its stored size in bytes
-    (blocks only, metadata excluded) into ``sizes_out`` (int32 [n]). One launch, no host sync. Offsets must
-    be multiples of 256; each destination needs room for ``fmt.raw_page_bytes`` and must not overlap any
-    source page.
+    (metadata excluded) into ``sizes_out`` (int32 [n]). One launch, no host sync. Offsets must be multiples
+    of ``fmt.page_alignment_bytes`` (v1/v2 256, v3 16); each destination needs room for
+    ``fmt.raw_page_bytes`` and must not overlap any source page. v3 (codec_v3.py) writes each page's
+    records then its raw blocks' patches in rank order, or the raw page again when it stores raw.
     """
     _check_heap(heap)
     n = src_offsets.numel()
@@ -75,6 +91,13 @@ def encode_pages(
     _check("meta_out", meta_out, torch.uint8, (n, fmt.page_heads_per_page, fmt.meta_bytes), dev)
     _check("sizes_out", sizes_out, torch.int32, (n,), dev)
     if n == 0:
+        return
+    _check_aligned(fmt, src_offsets=src_offsets, dst_offsets=dst_offsets)
+    if fmt.version >= 3:
+        _encode_pages_v3_kernel[(n,)](
+            heap.view(torch.int16), heap, src_offsets, dst_offsets, meta_out, sizes_out, fmt.num_kv_heads,
+            D=fmt.head_dim, num_warps=num_warps,
+        )  # fmt: skip
         return
     _encode_pages_kernel[(n,)](
         heap.view(torch.int16), heap, src_offsets, dst_offsets, meta_out, sizes_out,
@@ -97,8 +120,9 @@ def decode_pages(
     """Restore n pages (raw or compressed) at byte ``offsets`` (int64 [n]) with metadata ``meta``
     (uint8 [n, 2H, meta_bytes]) into ``out`` (bf16 [n, 2, H, 16, D]). One launch, no host sync.
 
-    Offsets must be multiples of 256 (the kernel reads whole 16-byte vectors). ``use_prmt`` picks the PTX
-    byte interleave (GPU only); by default it is on when compiled and off under the interpreter."""
+    Offsets must be multiples of ``fmt.page_alignment_bytes`` (v1/v2 256, v3 16: the kernels read whole
+    16-byte vectors). ``use_prmt`` picks the PTX byte interleave of v1/v2 (GPU only); by default it is on
+    when compiled and off under the interpreter. v3's restore (codec_v3.py) has no such choice."""
     _check_heap(heap)
     n = offsets.numel()
     dev = heap.device
@@ -106,13 +130,22 @@ def decode_pages(
     _check("offsets", offsets, torch.int64, (n,), dev)
     _check("meta", meta, torch.uint8, (n, 2 * h, fmt.meta_bytes), dev)
     _check("out", out, torch.bfloat16, (n, 2, h, PAGE_TOKENS, d), dev)
-    if n == 0:
-        return
-    if use_prmt is None:
-        use_prmt = not _INTERPRET
     g = page_heads_per_program
     if g < 1 or h % g != 0 or g & (g - 1):
         raise ValueError(f"page_heads_per_program must be a power of two dividing num_kv_heads {h}, got {g}")
+    if fmt.version >= 3 and use_prmt:
+        raise ValueError("use_prmt picks v1/v2's byte interleave; page format v3's restore has none")
+    if n == 0:
+        return
+    _check_aligned(fmt, offsets=offsets)
+    if fmt.version >= 3:
+        _decode_pages_v3_kernel[(n, 2 * h // g)](
+            heap, heap.view(torch.int16), offsets, meta, out.view(torch.int16), h, D=d, G=g,
+            STREAM=stream_stores, num_warps=num_warps,
+        )  # fmt: skip
+        return
+    if use_prmt is None:
+        use_prmt = not _INTERPRET
     _decode_pages_kernel[(n, 2 * h // g)](
         heap.view(torch.int32), offsets, meta, meta.view(torch.int32), out.view(torch.int32), h, D=d,
         NB=fmt.blocks_per_page_head, META_BYTES=fmt.meta_bytes, G=g, USE_PRMT=use_prmt, STREAM=stream_stores,

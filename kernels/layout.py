@@ -200,6 +200,12 @@ class PageFormat:
         return self.blocks_per_page * self.compressed_block_bytes
 
     @property
+    def page_alignment_bytes(self) -> int:
+        """What page offsets the codec's kernels need: v1/v2 multiples of 256 bytes (blocks start on them),
+        v3 of 16 (16-byte vector loads and stores; v3 pages are multiples of 64 bytes)."""
+        return 16 if self.version >= 3 else 256
+
+    @property
     def meta_bytes(self) -> int:
         """Metadata per page-head: v1/v2 an int32 offset + one marker per block, padded to 8 bytes;
         v3 one byte per block (its base, patch rank or raw-page marker)."""

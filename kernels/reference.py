@@ -2,15 +2,18 @@
 
 Everything here follows kernels/layout.py exactly and is the reference the Triton kernels are tested
 against bit for bit. This module turns pages into metadata rows and stored bytes and reads them back, and
-holds the heap-level twins of the Triton codec (store tokens, gather, encode and decode pages). The block
-coding underneath lives in reference_blocks.py; its names are re-exported here, with the decode attention
-oracle, so ``zipkv.kernels.reference`` stays the one import for every reference.
+holds the heap-level twins of the Triton codec (store tokens, gather, encode and decode pages). Every page
+and heap function takes any supported version: v3's (layout_v3.py) live in reference_v3.py and are reached
+through these by ``fmt.version``, so callers do not change with the format. The block coding underneath
+lives in reference_blocks.py; its names are re-exported here, with the decode attention oracle, so
+``zipkv.kernels.reference`` stays the one import for every reference.
 """
 
 from __future__ import annotations
 
 import torch
 
+from . import reference_v3 as v3
 from .layout import BLOCK_VALUES, OFFSET_BYTES, PAGE_TOKENS, RAW_MARKER, PageFormat
 from .reference_blocks import DEFAULT_BLOCK_GEOMETRY as DEFAULT_BLOCK_GEOMETRY
 from .reference_blocks import EncodedBlocks as EncodedBlocks
@@ -66,6 +69,9 @@ def unpack_meta(meta: torch.Tensor, fmt: PageFormat) -> tuple[torch.Tensor, torc
 def encode_page(page: torch.Tensor, fmt: PageFormat) -> tuple[torch.Tensor, torch.Tensor]:
     """bf16 ``[2, H, 16, D]`` -> (uint8 ``[nbytes]`` stored page, uint8 ``[2H, meta_bytes]`` metadata)."""
     _check_page(page, fmt)
+    if fmt.version >= 3:
+        stored, meta = v3.encode_pages_v3(page[None], fmt)
+        return stored[0], meta[0]
     encoded = [
         encode_blocks(
             page_to_blocks(page[kv], fmt.geometry(kv)).reshape(-1, BLOCK_VALUES),
@@ -103,6 +109,8 @@ def _decode_pages(
 
 def decode_page(data: torch.Tensor, meta: torch.Tensor, fmt: PageFormat) -> torch.Tensor:
     """Inverse of :func:`encode_page` (and of :func:`raw_page_bytes` with :func:`raw_page_meta`)."""
+    if fmt.version >= 3:
+        return v3.decode_pages_v3([data], meta[None], fmt)[0]
     if data.dtype != torch.uint8 or data.dim() != 1:
         raise ValueError(f"expected uint8 [nbytes] page data, got {data.dtype} {list(data.shape)}")
     bases = torch.zeros(1, dtype=torch.int64, device=data.device)
@@ -112,12 +120,16 @@ def decode_page(data: torch.Tensor, meta: torch.Tensor, fmt: PageFormat) -> torc
 def raw_page_bytes(page: torch.Tensor, fmt: PageFormat) -> torch.Tensor:
     """bf16 ``[2, H, 16, D]`` -> uint8 ``[fmt.raw_page_bytes]``: every block raw, in block order."""
     _check_page(page, fmt)
+    if fmt.version >= 3:  # plain [2, H, 16, D] bf16
+        return page.contiguous().view(torch.uint8).reshape(-1)
     blocks = [page_to_blocks(page[kv], fmt.geometry(kv)).reshape(-1, BLOCK_VALUES) for kv in (0, 1)]
     return _raw_bytes(bf16_bits(torch.cat(blocks))).reshape(-1)
 
 
 def raw_page_meta(fmt: PageFormat, device: torch.device | str = "cpu") -> torch.Tensor:
     """uint8 ``[2H, meta_bytes]`` of an uncompressed page: raw offsets, every marker RAW_MARKER."""
+    if fmt.version >= 3:
+        return v3.raw_page_meta_v3(fmt, device)
     offsets = (
         torch.arange(fmt.page_heads_per_page, dtype=torch.int64, device=device) * fmt.raw_page_head_bytes
     )
@@ -130,6 +142,8 @@ def raw_page_meta(fmt: PageFormat, device: torch.device | str = "cpu") -> torch.
 def raw_page_value_index(fmt: PageFormat, device: torch.device | str = "cpu") -> torch.Tensor:
     """int64 ``[2, H, 16, D]``: bf16 element index of each (kv, head, token, channel) in a raw page."""
     idx = torch.arange(fmt.raw_page_bytes // 2, dtype=torch.int64, device=device)
+    if fmt.version >= 3:  # plain [2, H, 16, D] bf16
+        return idx.view(2, fmt.num_kv_heads, PAGE_TOKENS, fmt.head_dim)
     idx = idx.view(2, fmt.num_kv_heads, fmt.blocks_per_page_head, BLOCK_VALUES)
     return torch.stack([blocks_to_page(idx[kv], fmt.geometry(kv), fmt.head_dim) for kv in (0, 1)])
 
@@ -164,6 +178,8 @@ def gather_pages(
     fmt: PageFormat,
 ) -> torch.Tensor:
     """Read pages (raw or compressed) of one layer: bf16 ``[n, 2, H, 16, D]``."""
+    if fmt.version >= 3:
+        return v3.gather_pages(heap, page_loc_layer, page_meta_layer, page_ids, fmt)
     return _decode_pages(heap, page_loc_layer[page_ids], page_meta_layer[page_ids], fmt)
 
 
@@ -180,6 +196,8 @@ def encode_pages(
     Writes metadata into ``meta_out`` (uint8 [n, 2H, meta_bytes]) and stored sizes (blocks only) into
     ``sizes_out`` (int32 [n]). Destinations must not overlap any source page.
     """
+    if fmt.version >= 3:
+        return v3.encode_pages(heap, src_offsets, dst_offsets, meta_out, sizes_out, fmt)
     n, h = src_offsets.numel(), fmt.num_kv_heads
     if n == 0:
         return
@@ -209,6 +227,8 @@ def decode_pages(
     heap: torch.Tensor, offsets: torch.Tensor, meta: torch.Tensor, out: torch.Tensor, fmt: PageFormat
 ) -> None:
     """Twin of ``codec.decode_pages``: pages at byte ``offsets`` -> ``out`` (bf16 [n, 2, H, 16, D])."""
+    if fmt.version >= 3:
+        return v3.decode_pages(heap, offsets, meta, out, fmt)
     out.copy_(_decode_pages(heap, offsets, meta, fmt))
 
 

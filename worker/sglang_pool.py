@@ -88,7 +88,7 @@ class ZipkvAllocator:
         self.pool.poll()
         tokens = self.pages_fit() * PAGE_TOKENS
         if self.compression and self.prefix_cache is not None:
-            tokens = max(0, tokens - overcount_tokens(self.prefix_cache.evictable_tokens()))
+            tokens = max(0, tokens - overcount_tokens(self.prefix_cache.evictable_tokens(), self.pool.fmt))
         return tokens
 
     def held_tokens(self) -> int:

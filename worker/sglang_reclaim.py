@@ -3,10 +3,10 @@
 SGLang counts the radix cache's evictable tokens as free room one for one: admission checks
 ``available_size() + evictable_size()``, and before an allocation it evicts only the shortfall
 (``evict_from_tree_cache``). With zipkv a cached page is compressed, so evicting it gives back its stored
-bytes (at least 768/1024 of a raw page, and only once the chunks it sat in are empty or compacted), not a
-whole raw page. Left alone, admission over-promises and an allocation after the shortfall eviction can
-still fail, which SGLang turns into "Prefill out of memory" (seen in a milestone-3 run's counters going
-below zero on the H200).
+bytes (at least the format's all-compressed page, 3/4 of a raw page in v1/v2 and v3 alike, and only once
+the chunks it sat in are empty or compacted), not a whole raw page. Left alone, admission over-promises
+and an allocation after the shortfall eviction can still fail, which SGLang turns into "Prefill out of
+memory" (seen in a milestone-3 run's counters going below zero on the H200).
 
 Two parts, both active only while a radix cache is wired in (`PrefixCache`):
 - `overcount_tokens`: what ``available_size()`` holds back so that SGLang's available + evictable never
@@ -22,13 +22,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from zipkv.kernels.layout import COMPRESSED_BLOCK_BYTES, PAGE_TOKENS, RAW_BLOCK_BYTES
+from zipkv.kernels.layout import PAGE_TOKENS, PageFormat
 
 if TYPE_CHECKING:
     from .sglang_pool import ZipkvAllocator
 
-# Stored bytes of a compressed page are at least this share of a raw page's: all blocks compressed.
-MIN_STORED_SHARE = (COMPRESSED_BLOCK_BYTES, RAW_BLOCK_BYTES)  # 768 / 1024, as an exact fraction
 RECLAIM_ROUNDS = 6
 RECLAIM_LIVE_FRACTION = 0.99  # under pressure, compact any chunk whose dead bytes could make room
 
@@ -41,17 +39,23 @@ class PrefixCache:
     evict_tokens: Callable[[int], int]  # evict at least n tokens if it can; returns tokens evicted
 
 
-def overcount_tokens(evictable_tokens: int) -> int:
+def min_stored_share(fmt: PageFormat) -> tuple[int, int]:
+    """The least share of a raw page a compressed page is stored in, as an exact fraction: every block
+    compressed (v1/v2 768 of 1024 bytes a block, v3 192 of 256; v3's patches and raw pages only add)."""
+    return fmt.min_page_bytes, fmt.raw_page_bytes
+
+
+def overcount_tokens(evictable_tokens: int, fmt: PageFormat) -> int:
     """Tokens SGLang over-counts when it treats ``evictable_tokens`` compressed tokens as free: the share
     of each page that evicting may not give back, rounded up to whole pages."""
-    share_num, share_den = MIN_STORED_SHARE
+    share_num, share_den = min_stored_share(fmt)
     pages = -(-evictable_tokens // PAGE_TOKENS)
     return -(-pages * (share_den - share_num) // share_den) * PAGE_TOKENS
 
 
 def reclaim(alloc: ZipkvAllocator, cache: PrefixCache, need_pages: int) -> bool:
     """Make room for ``need_pages`` new pages from the prefix cache; True once they fit."""
-    share_num, share_den = MIN_STORED_SHARE
+    share_num, share_den = min_stored_share(alloc.pool.fmt)
     for _ in range(RECLAIM_ROUNDS):
         fit = alloc.pages_fit()
         if fit >= need_pages:

@@ -37,7 +37,8 @@ def budget_bytes_for_tokens(max_total_num_tokens: int, fmt: PageFormat, num_laye
 
 
 def virtual_pages_for_budget(budget_bytes: int, fmt: PageFormat, num_layers: int, compression: bool) -> int:
-    """Page ids to offer: as many pages as the budget holds when every page compresses fully (+ the pad)."""
+    """Page ids to offer: as many pages as the budget holds when every page compresses fully (the format's
+    ``min_page_bytes``, v1/v2 and v3 alike 3/4 of a raw page), + the pad."""
     page_bytes = fmt.min_page_bytes if compression else fmt.raw_page_bytes
     return budget_bytes // (page_bytes * num_layers) + 1
 

@@ -47,8 +47,11 @@ def ledger(
     shared_pool: bool = True,
     compression: bool = True,
     fences: Callable[[], ManualFence] | None = None,
+    unit_bytes: int = 256,
 ) -> Ledger:
-    cfg = LedgerConfig(layers, chunks, chunk_units, raw, max_pages, shared_pool, compression)
+    cfg = LedgerConfig(
+        layers, chunks, chunk_units, raw, max_pages, shared_pool, compression, unit_bytes=unit_bytes
+    )
     return Ledger(cfg) if fences is None else Ledger(cfg, fences)
 
 
@@ -59,7 +62,7 @@ def encode_with(
     plan = led.plan_encode()
     if plan is None:
         return None
-    sizes = np.asarray(size_units(plan), dtype=np.int64) * 256
+    sizes = np.asarray(size_units(plan), dtype=np.int64) * led.cfg.unit_bytes
     done = ManualFence() if fence is None else fence
     if fence is None:
         done.finished = True

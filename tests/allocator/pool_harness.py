@@ -1,5 +1,7 @@
 """A small serving loop over a real PagePool on the CPU: requests append tokens, pages fill and are
-compressed by the torch reference encoder, and a shadow copy of every token checks what the heap holds."""
+compressed by the torch reference encoder, and a shadow copy of every token checks what the heap holds.
+Pools are built at page format v2 (the default) or v3 (``FORMATS``; the ``fmt`` fixture runs a test at
+both)."""
 
 from __future__ import annotations
 
@@ -9,19 +11,35 @@ from dataclasses import dataclass, field
 import torch
 
 from zipkv.allocator import PagePool
+from zipkv.kernels import layout_v3 as v3
 from zipkv.kernels import reference
-from zipkv.kernels.layout import PAGE_TOKENS, PageFormat
+from zipkv.kernels.layout import OFFSET_BYTES, PAGE_TOKENS, RAW_MARKER, PageFormat
 
-FMT = PageFormat(head_dim=64, num_kv_heads=1)  # raw page 4 KiB (16 units), 4 blocks
+FMT = PageFormat(head_dim=64, num_kv_heads=1, version=2)  # raw page 4 KiB (16 units of 256 B), 4 blocks
+FMT_V3 = PageFormat(head_dim=64, num_kv_heads=1, version=3)  # raw page 4 KiB (64 units of 64 B), 16 blocks
+FORMATS = (FMT, FMT_V3)
 CHUNK_BYTES = 4 * FMT.raw_page_bytes
+assert FMT_V3.raw_page_bytes == FMT.raw_page_bytes
 KINDS = ("smooth", "zeros", "wide")  # compressible / exact zeros force raw blocks / exponent spread > 16
 
 
+def coded_blocks(page_meta: torch.Tensor, fmt: PageFormat) -> torch.Tensor:
+    """bool [..., 2H, blocks]: which blocks of pages with metadata ``page_meta`` are stored compressed."""
+    if fmt.version >= 3:
+        return page_meta < v3.RAW_BLOCK_FLAG  # b/2; raw blocks are 0x80 | rank, raw pages 0xFF
+    return page_meta[..., OFFSET_BYTES : OFFSET_BYTES + fmt.blocks_per_page_head] != RAW_MARKER
+
+
 def make_pool(
-    layers: int = 2, chunks: int = 24, shared_pool: bool = True, compression: bool = True, **kw: object
+    layers: int = 2,
+    chunks: int = 24,
+    shared_pool: bool = True,
+    compression: bool = True,
+    fmt: PageFormat = FMT,
+    **kw: object,
 ) -> PagePool:
     return PagePool(
-        FMT,
+        fmt,
         layers,
         chunks * CHUNK_BYTES + 256,
         chunk_bytes=CHUNK_BYTES,
@@ -31,10 +49,10 @@ def make_pool(
     )  # type: ignore[arg-type]
 
 
-def token_values(kind: str, seed: int, n: int) -> torch.Tensor:
+def token_values(kind: str, seed: int, n: int, fmt: PageFormat = FMT) -> torch.Tensor:
     """bf16 [n, 2, H, D] K and V of ``n`` tokens."""
     g = torch.Generator().manual_seed(seed)
-    x = torch.randn(n, 2, FMT.num_kv_heads, FMT.head_dim, generator=g)
+    x = torch.randn(n, 2, fmt.num_kv_heads, fmt.head_dim, generator=g)
     if kind == "zeros":
         x = torch.where(torch.rand(x.shape, generator=g) < 0.02, torch.zeros(()), x)
     elif kind == "wide":
@@ -80,7 +98,7 @@ class Harness:
             need = -(-(req.tokens + n) // PAGE_TOKENS) - len(req.pages)
             if need:
                 req.pages += self.pool.allocate(need, req.rid)  # must never fail for an admitted request
-            vals = token_values(req.kind, zlib.crc32(f"{req.rid}/{req.tokens}".encode()), n)
+            vals = token_values(req.kind, zlib.crc32(f"{req.rid}/{req.tokens}".encode()), n, self.pool.fmt)
             for i in range(n):
                 pos = req.tokens + i
                 page = req.pages[pos // PAGE_TOKENS]
@@ -103,7 +121,7 @@ class Harness:
             for layer in range(self.pool.num_layers):
                 kv_l = (kv.float() * 2.0**layer).to(torch.bfloat16)
                 reference.store_tokens(
-                    self.pool.heap, self.pool.page_loc[layer], slot_t, kv_l[:, 0], kv_l[:, 1], FMT
+                    self.pool.heap, self.pool.page_loc[layer], slot_t, kv_l[:, 0], kv_l[:, 1], self.pool.fmt
                 )
         self.pool.mark_full(full)
         for req in [r for r in self.running.values() if r.tokens == r.max_tokens]:
@@ -126,7 +144,7 @@ class Harness:
             ids = torch.tensor(req.pages, dtype=torch.int64, device=self.pool.heap.device)
             for layer in range(self.pool.num_layers):
                 got = reference.gather_pages(
-                    self.pool.heap, self.pool.page_loc[layer], self.pool.page_meta[layer], ids, FMT
+                    self.pool.heap, self.pool.page_loc[layer], self.pool.page_meta[layer], ids, self.pool.fmt
                 )  # [n, 2, H, 16, D]
                 got = got.permute(0, 3, 1, 2, 4).cpu()  # [n, 16, 2, H, D]
                 for i, page in enumerate(req.pages):

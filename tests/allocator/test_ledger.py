@@ -12,7 +12,7 @@ import pytest
 from alloc_helpers import FenceLog, ManualFence, encode_with, ledger
 
 from zipkv.allocator.audit import check
-from zipkv.allocator.plans import ChunkKind, OutOfPages, PageState
+from zipkv.allocator.plans import ChunkKind, CompletedFence, OutOfPages, PageState
 
 RAW = 16  # units of a raw page in these tests; 4 raw pages per 64-unit chunk
 
@@ -221,3 +221,26 @@ def test_an_encode_launch_always_has_room() -> None:
     led.poll()
     led.allocate(4, "a")
     check(led)
+
+
+def test_sizes_are_taken_in_the_configured_unit() -> None:
+    """Page format v3 stores pages in 64-byte steps: a 64-byte-unit ledger places them exactly, and a
+    256-byte-unit one (v1/v2) refuses them rather than rounding."""
+    for unit, accepted in ((64, True), (256, False)):
+        led = ledger(layers=2, chunks=16, chunk_units=256, raw=64, unit_bytes=unit)
+        ids, _ = led.allocate(2)
+        led.mark_full(ids)
+        plan = led.plan_encode()
+        assert plan is not None
+        sizes = np.array([64 * 49, 64 * 50] * 2, dtype=np.int64)  # 3136 and 3200 bytes: not 256-multiples
+        led.launched(plan, CompletedFence(), lambda s=sizes: s)  # type: ignore[misc]
+        if not accepted:
+            with pytest.raises(RuntimeError, match="multiples of 256"):
+                led.poll()
+            continue
+        led.poll()
+        assert (led.page_units[:, ids] == [[49, 50], [49, 50]]).all()
+        assert (np.diff(led.page_unit[:, ids], axis=1) == 49).all()  # packed back to back, in units
+        check(led)
+    with pytest.raises(ValueError, match="unit_bytes"):
+        ledger(unit_bytes=0)

@@ -1,20 +1,21 @@
 """PagePool with real pages on the CPU: the torch reference encoder compresses them, the page table follows
-every move, the tensors the kernels read keep their addresses, and admitted requests always finish."""
+every move, the tensors the kernels read keep their addresses, and admitted requests always finish; at page
+formats v2 (256-byte units) and v3 (64-byte units) through the ``fmt`` fixture."""
 
 from __future__ import annotations
 
 import pytest
 import torch
-from pool_harness import CHUNK_BYTES, FMT, KINDS, Harness, make_pool, token_values
+from pool_harness import CHUNK_BYTES, FMT, KINDS, Harness, coded_blocks, make_pool, token_values
 
 from zipkv.allocator import OutOfPages, PagePool
 from zipkv.allocator.audit import check
 from zipkv.kernels import reference
-from zipkv.kernels.layout import RAW_MARKER
+from zipkv.kernels.layout import PageFormat
 
 
-def test_full_pages_are_compressed_in_every_layer_and_read_back() -> None:
-    h = Harness(make_pool(layers=3, chunks=24))
+def test_full_pages_are_compressed_in_every_layer_and_read_back(fmt: PageFormat) -> None:
+    h = Harness(make_pool(layers=3, chunks=24, fmt=fmt))
     for kind in KINDS:
         h.admit(64, kind)
     h.step(32)  # two full pages per request
@@ -22,36 +23,36 @@ def test_full_pages_are_compressed_in_every_layer_and_read_back() -> None:
     stats = h.pool.stats()
     assert stats.compressed_pages == 6 and stats.encoding_pages == 0
     smooth, wide = h.running["r0"].pages[0], h.running["r2"].pages[0]
-    sizes = h.pool.ledger.page_units[:, [smooth, wide]] * 256
-    assert (sizes[:, 0] < FMT.raw_page_bytes).all()  # smooth values compress ...
-    assert (sizes[:, 1] == FMT.raw_page_bytes).all()  # ... values spread over 2^60 do not
-    markers = h.pool.page_meta[:, smooth, :, 4 : 4 + FMT.blocks_per_page_head]
-    assert (markers != RAW_MARKER).any()
-    assert FMT.min_page_bytes / FMT.raw_page_bytes <= stats.compression_ratio < 1.0
+    sizes = h.pool.ledger.page_units[:, [smooth, wide]] * h.pool.unit_bytes
+    assert (sizes[:, 0] < fmt.raw_page_bytes).all()  # smooth values compress ...
+    assert (sizes[:, 1] == fmt.raw_page_bytes).all()  # ... values spread over 2^60 do not
+    assert coded_blocks(h.pool.page_meta[:, smooth], fmt).any()
+    assert fmt.min_page_bytes / fmt.raw_page_bytes <= stats.compression_ratio < 1.0
     check(h.pool.ledger)
 
 
-def test_stored_bytes_and_metadata_are_the_reference_encoders() -> None:
-    pool = make_pool(layers=2, chunks=12)
+def test_stored_bytes_and_metadata_are_the_reference_encoders(fmt: PageFormat) -> None:
+    pool = make_pool(layers=2, chunks=12, fmt=fmt)
     (page,) = pool.allocate(1)
     pages = {}
     for layer, kind in enumerate(("zeros", "smooth")):
-        kv = token_values(kind, layer, 16)  # [16, 2, H, D]
+        kv = token_values(kind, layer, 16, fmt)  # [16, 2, H, D]
         slots = torch.arange(16) + page * 16
-        reference.store_tokens(pool.heap, pool.page_loc[layer], slots, kv[:, 0], kv[:, 1], FMT)
+        reference.store_tokens(pool.heap, pool.page_loc[layer], slots, kv[:, 0], kv[:, 1], fmt)
         pages[layer] = kv.permute(1, 2, 0, 3).contiguous()  # [2, H, 16, D]
     pool.mark_full([page])
     pool.end_step()
     for layer, values in pages.items():
-        data, meta = reference.encode_page(values, FMT)
+        data, meta = reference.encode_page(values, fmt)
         start = int(pool.page_loc[layer, page])
-        assert pool.ledger.page_units[layer, page] * 256 == data.numel()
+        assert start % pool.unit_bytes == 0 and start % fmt.page_alignment_bytes == 0
+        assert pool.ledger.page_units[layer, page] * pool.unit_bytes == data.numel()
         assert torch.equal(pool.heap[start : start + data.numel()], data)
         assert torch.equal(pool.page_meta[layer, page], meta)
 
 
-def test_kernel_tensors_keep_their_addresses() -> None:
-    h = Harness(make_pool(layers=2, chunks=20, compaction_interval_steps=1))
+def test_kernel_tensors_keep_their_addresses(fmt: PageFormat) -> None:
+    h = Harness(make_pool(layers=2, chunks=20, fmt=fmt, compaction_interval_steps=1))
     addresses = (h.pool.heap.data_ptr(), h.pool.page_loc.data_ptr(), h.pool.page_meta.data_ptr())
     for i in range(5):
         h.admit(40 + 16 * i, KINDS[i % 3])
@@ -61,8 +62,8 @@ def test_kernel_tensors_keep_their_addresses() -> None:
     assert (h.pool.heap.data_ptr(), h.pool.page_loc.data_ptr(), h.pool.page_meta.data_ptr()) == addresses
 
 
-def test_compaction_keeps_every_page_readable() -> None:
-    h = Harness(make_pool(layers=2, chunks=40, compaction_interval_steps=10**6))
+def test_compaction_keeps_every_page_readable(fmt: PageFormat) -> None:
+    h = Harness(make_pool(layers=2, chunks=40, fmt=fmt, compaction_interval_steps=10**6))
     for i in range(8):
         h.admit(96 if i % 2 else 48, "smooth")
     for _ in range(4):
@@ -78,8 +79,8 @@ def test_compaction_keeps_every_page_readable() -> None:
 
 
 @pytest.mark.parametrize("shared_pool", [False, True])
-def test_requests_admitted_by_capacity_all_finish(shared_pool: bool) -> None:
-    h = Harness(make_pool(layers=2, chunks=32, shared_pool=shared_pool))
+def test_requests_admitted_by_capacity_all_finish(shared_pool: bool, fmt: PageFormat) -> None:
+    h = Harness(make_pool(layers=2, chunks=32, shared_pool=shared_pool, fmt=fmt))
     admitted = 0
     for step in range(40):
         for kind in KINDS:
@@ -109,9 +110,9 @@ def test_bad_configuration_is_refused() -> None:
 
 
 @pytest.mark.gpu
-def test_on_cuda_with_the_triton_codec() -> None:
+def test_on_cuda_with_the_triton_codec(fmt: PageFormat) -> None:
     """The same serving loop on the GPU: Triton encode, CUDA-event fences, sizes read a step later."""
-    h = Harness(make_pool(layers=3, chunks=40, device="cuda"))
+    h = Harness(make_pool(layers=3, chunks=40, fmt=fmt, device="cuda"))
     for i in range(6):
         h.admit(48 + 16 * i, KINDS[i % 3])
     for _ in range(12):
@@ -122,27 +123,30 @@ def test_on_cuda_with_the_triton_codec() -> None:
     assert h.pool.stats().compressed_pages > 0
 
 
-def test_heap_size_is_rounded_down_to_whole_units() -> None:
-    pool = PagePool(FMT, 2, 8 * CHUNK_BYTES + 1000, chunk_bytes=CHUNK_BYTES)
-    assert pool.heap.numel() == 8 * CHUNK_BYTES + 768 and pool.ledger.cfg.num_chunks == 8
+@pytest.mark.parametrize(("version", "unit"), [(1, 256), (2, 256), (3, 64)])
+def test_heap_size_is_rounded_down_to_whole_units(version: int, unit: int) -> None:
+    fmt = PageFormat(head_dim=64, num_kv_heads=1, version=version)
+    pool = PagePool(fmt, 2, 8 * CHUNK_BYTES + 1000, chunk_bytes=CHUNK_BYTES)
+    assert pool.unit_bytes == unit == fmt.raw_block_bytes - fmt.compressed_block_bytes
+    assert pool.heap.numel() == 8 * CHUNK_BYTES + 1000 // unit * unit and pool.ledger.cfg.num_chunks == 8
 
 
-def test_stats_count_compressed_blocks_as_the_encoders_markers_do() -> None:
+def test_stats_count_compressed_blocks_as_the_encoders_markers_do(fmt: PageFormat) -> None:
     # The block counts come from stored sizes on the host; the encoder's per-block markers are the truth.
-    pool = make_pool(layers=2, chunks=12)
-    pages = pool.allocate(3)
-    kinds = ("smooth", "wide", "zeros")
+    pool = make_pool(layers=2, chunks=12, fmt=fmt)
+    pages = pool.allocate(4)
+    kinds = ("smooth", "wide", "zeros", "smooth")
     for layer in range(2):
         for page, kind in zip(pages, kinds, strict=True):
-            kv = token_values(kind, layer, 16)  # [16, 2, H, D]
+            kv = token_values(kind, layer, 16, fmt)  # [16, 2, H, D]
             slots = torch.arange(16) + page * 16
-            reference.store_tokens(pool.heap, pool.page_loc[layer], slots, kv[:, 0], kv[:, 1], FMT)
-    pool.mark_full(pages[:2])  # the third page stays raw: not counted
+            reference.store_tokens(pool.heap, pool.page_loc[layer], slots, kv[:, 0], kv[:, 1], fmt)
+    pool.mark_full(pages[:3])  # the fourth page stays raw: not counted
     pool.end_step()
-    markers = pool.page_meta[:, pages[:2], :, 4 : 4 + FMT.blocks_per_page_head]
-    expected = int((markers != RAW_MARKER).sum())
+    coded = coded_blocks(pool.page_meta[:, pages[:3]], fmt)
+    expected = int(coded.sum())
     stats = pool.stats()
-    assert stats.compressed_pages == 2 and stats.raw_pages == 1
-    assert 0 < expected < markers.numel()  # smooth compresses, wide does not: a mixed count
+    assert stats.compressed_pages == 3 and stats.raw_pages == 1
+    assert 0 < expected < coded.numel()  # smooth compresses, wide does not: a mixed count
     assert stats.compressed_blocks == expected
-    assert stats.compressed_page_blocks == markers.numel() == 2 * 2 * FMT.blocks_per_page
+    assert stats.compressed_page_blocks == coded.numel() == 2 * 3 * fmt.blocks_per_page

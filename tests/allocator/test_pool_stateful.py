@@ -3,7 +3,7 @@ reference encoder: no two live pages overlap, bytes are conserved, every page id
 holds its data, and admitting what capacity reports then running every admitted request to its maximum
 length never runs out of memory. Capacity is also exact: what it reports can be allocated, not more.
 
-ZIPKV_ALLOC_EXAMPLES=400 runs a longer search."""
+Pools are built at page formats v2 and v3. ZIPKV_ALLOC_EXAMPLES=400 runs a longer search."""
 
 from __future__ import annotations
 
@@ -14,10 +14,11 @@ import pytest
 from hypothesis import HealthCheck, event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
-from pool_harness import KINDS, Harness, make_pool
+from pool_harness import FORMATS, KINDS, Harness, make_pool
 
 from zipkv.allocator.audit import check
 from zipkv.allocator.plans import OutOfPages
+from zipkv.kernels.layout import PageFormat
 
 
 class PoolMachine(RuleBasedStateMachine):
@@ -29,6 +30,7 @@ class PoolMachine(RuleBasedStateMachine):
         shared=st.booleans(),
         compression=st.sampled_from([True, True, True, False]),
         interval=st.integers(1, 4),
+        fmt=st.sampled_from(FORMATS),
         first=st.lists(st.tuples(st.integers(32, 160), st.sampled_from(KINDS)), min_size=2, max_size=5),
     )
     def start(
@@ -38,9 +40,11 @@ class PoolMachine(RuleBasedStateMachine):
         shared: bool,
         compression: bool,
         interval: int,
+        fmt: PageFormat,
         first: list[tuple[int, str]],
     ) -> None:
-        pool = make_pool(layers, chunks, shared, compression, compaction_interval_steps=interval)
+        event(f"page format v{fmt.version}")
+        pool = make_pool(layers, chunks, shared, compression, fmt, compaction_interval_steps=interval)
         self.harness = Harness(pool)
         for max_tokens, kind in first:
             self.harness.admit(max_tokens, kind)

@@ -55,3 +55,11 @@ def test_extend_kernel_compiles_for_sm90_without_spills() -> None:
     }
     for r in found.values():
         assert 0 < int(r["registers"]) <= 255 and r["spill_bytes"] == 0  # type: ignore[call-overload]
+
+
+def test_v3_codec_compiles_for_sm90_without_spills_and_moves_16_byte_vectors() -> None:
+    found = {str(r["variant"]): r for r in _resources("--kernel", "codec", "--head-dim", "128")}
+    assert set(found) == {"codec v3 encode head_dim 128 warps 4", "codec v3 decode head_dim 128 warps 4"}
+    for r in found.values():
+        assert 0 < int(r["registers"]) <= 255 and r["spill_bytes"] == 0  # type: ignore[call-overload]
+        assert int(r["vector_loads"]) > 0 and int(r["vector_stores"]) > 0  # type: ignore[call-overload]

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from zipkv.kernels import layout_v3 as v3
+from zipkv.kernels import reference
 from zipkv.kernels import reference_v3 as ref
 from zipkv.kernels.layout import PageFormat
 
@@ -171,3 +172,92 @@ def test_packed_heap_matches_the_page_encoder() -> None:
     assert torch.equal(meta, meta_ref)
     for i, data in enumerate(stored):
         assert torch.equal(heap[int(loc[i]) : int(loc[i]) + data.numel()], data)
+
+
+# ---- the heap: the Triton codec's twins, reached through reference.py by fmt.version ---------------------
+
+
+def mixed_pages(n: int, fmt: PageFormat, seed: int) -> torch.Tensor:
+    """bf16 [n, 2, H, 16, D]: one raw block, all coded, stored raw, then value-like pages (raw blocks)."""
+    g = torch.Generator().manual_seed(seed)
+    shape = (n, 2, fmt.num_kv_heads, 16, fmt.head_dim)
+    x = torch.randn(shape, generator=g) * torch.exp(torch.randn((*shape[:-1], 1), generator=g))
+    pages = x.to(torch.bfloat16)
+    pages[0] = (torch.rand(shape[1:], generator=g) + 1) * x[0].sign()
+    pages[0, 1, -1, 5, 7] = 0.0  # an exact zero: one raw block in V's last head
+    pages[1] = 1.5  # every block codes
+    pages[2] = torch.randint(-32768, 32767, shape[1:], dtype=torch.int16, generator=g).view(torch.bfloat16)
+    return pages
+
+
+def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return torch.equal(a.view(torch.int16), b.view(torch.int16))
+
+
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+def test_heap_encode_and_decode_match_the_page_functions(head_dim: int) -> None:
+    fmt = PageFormat(head_dim=head_dim, num_kv_heads=2, version=3)
+    n, raw_bytes = 5, fmt.raw_page_bytes
+    pages = mixed_pages(n, fmt, head_dim)
+    stored, want_meta = ref.encode_pages_v3(pages, fmt)
+    assert {s.numel() for s in stored[:3]} == {
+        v3.coded_page_bytes(2, head_dim, 1),
+        fmt.min_page_bytes,
+        raw_bytes,
+    }
+    heap = torch.full((2 * n * raw_bytes + 64 * n,), 0xA5, dtype=torch.uint8)
+    # sources in reverse order; destinations 64 bytes apart beyond raw size: v3's granularity, not v2's 256
+    src = (n - 1 - torch.arange(n)) * raw_bytes
+    dst = n * raw_bytes + torch.arange(n) * (raw_bytes + 64) + 64
+    for i in range(n):
+        heap[int(src[i]) : int(src[i]) + raw_bytes] = reference.raw_page_bytes(pages[i], fmt)
+    before = heap.clone()
+    meta = torch.zeros(n, fmt.page_heads_per_page, fmt.meta_bytes, dtype=torch.uint8)
+    sizes = torch.zeros(n, dtype=torch.int32)
+    reference.encode_pages(heap, src, dst, meta, sizes, fmt)
+    assert torch.equal(meta, want_meta) and sizes.tolist() == [s.numel() for s in stored]
+    for i in range(n):
+        at, size = int(dst[i]), stored[i].numel()
+        assert torch.equal(heap[at : at + size], stored[i]), f"page {i}: stored bytes differ"
+        assert torch.equal(heap[at + size : at + raw_bytes + 64], before[at + size : at + raw_bytes + 64])
+        assert torch.equal(reference.encode_page(pages[i], fmt)[0], stored[i])
+        assert same_bits(reference.decode_page(stored[i], meta[i], fmt), pages[i])
+    assert torch.equal(heap[: n * raw_bytes], before[: n * raw_bytes])  # sources untouched
+    out = torch.empty_like(pages)
+    reference.decode_pages(heap, dst, meta, out, fmt)
+    assert same_bits(out, pages)
+    raw_meta = reference.raw_page_meta(fmt).expand(n, -1, -1)
+    reference.decode_pages(heap, src, raw_meta, out.zero_(), fmt)
+    assert same_bits(out, pages)
+    # a page table mixing raw and coded pages, some read twice
+    page_loc = torch.cat([src, dst])
+    page_meta = torch.cat([raw_meta, meta])
+    ids = torch.tensor([6, 0, 9, 7, 2, 6])
+    assert same_bits(reference.gather_pages(heap, page_loc, page_meta, ids, fmt), pages[ids % n])
+
+
+def test_store_tokens_write_plain_raw_pages() -> None:
+    fmt = PageFormat(head_dim=128, num_kv_heads=2, version=3)
+    pages = mixed_pages(3, fmt, 1)
+    heap = torch.zeros(4 * fmt.raw_page_bytes + 64, dtype=torch.uint8)
+    page_loc = torch.tensor([2, 0, 3]) * fmt.raw_page_bytes + 64
+    slots = torch.randperm(48, generator=torch.Generator().manual_seed(2))
+    for part in slots.split(11):  # tokens in any order, a few at a time
+        p, t = part // 16, part % 16
+        reference.store_tokens(heap, page_loc, part, pages[p, 0, :, t], pages[p, 1, :, t], fmt)
+    for i in range(3):
+        at = int(page_loc[i])
+        assert torch.equal(heap[at : at + fmt.raw_page_bytes], pages[i].view(torch.uint8).reshape(-1))
+    assert torch.equal(reference.raw_page_meta(fmt), ref.raw_page_meta_v3(fmt))
+    assert bool((reference.raw_page_meta(fmt) == v3.RAW_PAGE_MARKER).all())
+
+
+def test_heap_functions_take_no_pages() -> None:
+    fmt = PageFormat(head_dim=64, num_kv_heads=1, version=3)
+    heap = torch.zeros(fmt.raw_page_bytes, dtype=torch.uint8)
+    none = torch.zeros(0, dtype=torch.int64)
+    meta = torch.zeros(0, 2, fmt.meta_bytes, dtype=torch.uint8)
+    reference.encode_pages(heap, none, none, meta, torch.zeros(0, dtype=torch.int32), fmt)
+    out = torch.empty(0, 2, 1, 16, 64, dtype=torch.bfloat16)
+    reference.decode_pages(heap, none, meta, out, fmt)
+    assert not bool(heap.any())

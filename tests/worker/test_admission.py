@@ -1,8 +1,9 @@
 """Admission from compressed capacity: at a small KV budget more requests run at once with compression
-on than off, none fails for lack of memory, and the tokens are the same."""
+on than off, none fails for lack of memory, and the tokens are the same; at page formats v2 and v3."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from zipkv.worker.engine import EngineRequest, FinishReason, SamplingOptions
@@ -19,9 +20,11 @@ def _burst(n: int) -> list[EngineRequest]:
     return out
 
 
-def _run(compression: bool) -> tuple[int, dict[str, list[int]], dict[str, FinishReason]]:
+def _run(compression: bool, version: int) -> tuple[int, dict[str, list[int]], dict[str, FinishReason]]:
     tiny = load_model(None, "cpu")
-    config = ReferenceEngineConfig(kv_budget_bytes=4 << 20, chunk_bytes=64 << 10, compression=compression)
+    config = ReferenceEngineConfig(
+        kv_budget_bytes=4 << 20, chunk_bytes=64 << 10, compression=compression, format_version=version
+    )
     engine = ReferenceEngine(tiny, config, "cpu")
     reqs = _burst(24)
     for r in reqs:
@@ -38,10 +41,11 @@ def _run(compression: bool) -> tuple[int, dict[str, list[int]], dict[str, Finish
     return most, tokens, finish
 
 
-def test_more_requests_run_concurrently_with_compression() -> None:
+@pytest.mark.parametrize("version", [2, 3])
+def test_more_requests_run_concurrently_with_compression(version: int) -> None:
     torch.set_num_threads(1)
-    on_most, on_tokens, on_finish = _run(True)
-    off_most, off_tokens, off_finish = _run(False)
+    on_most, on_tokens, on_finish = _run(True, version)
+    off_most, off_tokens, off_finish = _run(False, version)
     assert on_most > off_most, (on_most, off_most)
     assert set(on_finish.values()) == set(off_finish.values()) == {FinishReason.LENGTH}
     assert len(on_finish) == len(off_finish) == 24

@@ -183,3 +183,10 @@ def test_capacity_counts_tokens_and_reservations(tiny: LoadedModel) -> None:
     assert cap.running == 1 and cap.queued == 0
     assert cap.committed_tokens == (9 - 3) * 16  # 3 pages hold the 48 prompt tokens
     assert cap.free_tokens <= idle.free_tokens - 9 * 16
+
+
+def test_v3_pages_run_on_the_torch_path_and_the_fused_kernel_path_is_refused(tiny: LoadedModel) -> None:
+    with pytest.raises(ValueError, match="kernels='torch'"):
+        ReferenceEngine(tiny, ReferenceEngineConfig(kernels="triton", format_version=3), "cpu")
+    engine = ReferenceEngine(tiny, ReferenceEngineConfig(kernels="torch", format_version=3), "cpu")
+    assert engine.store.fmt.version == 3 and engine.store.pool.unit_bytes == 64

@@ -1,6 +1,7 @@
 """zipkv's SGLang allocator on the CPU: slot/page arithmetic, fill/free ordering, live available_size().
 
-Runs over a real PagePool (CPU, torch reference encoder); no sglang needed.
+Runs over a real PagePool (CPU, torch reference encoder); no sglang needed. Tests that compress pages run at
+page formats v2 and v3 (the ``fmt`` fixture of tests/worker/conftest.py).
 """
 
 from __future__ import annotations
@@ -23,19 +24,22 @@ from zipkv.worker.sglang_slots import (
     virtual_pages_for_budget,
 )
 
-FMT = PageFormat(head_dim=64, num_kv_heads=1)  # raw page 4096 B
+FMT = PageFormat(head_dim=64, num_kv_heads=1, version=2)  # raw page 4096 B
+FMT_V3 = PageFormat(head_dim=64, num_kv_heads=1, version=3)  # raw page 4096 B, 64-byte units
 LAYERS = 2
 
 
-def make(raw_tokens: int = 64 * PAGE_TOKENS, compression: bool = True) -> ZipkvAllocator:
-    budget = budget_bytes_for_tokens(raw_tokens, FMT, LAYERS) + 4 * FMT.raw_page_bytes
+def make(
+    raw_tokens: int = 64 * PAGE_TOKENS, compression: bool = True, fmt: PageFormat = FMT
+) -> ZipkvAllocator:
+    budget = budget_bytes_for_tokens(raw_tokens, fmt, LAYERS) + 4 * fmt.raw_page_bytes
     pool = PagePool(
-        FMT,
+        fmt,
         LAYERS,
         budget,
-        chunk_bytes=4 * FMT.raw_page_bytes,
+        chunk_bytes=4 * fmt.raw_page_bytes,
         compression=compression,
-        max_pages=virtual_pages_for_budget(budget, FMT, LAYERS, compression),
+        max_pages=virtual_pages_for_budget(budget, fmt, LAYERS, compression),
     )
     return ZipkvAllocator(pool, "cpu", compression)
 
@@ -53,13 +57,14 @@ def reference_extend_slots(prefix, seq, last_loc, new_pages):  # type: ignore[no
     return out
 
 
-def test_budget_and_virtual_pages_for_the_llama_shape() -> None:
-    fmt = PageFormat(head_dim=128, num_kv_heads=8)
+@pytest.mark.parametrize("version", [2, 3])
+def test_budget_and_virtual_pages_for_the_llama_shape(version: int) -> None:
+    fmt = PageFormat(head_dim=128, num_kv_heads=8, version=version)
     assert raw_bytes_per_token(fmt, 32) == 131072  # SGLang's cell size for Llama-3.1-8B bf16
     budget = budget_bytes_for_tokens(46 * 8448, fmt, 32)
     assert budget == 46 * 8448 * 131072
     assert virtual_pages_for_budget(budget, fmt, 32, compression=False) == 46 * 8448 // 16 + 1
-    # every page at 768/1024 of raw: 4/3 as many page ids as raw pages fit
+    # every page at 768/1024 (v3: 192/256) of raw: 4/3 as many page ids as raw pages fit
     assert virtual_pages_for_budget(budget, fmt, 32, compression=True) == 46 * 8448 // 16 * 4 // 3 + 1
 
 
@@ -95,13 +100,17 @@ def test_decode_slots_start_a_page_only_at_a_boundary() -> None:
 
 def fill(alloc: ZipkvAllocator, slots: torch.Tensor, seed: int = 0) -> None:
     gen = torch.Generator().manual_seed(seed)
+    fmt = alloc.pool.fmt
     for layer in range(LAYERS):
-        k, v = (torch.randn(slots.numel(), 1, 64, generator=gen).to(torch.bfloat16) for _ in range(2))
-        reference.store_tokens(alloc.pool.heap, alloc.pool.page_loc[layer], slots, k, v, FMT)
+        k, v = (
+            torch.randn(slots.numel(), fmt.num_kv_heads, fmt.head_dim, generator=gen).to(torch.bfloat16)
+            for _ in range(2)
+        )
+        reference.store_tokens(alloc.pool.heap, alloc.pool.page_loc[layer], slots, k, v, fmt)
 
 
-def test_extend_allocates_pool_pages_and_available_size_follows() -> None:
-    alloc = make()
+def test_extend_allocates_pool_pages_and_available_size_follows(fmt: PageFormat) -> None:
+    alloc = make(fmt=fmt)
     before = alloc.available_size()
     out = alloc.alloc_extend(
         torch.tensor([0, 0]),
@@ -120,8 +129,8 @@ def test_extend_allocates_pool_pages_and_available_size_follows() -> None:
     assert alloc.idle_check(0, 0, 0, 0)[0] is False
 
 
-def test_pages_compress_one_step_after_they_fill_and_capacity_grows() -> None:
-    alloc = make()
+def test_pages_compress_one_step_after_they_fill_and_capacity_grows(fmt: PageFormat) -> None:
+    alloc = make(fmt=fmt)
     before = alloc.available_size()
     n = 48 * PAGE_TOKENS
     out = alloc.alloc_extend(
@@ -144,8 +153,8 @@ def test_pages_compress_one_step_after_they_fill_and_capacity_grows() -> None:
     assert alloc.idle_check(0, 0, 0, 0)[0] is False
 
 
-def test_decode_fill_is_found_on_the_device_and_marked_next_step() -> None:
-    alloc = make()
+def test_decode_fill_is_found_on_the_device_and_marked_next_step(fmt: PageFormat) -> None:
+    alloc = make(fmt=fmt)
     out = alloc.alloc_extend(
         torch.tensor([0]), torch.tensor([0]), torch.tensor([15]), torch.tensor([15]), torch.tensor([-1]), 15
     )
@@ -218,8 +227,8 @@ def test_free_segment_frees_each_page_once() -> None:
     assert alloc.idle_check(0, 0, 0, 0)[0] is False
 
 
-def test_chunked_prefill_completes_the_partial_page_of_the_previous_chunk() -> None:
-    alloc = make()
+def test_chunked_prefill_completes_the_partial_page_of_the_previous_chunk(fmt: PageFormat) -> None:
+    alloc = make(fmt=fmt)
     z = torch.tensor([0])
     first = alloc.alloc_extend(z, z, torch.tensor([20]), torch.tensor([20]), z - 1, 20)  # page A full, B 4/16
     assert first is not None

@@ -12,9 +12,9 @@ from collections import deque
 
 import pytest
 import torch
-from test_sglang_pool import fill, make
+from test_sglang_pool import FMT, FMT_V3, fill, make
 
-from zipkv.kernels.layout import PAGE_TOKENS
+from zipkv.kernels.layout import PAGE_TOKENS, PageFormat
 from zipkv.worker.sglang_pool import ZipkvAllocator
 from zipkv.worker.sglang_reclaim import PrefixCache, overcount_tokens
 
@@ -55,10 +55,10 @@ def prefill(alloc: ZipkvAllocator, tokens: int, seed: int) -> torch.Tensor | Non
     return out
 
 
-def cached_pool(tokens: int) -> tuple[ZipkvAllocator, LruPrefixCache]:
+def cached_pool(tokens: int, fmt: PageFormat = FMT) -> tuple[ZipkvAllocator, LruPrefixCache]:
     """A pool whose memory is held by finished requests kept in the prefix cache (compressed pages):
     requests of ``tokens`` arrive until the next one no longer fits."""
-    alloc = make()
+    alloc = make(fmt=fmt)
     cache = LruPrefixCache(alloc)
     for i in range(1000):
         out = prefill(alloc, tokens, seed=i)
@@ -78,23 +78,23 @@ def sglang_alloc(alloc: ZipkvAllocator, cache: LruPrefixCache, tokens: int) -> t
     return alloc.alloc_extend(torch.tensor([0]), torch.tensor([0]), one, one, torch.tensor([-1]), tokens)
 
 
-def test_overcount_is_a_quarter_of_the_evictable_pages_rounded_up() -> None:
-    assert [overcount_tokens(t) for t in (0, 1, 16, 64, 65, 640)] == [0, 16, 16, 16, 32, 160]
+def test_overcount_is_a_quarter_of_the_evictable_pages_rounded_up(fmt: PageFormat) -> None:
+    assert [overcount_tokens(t, fmt) for t in (0, 1, 16, 64, 65, 640)] == [0, 16, 16, 16, 32, 160]
 
 
-def test_available_size_holds_back_the_overcount_only_with_a_compressed_cache() -> None:
-    alloc, cache = cached_pool(tokens=8 * PAGE_TOKENS)
+def test_available_size_holds_back_the_overcount_only_with_a_compressed_cache(fmt: PageFormat) -> None:
+    alloc, cache = cached_pool(tokens=8 * PAGE_TOKENS, fmt=fmt)
     raw = alloc.available_size()
     alloc.prefix_cache = cache.hooks()
-    assert alloc.available_size() == max(0, raw - overcount_tokens(cache.evictable_tokens()))
-    twin = make(compression=False)
+    assert alloc.available_size() == max(0, raw - overcount_tokens(cache.evictable_tokens(), fmt))
+    twin = make(compression=False, fmt=fmt)
     twin.prefix_cache = LruPrefixCache(twin).hooks()
-    assert twin.available_size() == make(compression=False).available_size()  # raw pages: no overcount
+    assert twin.available_size() == make(compression=False, fmt=fmt).available_size()  # raw: no overcount
 
 
-def test_admission_promise_is_kept_when_the_cache_holds_the_memory() -> None:
+def test_admission_promise_is_kept_when_the_cache_holds_the_memory(fmt: PageFormat) -> None:
     # Without reclaim, SGLang's promise (available + evictable) outruns what the shortfall eviction frees.
-    alloc, cache = cached_pool(tokens=8 * PAGE_TOKENS)
+    alloc, cache = cached_pool(tokens=8 * PAGE_TOKENS, fmt=fmt)
     promise = (alloc.available_size() + cache.evictable_tokens()) // PAGE_TOKENS * PAGE_TOKENS - PAGE_TOKENS
     assert sglang_alloc(alloc, cache, promise) is None, "the case must need more than the shortfall frees"
 
@@ -129,10 +129,12 @@ def test_reclaim_gives_up_when_the_cache_is_empty() -> None:
     assert not leak, msg
 
 
-def steady_stream(tokens: int, wired: bool, requests: int = 40) -> tuple[int, LruPrefixCache]:
+def steady_stream(
+    tokens: int, wired: bool, requests: int = 40, fmt: PageFormat = FMT
+) -> tuple[int, LruPrefixCache]:
     """A server with the radix cache on: every finished request stays cached; new ones keep arriving, each
     after SGLang's shortfall eviction. Returns the allocations that failed, and the cache."""
-    alloc = make()
+    alloc = make(fmt=fmt)
     cache = LruPrefixCache(alloc)
     alloc.prefix_cache = cache.hooks() if wired else None
     failed = 0
@@ -148,20 +150,26 @@ def steady_stream(tokens: int, wired: bool, requests: int = 40) -> tuple[int, Lr
     return failed, cache
 
 
-@pytest.mark.parametrize("tokens", [3 * PAGE_TOKENS, 8 * PAGE_TOKENS, 13 * PAGE_TOKENS])
-def test_a_steady_stream_of_cached_requests_never_fails_to_allocate(tokens: int) -> None:
-    failed, cache = steady_stream(tokens, wired=True)
+@pytest.mark.parametrize(
+    ("tokens", "fmt"),
+    [(3 * PAGE_TOKENS, FMT), (8 * PAGE_TOKENS, FMT), (13 * PAGE_TOKENS, FMT), (8 * PAGE_TOKENS, FMT_V3)],
+    ids=["48-v2", "128-v2", "208-v2", "128-v3"],
+)
+def test_a_steady_stream_of_cached_requests_never_fails_to_allocate(tokens: int, fmt: PageFormat) -> None:
+    failed, cache = steady_stream(tokens, wired=True, fmt=fmt)
     assert failed == 0 and cache.evicted_tokens > 0
-    unwired, _ = steady_stream(tokens, wired=False)  # SGLang's shortfall eviction alone
+    unwired, _ = steady_stream(tokens, wired=False, fmt=fmt)  # SGLang's shortfall eviction alone
     assert unwired > 0, "the stream must need more than the shortfall eviction frees"
 
 
-@pytest.mark.parametrize("seed", [0, 1, 2])
-def test_random_arrivals_within_the_admission_promise_always_allocate(seed: int) -> None:
+@pytest.mark.parametrize(
+    ("seed", "fmt"), [(0, FMT), (1, FMT), (2, FMT), (3, FMT_V3)], ids=["0-v2", "1-v2", "2-v2", "3-v3"]
+)
+def test_random_arrivals_within_the_admission_promise_always_allocate(seed: int, fmt: PageFormat) -> None:
     """Requests of random sizes, some finishing into the cache and some dropped: whenever SGLang's
     admission would take one (size + a page <= available + evictable), its allocation succeeds."""
     rng = random.Random(seed)
-    alloc = make()
+    alloc = make(fmt=fmt)
     cache = LruPrefixCache(alloc)
     alloc.prefix_cache = cache.hooks()
     admitted = 0

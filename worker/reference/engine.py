@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
-from zipkv.kernels.layout import PAGE_TOKENS, PageFormat
+from zipkv.kernels.layout import FORMAT_VERSION, PAGE_TOKENS, PageFormat
 
 from ..engine import EngineCapacity, EngineEvent, EngineRequest, FinishReason, RequestRejected
 from .kvstore import KVStore
@@ -39,6 +39,7 @@ class ReferenceEngineConfig:
     chunk_bytes: int = 256 << 10
     kernels: str = "auto"  # auto | triton | torch (see KVStore)
     encode_margin_pages: int = 8  # with compression: pages admission leaves free for the encoder
+    format_version: int = FORMAT_VERSION  # the page format the KV cache is written in (kernels/layout.py)
 
 
 class ReferenceEngine:
@@ -47,7 +48,9 @@ class ReferenceEngine:
         self.model_name = loaded.name
         self.config = config
         self.device = torch.device(device)
-        fmt = PageFormat(head_dim=loaded.head_dim, num_kv_heads=loaded.num_kv_heads)
+        fmt = PageFormat(
+            head_dim=loaded.head_dim, num_kv_heads=loaded.num_kv_heads, version=config.format_version
+        )
         self.store = KVStore(
             fmt,
             loaded.num_layers,
