@@ -6,7 +6,9 @@ Each program handles one (request, KV head, split): all ``Hq / H`` query heads o
 is either compressed (restored to BF16 in registers right before the dot products) or raw. The choice
 is made per row without a branch: raw rows load bf16 and compressed rows load low bytes and codes
 through masked loads, and the restore selects per value (kernels/decode_tiles.py). Nothing is
-decompressed to device memory.
+decompressed to device memory. Page format v3 (layout_v3.py) has blocks of 16 tokens x 4 channel pairs, so
+a row's blocks lie side by side: its page is read raw or coded per row, and each coded value restored or
+patched per block (kernels/decode_tiles_v3.py); kernels/decode_kv_tiles.py picks the format's loads.
 
 Restore (layout.py): a code byte pairs channel ``k`` with ``k + D/2`` of the same token, so the two
 head_dim halves come out as two ``[BLOCK_N, D/2]`` tiles, one dot product each. On the GPU four values

@@ -4,7 +4,7 @@ causally over themselves.
 A prefill that finds part of its prompt already cached (a radix-cache hit, the next chunk of a chunked
 prefill) attends to that prefix where it lives: in the pool's pages, compressed or raw. Each K/V tile of
 the prefix is read and restored to BF16 in registers exactly as the decode kernel does it
-(kernels/decode_tiles.py, both page format versions), so no prefix page is decompressed to device memory.
+(kernels/decode_kv_tiles.py, every page format version), so no prefix page is decompressed to device memory.
 The new tokens' own K/V come from the forward pass's dense ``k``/``v``, causally masked.
 
 One program per (block of ``BLOCK_M`` new tokens of one request, KV head): its rows are every query head of
