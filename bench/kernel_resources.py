@@ -6,6 +6,9 @@ The decode kernel's speed is set by how many programs fit on an SM, i.e. by its 
 ``sm_90`` here with its bundled ``ptxas`` and no GPU. With the GPU machine's Triton (3.6.0, e.g.
 ``pip install triton==3.6.0`` into a virtualenv made with ``--system-site-packages``) the figures equal
 those the H200 reports (253 registers for v1's compressed kernel, 244 for v2's, 188 for the twin).
+Other Triton versions allocate differently: at head_dim 128 (one warp, 32-token tiles) Triton 3.9 gives
+v2 252 registers and v3 255 with 88 bytes of spill, where 3.6 gives 244 and 247 with none
+(docs/benchmarks.md), so judge a change with 3.6.
 
     python bench/kernel_resources.py [--head-dim 128] [--configs 32:1:1,32:1:2] [--arch 90]
     python bench/kernel_resources.py --kernel codec [--configs 4,8]   # v3 encode/decode, num_warps
@@ -184,7 +187,7 @@ def main() -> None:
         help="decode: block_n:warps:stages list (32:1:1,32:1:2); extend: block_m:block_n:warps; "
         "codec: warps (4,8)",
     )
-    ap.add_argument("--versions", default="1,2", help="page format versions of the compressed kernel")
+    ap.add_argument("--versions", default="1,2,3", help="page format versions of the compressed kernel")
     ap.add_argument("--arch", type=int, default=90, help="compute capability, e.g. 90 for H100/H200")
     ap.add_argument("--json", action="store_true", help="one JSON list on stdout instead of lines")
     args = ap.parse_args()

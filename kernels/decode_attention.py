@@ -6,7 +6,9 @@ Each program handles one (request, KV head, split): all ``Hq / H`` query heads o
 is either compressed (restored to BF16 in registers right before the dot products) or raw. The choice
 is made per row without a branch: raw rows load bf16 and compressed rows load low bytes and codes
 through masked loads, and the restore selects per value (kernels/decode_tiles.py). Nothing is
-decompressed to device memory.
+decompressed to device memory. Page format v3 (layout_v3.py) has blocks of 16 tokens x 4 channel pairs, so
+a row's blocks lie side by side: its page is read raw or coded per row, and each coded value restored or
+patched per block (kernels/decode_tiles_v3.py); kernels/decode_kv_tiles.py picks the format's loads.
 
 Restore (layout.py): a code byte pairs channel ``k`` with ``k + D/2`` of the same token, so the two
 head_dim halves come out as two ``[BLOCK_N, D/2]`` tiles, one dot product each. On the GPU four values
@@ -31,11 +33,11 @@ import torch
 import triton
 import triton.language as tl
 
+from .decode_kv_tiles import _kv_rows, _load_kv_tiles
 from .decode_merge import _merge_kernel
 from .decode_plan import DecodePlan, plan_decode
 from .decode_prefetch import _attend_prefetched
-from .decode_tiles import _attend_tile, _kv_row_starts, _start_rows
-from .decode_tiles_paired import _load_kv_tiles
+from .decode_tiles import _attend_tile, _start_rows
 from .layout import PageFormat
 
 __all__ = ["DecodePlan", "decode_attention", "plan_decode"]
@@ -53,7 +55,7 @@ def _decode_kernel(
     NUM_KV_HEADS: tl.constexpr, GROUP: tl.constexpr, G_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
     BLOCK_N: tl.constexpr, SPLIT: tl.constexpr, META_WORDS: tl.constexpr,
     BLOCKS_PER_HEAD: tl.constexpr, COMPRESSED: tl.constexpr, USE_ASM: tl.constexpr,
-    FP32_DOT: tl.constexpr, PREFETCH: tl.constexpr, PAIRED: tl.constexpr,
+    FP32_DOT: tl.constexpr, PREFETCH: tl.constexpr, PAIRED: tl.constexpr, V3: tl.constexpr,
 ):  # fmt: skip
     HALF: tl.constexpr = HEAD_DIM // 2
     pid = tl.program_id(0)
@@ -79,29 +81,29 @@ def _decode_kernel(
         valid = tok < end
         # Row addresses run one tile ahead: page table -> page location -> metadata is a chain of
         # dependent loads that would otherwise stall every tile before its data loads can start.
-        k_start, k_marker, v_start, v_marker = _kv_row_starts(
+        k_start, k_marker, v_start, v_marker = _kv_rows(
             tok, end, page_base, page_ids_ptr, page_loc_ptr, meta32_ptr, head,
-            NUM_KV_HEADS, HEAD_DIM, META_WORDS, BLOCKS_PER_HEAD, COMPRESSED,
+            NUM_KV_HEADS, HEAD_DIM, META_WORDS, BLOCKS_PER_HEAD, COMPRESSED, V3,
         )  # fmt: skip
         if PREFETCH and COMPRESSED:  # register double-buffering (decode_prefetch.py)
             m_i, l_i, acc_a, acc_b = _attend_prefetched(
                 q_a, q_b, m_i, l_i, acc_a, acc_b, qk_scale, first, end, page_base, head,
                 k_start, k_marker, v_start, v_marker, heap_u8, heap_bf16, page_ids_ptr, page_loc_ptr,
                 meta32_ptr, NUM_KV_HEADS, HEAD_DIM, META_WORDS, BLOCKS_PER_HEAD, BLOCK_N, USE_ASM, FP32_DOT,
-                PAIRED,
+                PAIRED, V3,
             )  # fmt: skip
         else:
             for tile in range(first, end, BLOCK_N):
                 tok = tile + offs_n
                 valid = tok < end
                 k_a, k_b, v_a, v_b = _load_kv_tiles(
-                    heap_u8, heap_bf16, k_start, k_marker, v_start, v_marker, tok, valid,
-                    HEAD_DIM, COMPRESSED, USE_ASM, FP32_DOT, PAIRED,
+                    heap_u8, heap_bf16, meta32_ptr, k_start, k_marker, v_start, v_marker, tok, valid, head,
+                    NUM_KV_HEADS, HEAD_DIM, COMPRESSED, USE_ASM, FP32_DOT, PAIRED, V3,
                 )  # fmt: skip
                 nxt = tok + BLOCK_N
-                k_start, k_marker, v_start, v_marker = _kv_row_starts(
+                k_start, k_marker, v_start, v_marker = _kv_rows(
                     nxt, end, page_base, page_ids_ptr, page_loc_ptr, meta32_ptr, head,
-                    NUM_KV_HEADS, HEAD_DIM, META_WORDS, BLOCKS_PER_HEAD, COMPRESSED,
+                    NUM_KV_HEADS, HEAD_DIM, META_WORDS, BLOCKS_PER_HEAD, COMPRESSED, V3,
                 )  # fmt: skip
                 m_i, l_i, acc_a, acc_b = _attend_tile(
                     q_a, q_b, k_a, k_b, v_a, v_b, valid[None, :], m_i, l_i, acc_a, acc_b, qk_scale, FP32_DOT
@@ -189,7 +191,7 @@ def kernel_constexprs(
         NUM_KV_HEADS=fmt.num_kv_heads, GROUP=group, G_PAD=max(_MIN_DOT_ROWS, triton.next_power_of_2(group)),
         HEAD_DIM=fmt.head_dim, BLOCK_N=block_n, SPLIT=split, META_WORDS=fmt.meta_bytes // 4,
         BLOCKS_PER_HEAD=fmt.blocks_per_page_head, COMPRESSED=compressed, USE_ASM=use_asm, FP32_DOT=fp32_dot,
-        PREFETCH=prefetch, PAIRED=fmt.paired_low_bytes,
+        PREFETCH=prefetch, PAIRED=fmt.paired_low_bytes, V3=fmt.fixed_stride,
     )  # fmt: skip
 
 

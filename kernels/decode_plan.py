@@ -187,9 +187,9 @@ def kernel_config(head_dim: int) -> tuple[int, int, int, int, int, bool]:
 
 
 def require_token_major(fmt: PageFormat, reader: str) -> None:
-    """The kernels' tile loads read token-major blocks only: a clear error for any other geometry (v3 has
-    one fixed block shape, which every v3 reader handles)."""
-    if fmt.version >= 3:
+    """The kernels' v1/v2 tile loads read token-major blocks only: a clear error for any other geometry.
+    v3 has one geometry (16 tokens x 4 pairs), which its own tile loads read (decode_tiles_v3.py)."""
+    if fmt.fixed_stride:
         return
     if fmt.k_geometry.channels != fmt.head_dim or fmt.v_geometry.channels != fmt.head_dim:
         raise ValueError(

@@ -14,7 +14,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .decode_tiles import _bf16_boundary, _load_tile, restore_program
+from .decode_tiles import _bf16_boundary, restore_program
 
 # Four channel pairs per call (decode_tiles.restore_program). $4/$5: the 16-bit words of channels k..k+3
 # (compressed rows: bytes lo(k), lo(k + D/2), lo(k+1), lo(k+1 + D/2), ...; raw rows: bf16 of channels
@@ -95,28 +95,3 @@ def _load_tile_paired(
     """The two bf16 [N, D/2] halves of a v2 K or V tile, restored in registers where compressed."""
     pair, raw_b, code = _tile_loads_paired(heap_u8, heap_bf16, start, marker, tok, valid, HEAD_DIM, ZERO_FILL)
     return _restore_paired(pair, raw_b, code, marker.to(tl.uint8)[:, None], USE_ASM, INTERPRET)
-
-
-@triton.jit
-def _load_kv_tiles(
-    heap_u8, heap_bf16, k_start, k_marker, v_start, v_marker, tok, valid,
-    HEAD_DIM: tl.constexpr, COMPRESSED: tl.constexpr, USE_ASM: tl.constexpr, INTERPRET: tl.constexpr,
-    PAIRED: tl.constexpr,
-):  # fmt: skip
-    """A K tile and a V tile (each as two bf16 [N, D/2] halves) of the page format in use: v2 pairs
-    (PAIRED) or v1 rows when compressed, raw rows in the twin. V rows past the context read as zeros."""
-    if PAIRED and COMPRESSED:
-        k_a, k_b = _load_tile_paired(
-            heap_u8, heap_bf16, k_start, k_marker, tok, valid, HEAD_DIM, USE_ASM, INTERPRET, False
-        )
-        v_a, v_b = _load_tile_paired(
-            heap_u8, heap_bf16, v_start, v_marker, tok, valid, HEAD_DIM, USE_ASM, INTERPRET, True
-        )
-    else:
-        k_a, k_b = _load_tile(
-            heap_u8, heap_bf16, k_start, k_marker, tok, valid, HEAD_DIM, COMPRESSED, USE_ASM, INTERPRET, False
-        )
-        v_a, v_b = _load_tile(
-            heap_u8, heap_bf16, v_start, v_marker, tok, valid, HEAD_DIM, COMPRESSED, USE_ASM, INTERPRET, True
-        )
-    return k_a, k_b, v_a, v_b

@@ -4,7 +4,7 @@ causally over themselves.
 A prefill that finds part of its prompt already cached (a radix-cache hit, the next chunk of a chunked
 prefill) attends to that prefix where it lives: in the pool's pages, compressed or raw. Each K/V tile of
 the prefix is read and restored to BF16 in registers exactly as the decode kernel does it
-(kernels/decode_tiles.py, both page format versions), so no prefix page is decompressed to device memory.
+(kernels/decode_kv_tiles.py, every page format version), so no prefix page is decompressed to device memory.
 The new tokens' own K/V come from the forward pass's dense ``k``/``v``, causally masked.
 
 One program per (block of ``BLOCK_M`` new tokens of one request, KV head): its rows are every query head of
@@ -24,9 +24,9 @@ import triton
 import triton.language as tl
 
 from .decode_attention import _LOG2E, _MIN_DOT_ROWS, check_one_device, check_pages, launch_options
+from .decode_kv_tiles import _kv_rows, _load_kv_tiles
 from .decode_plan import require_token_major
-from .decode_tiles import _attend_tile, _kv_row_starts, _start_rows
-from .decode_tiles_paired import _load_kv_tiles
+from .decode_tiles import _attend_tile, _start_rows
 from .layout import PAGE_TOKENS, PageFormat
 
 EXTEND_KERNEL_ENV = "ZIPKV_EXTEND_KERNEL"
@@ -126,6 +126,7 @@ def _extend_kernel(
     NUM_KV_HEADS: tl.constexpr, GROUP: tl.constexpr, G_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, META_WORDS: tl.constexpr, BLOCKS_PER_HEAD: tl.constexpr,
     COMPRESSED: tl.constexpr, USE_ASM: tl.constexpr, FP32_DOT: tl.constexpr, PAIRED: tl.constexpr,
+    V3: tl.constexpr,
 ):  # fmt: skip
     HALF: tl.constexpr = HEAD_DIM // 2
     ROWS: tl.constexpr = BLOCK_M * G_PAD
@@ -152,13 +153,13 @@ def _extend_kernel(
     for tile in range(0, prefix_len, BLOCK_N):
         tok = tile + offs_n
         valid = tok < prefix_len
-        k_start, k_marker, v_start, v_marker = _kv_row_starts(
+        k_start, k_marker, v_start, v_marker = _kv_rows(
             tok, prefix_len, page_base, page_ids_ptr, page_loc_ptr, meta32_ptr, head,
-            NUM_KV_HEADS, HEAD_DIM, META_WORDS, BLOCKS_PER_HEAD, COMPRESSED,
+            NUM_KV_HEADS, HEAD_DIM, META_WORDS, BLOCKS_PER_HEAD, COMPRESSED, V3,
         )  # fmt: skip
         k_a, k_b, v_a, v_b = _load_kv_tiles(
-            heap_u8, heap_bf16, k_start, k_marker, v_start, v_marker, tok, valid,
-            HEAD_DIM, COMPRESSED, USE_ASM, FP32_DOT, PAIRED,
+            heap_u8, heap_bf16, meta32_ptr, k_start, k_marker, v_start, v_marker, tok, valid, head,
+            NUM_KV_HEADS, HEAD_DIM, COMPRESSED, USE_ASM, FP32_DOT, PAIRED, V3,
         )  # fmt: skip
         m_i, l_i, acc_a, acc_b = _attend_tile(
             q_a, q_b, k_a, k_b, v_a, v_b, valid[None, :], m_i, l_i, acc_a, acc_b, qk_scale, FP32_DOT
@@ -192,7 +193,7 @@ def extend_constexprs(plan: ExtendPlan, compressed: bool, use_asm: bool, fp32_do
         NUM_KV_HEADS=fmt.num_kv_heads, GROUP=group, G_PAD=triton.next_power_of_2(group),
         HEAD_DIM=fmt.head_dim, BLOCK_M=plan.block_m, BLOCK_N=plan.block_n, META_WORDS=fmt.meta_bytes // 4,
         BLOCKS_PER_HEAD=fmt.blocks_per_page_head, COMPRESSED=compressed, USE_ASM=use_asm, FP32_DOT=fp32_dot,
-        PAIRED=fmt.paired_low_bytes,
+        PAIRED=fmt.paired_low_bytes, V3=fmt.fixed_stride,
     )  # fmt: skip
 
 

@@ -36,6 +36,10 @@ def test_pipelined_twin_moves_its_tiles_from_registers_to_shared_memory() -> Non
     assert flat["async_copies"] == 0 and int(piped["async_copies"]) > 0  # type: ignore[call-overload]
     assert int(piped["shared_bytes"]) > int(flat["shared_bytes"])  # type: ignore[call-overload]
     assert "v2 compressed head_dim 64 block_n 32 warps 1 stages 1" in found  # v2's PTX restore compiles
+    v2, v3 = (found[f"v{v} compressed head_dim 64 block_n 32 warps 1 stages 1"] for v in (2, 3))
+    # v3's PTX restore compiles without spills, and its code, patch and metadata bytes load as words and
+    # vectors (one byte per load would be ~6x v2's loads)
+    assert v3["spill_bytes"] == 0 and int(v3["global_loads"]) <= 2 * int(v2["global_loads"])  # type: ignore[call-overload]
 
 
 def test_interpreted_kernels_are_refused_with_what_to_do() -> None:
@@ -47,10 +51,12 @@ def test_interpreted_kernels_are_refused_with_what_to_do() -> None:
 
 def test_extend_kernel_compiles_for_sm90_without_spills() -> None:
     found = {
-        str(r["variant"]): r for r in _resources("--kernel", "extend", "--head-dim", "64", "--versions", "2")
+        str(r["variant"]): r
+        for r in _resources("--kernel", "extend", "--head-dim", "64", "--versions", "2,3")
     }
     assert set(found) == {
         "extend v2 compressed head_dim 64 block_m 16 block_n 32 warps 4",
+        "extend v3 compressed head_dim 64 block_m 16 block_n 32 warps 4",
         "extend twin head_dim 64 block_m 16 block_n 32 warps 4",
     }
     for r in found.values():

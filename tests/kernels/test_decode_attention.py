@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from paged_cases import make_case, rel_err, run_both
+from paged_cases import assert_mixed, make_case, rel_err, run_both
 
-from zipkv.kernels import reference as ref
+from zipkv.kernels import layout_v3 as v3
 from zipkv.kernels.decode_attention import decode_attention, plan_decode
 from zipkv.kernels.decode_plan import choose_max_splits
 from zipkv.kernels.layout import BlockGeometry, PageFormat
@@ -21,13 +21,12 @@ from zipkv.kernels.layout import BlockGeometry, PageFormat
      (256, 1, [40], 3, True), (128, 1, [21, 64], None, True), (64, 4, [17], 1, False),
      (256, 8, [35, 2], None, False)],
 )  # fmt: skip
-@pytest.mark.parametrize("version", [1, 2])
+@pytest.mark.parametrize("version", [1, 2, 3])
 def test_compressed_equals_twin_and_reference(  # type: ignore[no-untyped-def]
     head_dim, group, kv_lens, splits, prefetch, version, device
 ) -> None:
     case = make_case(head_dim, 2, group, kv_lens, device, version=version)
-    markers = ref.unpack_meta(case.meta.cpu(), case.fmt)[1]
-    assert (markers == 0xFF).any() and (markers != 0xFF).any(), "the case must mix raw and compressed blocks"
+    assert_mixed(case)
     plan = case.plan(block_n=32, max_splits=splits, num_sms=2, prefetch=prefetch)
     packed, twin = run_both(case, plan)
     assert torch.isfinite(packed.float()).all()
@@ -41,6 +40,36 @@ def test_a_wrong_code_bit_changes_the_output(device) -> None:  # type: ignore[no
     case.heap[int(case.loc[pid]) + 512 + 3] ^= 0x04  # one code byte of K head 0, block 0: d changes
     packed, twin = run_both(case, case.plan(block_n=32, max_splits=1))
     assert not torch.equal(packed, twin)
+
+
+@pytest.mark.parametrize("kv", [0, 1])
+def test_v3_a_wrong_code_bit_or_patch_byte_changes_the_output(kv: int, device) -> None:  # type: ignore[no-untyped-def]
+    """v3: one code bit of a coded block, or one patch byte of a raw block, read at a valid token."""
+    case = make_case(128, 2, 4, [48], device, raw_fraction=0.0, version=3)
+    pid = int(case.page_ids[0])
+    head = kv * 2  # page-head 0 of K or of V
+    assert int(case.meta[pid, head, 0]) < v3.RAW_BLOCK_FLAG, "block 0 must be coded"
+    record = int(case.loc[pid]) + head * v3.page_head_bytes(128)
+    case.heap[record + v3.code_byte_index(0, 3, 128)] ^= 0x04  # token 0, pair 3: d changes
+    packed, twin = run_both(case, case.plan(block_n=32, max_splits=1))
+    assert not torch.equal(packed, twin)
+
+    case = make_case(128, 2, 4, [48], device, raw_fraction=0.3, seed=1, version=3)
+    pid, rank = raw_block_in(case, kv)
+    case.heap[int(case.loc[pid]) + 4 * v3.page_head_bytes(128) + v3.PATCH_BYTES * rank] ^= 0x01  # token 0
+    packed, twin = run_both(case, case.plan(block_n=32, max_splits=1))
+    assert not torch.equal(packed, twin)
+
+
+def raw_block_in(case, kv: int) -> tuple[int, int]:  # type: ignore[no-untyped-def]
+    """(page id, patch rank) of a raw block of K (kv=0) or V in a coded page of the case's first request."""
+    h = case.fmt.num_kv_heads
+    for pid in case.page_ids[: int(case.indptr[1])].tolist():
+        markers = case.meta[pid, kv * h : (kv + 1) * h].to(torch.int32).cpu()
+        raw = (markers >= v3.RAW_BLOCK_FLAG) & (markers != v3.RAW_PAGE_MARKER)
+        if raw.any():
+            return pid, int(markers[raw][0]) & 0x7F
+    raise AssertionError("the case holds no raw block in a coded page")
 
 
 def test_split_kv_merge_matches_one_split(device) -> None:  # type: ignore[no-untyped-def]
@@ -112,7 +141,7 @@ def test_format_v2_equals_twin_and_v1(head_dim, group, kv_lens, splits, device) 
 @pytest.mark.gpu
 @pytest.mark.parametrize("head_dim", [64, 128, 256])
 @pytest.mark.parametrize("group", [1, 4, 8])
-@pytest.mark.parametrize("version", [1, 2])
+@pytest.mark.parametrize("version", [1, 2, 3])
 def test_gpu_ptx_restore_equals_integer_restore_and_twin(head_dim: int, group: int, version: int) -> None:
     case = make_case(
         head_dim,

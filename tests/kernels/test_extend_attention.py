@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from paged_cases import Case, make_case
+from paged_cases import Case, assert_mixed, make_case
 
-from zipkv.kernels import reference as ref
+from zipkv.kernels import layout_v3 as v3
 from zipkv.kernels.extend_attention import ExtendPlan, extend_attention, plan_extend
 from zipkv.kernels.layout import BlockGeometry, PageFormat
 from zipkv.kernels.reference_attention import extend_attention_reference
@@ -49,14 +49,13 @@ def run_both(case: Case, plan: ExtendPlan, q, k, v):  # type: ignore[no-untyped-
     [(128, 4, [37, 0, 64], [5, 20, 1], 4), (64, 8, [16], [33], 2), (256, 1, [50, 3], [2, 17], 16),
      (128, 4, [0, 0], [9, 3], 8)],
 )  # fmt: skip
-@pytest.mark.parametrize("version", [1, 2])
+@pytest.mark.parametrize("version", [1, 2, 3])
 def test_compressed_prefix_equals_twin_and_reference(  # type: ignore[no-untyped-def]
     head_dim, group, prefix_lens, new_lens, block_m, version, device
 ) -> None:
     case, indptr, q, k, v = extend_case(head_dim, group, prefix_lens, new_lens, device, version=version)
-    if any(prefix_lens):
-        markers = ref.unpack_meta(case.meta.cpu(), case.fmt)[1]
-        assert (markers == 0xFF).any() and (markers != 0xFF).any(), "the prefix must mix raw and compressed"
+    if case.page_ids.numel() > 1:  # a one-page prefix holds one kind of page
+        assert_mixed(case)
     plan = plan_extend(
         new_lens, prefix_lens, case.page_ids, counts(indptr), case.fmt, q.shape[1], block_m=block_m
     )
@@ -93,6 +92,17 @@ def test_a_wrong_code_bit_in_the_prefix_changes_the_output(device) -> None:  # t
     assert not torch.equal(packed, twin)
 
 
+def test_v3_a_wrong_code_bit_in_the_prefix_changes_the_output(device) -> None:  # type: ignore[no-untyped-def]
+    case, indptr, q, k, v = extend_case(128, 4, [48], [3], device, raw_fraction=0.0, version=3)
+    pid = int(case.page_ids[0])
+    assert int(case.meta[pid, 2, 1]) < v3.RAW_BLOCK_FLAG, "V head 0's block 1 must be coded"
+    record = int(case.loc[pid]) + 2 * v3.page_head_bytes(128)  # V head 0
+    case.heap[record + v3.code_byte_index(5, 6, 128)] ^= 0x20  # token 5, pair 6: d of channel 70
+    plan = plan_extend([3], [48], case.page_ids, counts(indptr), case.fmt, 8)
+    packed, twin = run_both(case, plan, q, k, v)
+    assert not torch.equal(packed, twin)
+
+
 def test_bad_inputs_get_clear_errors() -> None:
     case, indptr, q, k, v = extend_case(128, 4, [20], [4], "cpu")
     with pytest.raises(ValueError, match="prefix longer than their pages"):
@@ -120,7 +130,7 @@ def test_bad_inputs_get_clear_errors() -> None:
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("version", [1, 2])
+@pytest.mark.parametrize("version", [1, 2, 3])
 @pytest.mark.parametrize(("head_dim", "group"), [(64, 8), (128, 4), (256, 1)])
 def test_gpu_prefix_of_many_pages(head_dim, group, version) -> None:  # type: ignore[no-untyped-def]
     """Compiled: bf16 dots and the PTX restore, a prefix of many tiles and several query blocks."""

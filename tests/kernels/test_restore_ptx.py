@@ -14,6 +14,7 @@ import pytest
 
 from zipkv.kernels.decode_tiles import _RESTORE_PTX
 from zipkv.kernels.decode_tiles_paired import _RESTORE_PAIRED_PTX
+from zipkv.kernels.decode_tiles_v3 import _RESTORE_V3_PTX
 
 MASK = 0xFFFFFFFF
 
@@ -143,6 +144,37 @@ def test_v2_restore_ptx_equals_the_integer_restore(seed: int) -> None:
         assert unpack16(r["$2"], r["$3"]) == [
             restore_int(lo_b[j], code[j], marker, raw_b[j], True) for j in range(4)
         ]
+
+
+def restore_v3_int(pair: int, raw_b: int, code: int, marker: int, patch: int, second: bool) -> int:
+    """One value of page format v3 (layout_v3.py), written from the format's rules: a raw page's value is its
+    bf16 word; a raw block's high byte is the code byte (channel p) or the patch byte (channel p + D/2); a
+    coded block's is sign << 7 | (b/2 + d)."""
+    if marker == 0xFF:
+        return raw_b if second else pair
+    low = pair >> 8 if second else pair & 0xFF
+    if marker & 0x80:
+        return ((patch if second else code) << 8) | low
+    d = (code >> 3) & 7 if second else code & 7
+    sign = (code >> 6) & 1 if second else code >> 7
+    return (((sign << 7) | (d + marker)) << 8) | low
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_v3_restore_ptx_equals_the_format_rules(seed: int) -> None:
+    rng = random.Random(100 + seed)
+    for _ in range(400):
+        # per value: raw page (0xFF), raw block (0x80 | patch rank 0..126) or coded block (b/2 + d <= 127)
+        marker = [rng.choice([0xFF, 0x80 | rng.randrange(127), rng.randrange(121)]) for _ in range(4)]
+        pair, raw_b = [rng.randrange(65536) for _ in range(4)], [rng.randrange(65536) for _ in range(4)]
+        code, patch = [rng.randrange(256) for _ in range(4)], [rng.randrange(256) for _ in range(4)]
+        ops = {"$8": pack8(code), "$9": pack8(marker), "$10": pack8(patch)}
+        ops["$4"], ops["$5"] = pack16(pair)
+        ops["$6"], ops["$7"] = pack16(raw_b)
+        r = run_ptx(regs(_RESTORE_V3_PTX), ops)
+        for half, outs in ((False, ("$0", "$1")), (True, ("$2", "$3"))):
+            want = [restore_v3_int(pair[j], raw_b[j], code[j], marker[j], patch[j], half) for j in range(4)]
+            assert unpack16(r[outs[0]], r[outs[1]]) == want, (marker, half)
 
 
 def test_the_emulator_knows_the_sign_replicate_and_lut_conventions() -> None:
