@@ -1,6 +1,9 @@
 """Codec throughput on the GPU: Triton encode and decode of full pages against a plain copy of the same pages.
 
 Pages of Llama-3.1-8B shape (32 layers x ``--pages-per-layer`` pages, 8 KV heads, head_dim 128, page 16).
+Data (``--data``): ``real``, SmolLM2-135M-Instruct's captured K and V tiled to that shape (bench/real_kv.py),
+the first and the one that says what real decoder KV gives; then synthetic pages (N(0,1) values, one
+exponent window, random bit patterns). Each records the fraction of blocks that coded.
 Every kernel output is checked bit for bit (decode against the original pages, encode against the torch
 reference on a sample of pages) before it is timed. Timing: CUDA events around each call, L2 flushed before
 each call by zeroing a 512 MiB buffer (outside the events), warm-ups, median of ``--reps`` calls.
@@ -22,6 +25,7 @@ from typing import Any
 
 import torch
 import triton
+from real_kv import describe, tile_pages
 
 from zipkv.kernels import codec
 from zipkv.kernels import reference as ref
@@ -46,7 +50,10 @@ def median_ms(fn: Callable[[], object], reps: int, flush: torch.Tensor) -> float
 
 
 def make_pages(kind: str, shape: tuple[int, ...], gen: torch.Generator) -> torch.Tensor:
-    """bf16 pages: 'normal' N(0, 1); 'compressible' one exponent window; 'raw' random bit patterns."""
+    """bf16 pages: 'real' tiled real KV; synthetic 'normal' N(0, 1), 'compressible' one exponent window,
+    'raw' random bit patterns."""
+    if kind == "real":
+        return tile_pages(shape[0], shape[2], shape[4], device="cuda")
     if kind == "normal":
         return torch.randn(shape, generator=gen, device="cuda").bfloat16()
     if kind == "compressible":
@@ -201,6 +208,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "triton": triton.__version__,
         "command": " ".join(["python", *sys.argv]),
         "shape": shape_info,
+        "data": {
+            "real": describe(),
+            "normal": "synthetic N(0, 1)",
+            "compressible": "synthetic, 1 + U(0, 1)",
+            "raw": "synthetic random bit patterns",
+        },
         "timing": f"CUDA events, L2 flushed (512 MiB memset) before each call, median of {args.reps}",
         "results": results,
     }
@@ -226,7 +239,7 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=32)
     parser.add_argument("--pages-per-layer", type=int, default=512)
     parser.add_argument("--reps", type=int, default=30)
-    parser.add_argument("--data", nargs="+", default=["normal", "compressible", "raw"])
+    parser.add_argument("--data", nargs="+", default=["real", "normal", "compressible", "raw"])
     parser.add_argument("--encode-warps", type=int, nargs="+", default=[4, 2, 8])
     parser.add_argument("--decode-warps", type=int, nargs="+", default=[2, 4, 8])
     parser.add_argument("--decode-page-heads", type=int, nargs="+", default=[1, 2, 4])
