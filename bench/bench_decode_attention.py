@@ -78,6 +78,7 @@ def run_shape(args, timer, batch, ctx, fractions, configs, rows, checks, gen):  
     out = torch.empty_like(q)
 
     data = "raw"
+    page_gen = lambda: torch.Generator(device="cuda").manual_seed(0)  # an entry's pages, drawn again alike
 
     def add(impl: str, fraction: float | None, us: float, **extra: object) -> None:
         rows.append({"batch": batch, "context": ctx, "impl": impl, "data": data,
@@ -90,7 +91,7 @@ def run_shape(args, timer, batch, ctx, fractions, configs, rows, checks, gen):  
         add("read_floor", None, timer.median_us(read_floor_fn(heap_buf, raw_bytes)), stored_bytes=raw_bytes,
             pages="raw")  # fmt: skip
     for entry in fractions:
-        pages, data = bench_pages(entry, num_pages, fmt, per, gen, "cuda")
+        pages, data = bench_pages(entry, num_pages, fmt, per, page_gen(), "cuda")
         raw_heap = pages.view(-1).view(torch.uint8)
         fmt = PageFormat(HEAD_DIM, HKV, version=args.format_versions[0])
         stored = encode_packed(pages, fmt, heap_buf)
@@ -159,7 +160,7 @@ def run_shape(args, timer, batch, ctx, fractions, configs, rows, checks, gen):  
         del expect, pages
     baselines = [i for i in ("flashinfer_tc", "sglang_triton", "sdpa_cudnn") if i in args.impls]
     if baselines:
-        pages, data = bench_pages(fractions[0], num_pages, fmt, per, gen, "cuda")  # the first entry's
+        pages, data = bench_pages(fractions[0], num_pages, fmt, per, page_gen(), "cuda")  # same values
         expect = reference(q, pages, batch, ctx, scale) if args.check else None
         k_buf = pages[:, 0].permute(0, 2, 1, 3).reshape(num_pages * 16, HKV, HEAD_DIM)
         v_buf = pages[:, 1].permute(0, 2, 1, 3).reshape(num_pages * 16, HKV, HEAD_DIM)
