@@ -64,13 +64,14 @@ def measured_fractions() -> tuple[float, list[float], str]:
         rows = [r for r in study["rows"] if r["model"] == "minilm" and r["geometry"] == geometry]
         per_layer: dict[int, list[float]] = {}
         for r in rows:
-            per_layer.setdefault(int(r["layer"]), []).append(float(r["compressible_fraction"]))
+            per_layer.setdefault(int(r["layer"]), []).append(float(r["coded_fraction"]))
         layers = [float(np.mean(per_layer[k])) for k in sorted(per_layer)]
-        summary = [s for s in study["summary"] if s["model"] == "minilm" and s["geometry"] == geometry]
-        mean = float(np.mean([s["compressible_fraction"] for s in summary]))
+        geometries = study["summary"]["geometries"]
+        summary = [s for s in geometries if s["model"] == "minilm" and s["geometry"] == geometry]
+        mean = float(np.mean([s["coded_fraction"] for s in summary]))
         if not layers or not summary:
             raise KeyError("no minilm rows")
-    except (OSError, KeyError, ValueError) as exc:
+    except (OSError, KeyError, TypeError, ValueError) as exc:
         print(f"format study unavailable ({exc}); using {FALLBACK_FRACTION}", file=sys.stderr)
         return FALLBACK_FRACTION, [FALLBACK_FRACTION] * LAYERS, f"fallback {FALLBACK_FRACTION}"
     stretched = [layers[layer * len(layers) // LAYERS] for layer in range(LAYERS)]

@@ -1,10 +1,13 @@
 """Codec throughput on the GPU: Triton encode and decode of full pages against a plain copy of the same pages.
 
 Pages of Llama-3.1-8B shape (32 layers x ``--pages-per-layer`` pages, 8 KV heads, head_dim 128, page 16) in
-page format ``--format-version`` (default: the default format). Every kernel output is checked bit for bit
-(decode against the original pages, encode against the torch reference on a sample of pages) before it is
-timed. Timing: CUDA events around each call, L2 flushed before each call by zeroing a 512 MiB buffer
-(outside the events), warm-ups, median of ``--reps`` calls.
+page format ``--format-version`` (default: the default format). Data (``--data``): ``real``, SmolLM2-135M-
+Instruct's captured K and V tiled to that shape (bench/real_kv.py), the first and the one that says what real
+decoder KV gives; then synthetic pages (N(0,1) values, one exponent window, random bit patterns). Each
+records the fraction of blocks that coded. Every kernel output is checked bit for bit (decode against the
+original pages, encode against the torch reference on a sample of pages) before it is timed. Timing: CUDA
+events around each call, L2 flushed before each call by zeroing a 512 MiB buffer (outside the events),
+warm-ups, median of ``--reps`` calls.
 
     python bench/bench_codec.py --out bench/results/codec.json
     python bench/bench_codec.py --format-version 3 --out bench/results/codec_v3.json
@@ -32,6 +35,7 @@ import torch
 if not torch.cuda.is_available():  # before zipkv.kernels.codec's triton.jit: the kernels then run interpreted
     os.environ.setdefault("TRITON_INTERPRET", "1")
 import triton
+from real_kv import describe, tile_pages
 
 from zipkv.kernels import codec
 from zipkv.kernels import layout_v3 as v3
@@ -69,8 +73,11 @@ def sync(device: str) -> None:
 
 
 def make_pages(kind: str, shape: tuple[int, ...], gen: torch.Generator) -> torch.Tensor:
-    """bf16 pages: 'normal' N(0, 1); 'compressible' one exponent window; 'raw' random bit patterns."""
+    """bf16 pages: 'real' tiled real KV; synthetic 'normal' N(0, 1), 'compressible' one exponent window,
+    'raw' random bit patterns."""
     dev = gen.device
+    if kind == "real":
+        return tile_pages(shape[0], shape[2], shape[4], device=str(dev))
     if kind == "normal":
         return torch.randn(shape, generator=gen, device=dev).bfloat16()
     if kind == "compressible":
@@ -240,6 +247,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "triton": triton.__version__,
         "command": " ".join(["python", *sys.argv]),
         "shape": shape_info,
+        "data": {
+            "real": describe(),
+            "normal": "synthetic N(0, 1)",
+            "compressible": "synthetic, 1 + U(0, 1)",
+            "raw": "synthetic random bit patterns",
+        },
         "timing": f"CUDA events, L2 flushed (512 MiB memset) before each call, {args.warmups} warm-ups, "
         f"median of {args.reps}"
         if on_gpu
@@ -270,7 +283,7 @@ def main() -> None:
     parser.add_argument("--pages-per-layer", type=int, default=512)
     parser.add_argument("--reps", type=int, default=30)
     parser.add_argument("--warmups", type=int, default=3, help="untimed calls before each timing")
-    parser.add_argument("--data", nargs="+", default=["normal", "compressible", "raw"])
+    parser.add_argument("--data", nargs="+", default=["real", "normal", "compressible", "raw"])
     parser.add_argument("--encode-warps", type=int, nargs="+", default=[4, 2, 8])
     parser.add_argument("--decode-warps", type=int, nargs="+", default=[2, 4, 8])
     parser.add_argument("--decode-page-heads", type=int, nargs="+", default=[1, 2, 4])

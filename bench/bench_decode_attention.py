@@ -1,6 +1,8 @@
 """Fused decode attention on the GPU: zipkv against the read floor and named baselines, same pages, one run.
 
-Per (batch, context) and compressible fraction, on the same pages: the read floor (a streaming read of
+Per (batch, context) and data, on the same pages (``real``: SmolLM2's captured K and V tiled to the shape,
+bench/real_kv.py; a number: synthetic pages at that compressible fraction), with the fraction of blocks
+that coded on them recorded: the read floor (a streaming read of
 every stored byte), zipkv on compressed pages, its uncompressed twin on the raw pages, decompress-then-
 attend (zipkv.kernels.codec.decode_pages, then the twin), FlashInfer's BatchDecodeWithPagedKVCacheWrapper
 (tensor cores; HND pages, the same bytes the twin reads), SGLang's Triton decode kernel and cuDNN SDPA on
@@ -39,7 +41,7 @@ from decode_attention_baselines import (
     sdpa_fn,
     sglang_fn,
 )
-from decode_attention_data import REAL_KV_FRACTION, encode_packed, plant_raw_blocks, random_pages, undo_plant
+from decode_attention_data import REAL, bench_pages, data_notes, encode_packed
 
 from zipkv.kernels import decode_attention as da
 from zipkv.kernels.decode_plan import kernel_config
@@ -65,30 +67,32 @@ def run_shape(args, timer, batch, ctx, fractions, configs, rows, checks, gen):  
     per = ctx // 16
     num_pages = batch * per
     scale = HEAD_DIM**-0.5
-    pages = random_pages(num_pages, fmt, gen, "cuda")
     q = torch.randn(batch, HQ, HEAD_DIM, generator=gen, device="cuda").to(torch.bfloat16)
     page_ids = torch.arange(num_pages, dtype=torch.int32, device="cuda")
     indptr = torch.arange(0, batch + 1, dtype=torch.int32, device="cuda") * per
     lens = torch.full((batch,), ctx, dtype=torch.int32, device="cuda")
     raw_loc = torch.arange(num_pages, dtype=torch.int64, device="cuda") * fmt.raw_page_bytes
-    raw_heap = pages.view(-1).view(torch.uint8)
     # what a raw page's metadata says (the twin does not read it; the wrapper checks its shape)
     raw_meta_rows = raw_page_meta(fmt, "cuda").expand(num_pages, -1, -1).contiguous()
     heap_buf = torch.empty(num_pages * fmt.raw_page_bytes, dtype=torch.uint8, device="cuda")
     out = torch.empty_like(q)
 
+    data = "raw"
+    page_gen = lambda: torch.Generator(device="cuda").manual_seed(0)  # an entry's pages, drawn again alike
+
     def add(impl: str, fraction: float | None, us: float, **extra: object) -> None:
-        rows.append({"batch": batch, "context": ctx, "impl": impl, "compressible_fraction": fraction,
-                     "median_us": round(us, 2), **extra})  # fmt: skip
+        rows.append({"batch": batch, "context": ctx, "impl": impl, "data": data,
+                     "compressible_fraction": fraction, "median_us": round(us, 2), **extra})  # fmt: skip
         print(f"  {batch:>4} x {ctx:>6} {impl:<24} f={fraction!s:<7} {us:9.1f} us {extra if extra else ''}",
               flush=True)  # fmt: skip
 
     raw_bytes = num_pages * fmt.raw_page_bytes
-    if "read_floor" in args.impls:
-        add("read_floor", None, timer.median_us(read_floor_fn(raw_heap, raw_bytes)), stored_bytes=raw_bytes,
+    if "read_floor" in args.impls:  # raw bytes: what they hold does not matter to a read
+        add("read_floor", None, timer.median_us(read_floor_fn(heap_buf, raw_bytes)), stored_bytes=raw_bytes,
             pages="raw")  # fmt: skip
-    for fraction in fractions:
-        saved = plant_raw_blocks(pages, fmt, 1.0 - fraction, gen)
+    for entry in fractions:
+        pages, data = bench_pages(entry, num_pages, fmt, per, page_gen(), "cuda")
+        raw_heap = pages.view(-1).view(torch.uint8)
         fmt = PageFormat(HEAD_DIM, HKV, version=args.format_versions[0])
         stored = encode_packed(pages, fmt, heap_buf)
         measured = round(stored.compressible_fraction, 4)
@@ -122,7 +126,8 @@ def run_shape(args, timer, batch, ctx, fractions, configs, rows, checks, gen):  
                 zip_fn()
                 twin_fn()
                 torch.cuda.synchronize()
-                checks.append({"batch": batch, "context": ctx, "compressible_fraction": measured, **tag,
+                checks.append({"batch": batch, "context": ctx, "data": data,
+                               "compressible_fraction": measured, **tag,
                                "bit_identical_to_twin": bool(torch.equal(out, twin_out)),
                                "rel_err_zipkv": rel_err(out, expect),
                                "rel_err_twin": rel_err(twin_out, expect),
@@ -148,14 +153,14 @@ def run_shape(args, timer, batch, ctx, fractions, configs, rows, checks, gen):  
             add("decompress_then_attend", measured, timer.median_us(dta), **version_tag)
             if args.check:
                 dta()
-                checks.append({"batch": batch, "context": ctx, "compressible_fraction": measured,
+                checks.append({"batch": batch, "context": ctx, "data": data,
+                               "compressible_fraction": measured,
                                "decompress_then_attend_rel_err": rel_err(out, expect)})  # fmt: skip
             del decoded, dec_heap
-        undo_plant(pages, fmt, saved)
-        del expect
+        del expect, pages
     baselines = [i for i in ("flashinfer_tc", "sglang_triton", "sdpa_cudnn") if i in args.impls]
     if baselines:
-        saved = plant_raw_blocks(pages, fmt, 1.0 - fractions[0], gen)  # the first fraction's values
+        pages, data = bench_pages(fractions[0], num_pages, fmt, per, page_gen(), "cuda")  # same values
         expect = reference(q, pages, batch, ctx, scale) if args.check else None
         k_buf = pages[:, 0].permute(0, 2, 1, 3).reshape(num_pages * 16, HKV, HEAD_DIM)
         v_buf = pages[:, 1].permute(0, 2, 1, 3).reshape(num_pages * 16, HKV, HEAD_DIM)
@@ -174,12 +179,12 @@ def run_shape(args, timer, batch, ctx, fractions, configs, rows, checks, gen):  
                 err = rel_err(result(), expect) if args.check else None
                 add(impl, None, us, rel_err=err)
             except Exception as exc:
-                rows.append({"batch": batch, "context": ctx, "impl": impl, "compressible_fraction": None,
-                             "median_us": None, "error": repr(exc)[:300]})  # fmt: skip
+                rows.append({"batch": batch, "context": ctx, "impl": impl, "data": data,
+                             "compressible_fraction": None, "median_us": None,
+                             "error": repr(exc)[:300]})  # fmt: skip
                 print(f"  {impl} failed: {exc!r}"[:400], flush=True)
-        undo_plant(pages, fmt, saved)
-        del k_buf, v_buf
-    del pages, heap_buf
+        del k_buf, v_buf, pages
+    del heap_buf
     torch.cuda.empty_cache()
 
 
@@ -203,7 +208,8 @@ def main() -> None:
     ap.add_argument(
         "--shapes", default="", help="BxL list overriding --batches/--contexts, e.g. 32x8192,1x32768"
     )
-    ap.add_argument("--fractions", default=f"{REAL_KV_FRACTION},0,1")
+    ap.add_argument("--fractions", default=f"{REAL},0,1",
+                    help="real (SmolLM2 KV, bench/real_kv.py) or synthetic fractions")  # fmt: skip
     ap.add_argument("--impls", default="read_floor,zipkv,zipkv_twin,decompress_then_attend,flashinfer_tc,"
                     "sglang_triton,sdpa_cudnn")  # fmt: skip
     ap.add_argument(
@@ -229,7 +235,7 @@ def main() -> None:
         shapes = [
             (b, c) for b in map(int, args.batches.split(",")) for c in map(int, args.contexts.split(","))
         ]
-    fractions = [float(f) for f in args.fractions.split(",")]
+    fractions = args.fractions.split(",")  # "real" or a number (decode_attention_data.bench_pages)
     args.impls = set(args.impls.split(","))
     args.format_versions = [int(v) for v in args.format_versions.split(",")]
     default_cfg = tuple(int(x) for x in kernel_config(HEAD_DIM))  # the tuned table or $ZIPKV_DECODE_KERNEL
@@ -277,6 +283,7 @@ def main() -> None:
                 "page_tokens": 16,
                 "layers": 1,
             },
+            "data": data_notes(),
             "configs": [list(c) for c in configs],
             "config_fields": "block_n:warps:stages:twin_stages:ctas_per_sm:prefetch",
             "tuning": tuning,

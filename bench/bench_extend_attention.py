@@ -1,6 +1,7 @@
 """Fused extend attention: new tokens over a compressed cached prefix, against named baselines, one run.
 
-Per (batch, prefix, new tokens) shape and compressible fraction, on the same values: zipkv's extend kernel
+Per (batch, prefix, new tokens) shape and data (``real``: SmolLM2's K and V tiled, bench/real_kv.py; a
+number: synthetic pages at that compressible fraction), on the same values: zipkv's extend kernel
 reading the compressed prefix pages (kernels/extend_attention.py), its twin on the raw pages,
 decompress-then-attend (zipkv.kernels.codec.decode_pages of the prefix pages into scratch, then the twin:
 what the SGLang worker's default extend path does before SGLang's kernel), and PyTorch SDPA over dense K/V
@@ -32,7 +33,7 @@ if not torch.cuda.is_available():  # before any triton.jit below: the kernels th
     os.environ.setdefault("TRITON_INTERPRET", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from decode_attention_baselines import HEAD_DIM, HKV, HQ, Timer, rel_err
-from decode_attention_data import REAL_KV_FRACTION, encode_packed, plant_raw_blocks, random_pages
+from decode_attention_data import REAL, bench_pages, data_notes, encode_packed
 
 from zipkv.kernels.extend_attention import extend_attention, plan_extend
 from zipkv.kernels.layout import PAGE_TOKENS, PageFormat
@@ -59,12 +60,11 @@ def dense_kv(pages: torch.Tensor, k: torch.Tensor, prefix: int) -> torch.Tensor:
     return torch.cat([cached, k.transpose(0, 1)], dim=1)
 
 
-def run_shape(args, timer, batch, prefix, new, fraction, rows, checks, gen):  # type: ignore[no-untyped-def]
+def run_shape(args, timer, batch, prefix, new, entry, rows, checks, gen):  # type: ignore[no-untyped-def]
     dev, fmt, scale = args.device, PageFormat(HEAD_DIM, HKV, version=args.format_version), HEAD_DIM**-0.5
     per = -(-prefix // PAGE_TOKENS)
     num_pages = batch * per
-    pages = random_pages(num_pages, fmt, gen, dev)
-    plant_raw_blocks(pages, fmt, 1.0 - fraction, gen)
+    pages, data = bench_pages(entry, num_pages, fmt, per, gen, dev)
     stored = encode_packed(pages, fmt)
     measured = round(stored.compressible_fraction, 4)
     raw_heap, raw_loc = (
@@ -81,7 +81,7 @@ def run_shape(args, timer, batch, prefix, new, fraction, rows, checks, gen):  # 
     out, twin_out, dta_out = torch.empty_like(q), torch.empty_like(q), torch.empty_like(q)
 
     def add(impl: str, us: float) -> None:
-        rows.append({"batch": batch, "prefix_tokens": prefix, "new_tokens": new, "impl": impl,
+        rows.append({"batch": batch, "prefix_tokens": prefix, "new_tokens": new, "impl": impl, "data": data,
                      "compressible_fraction": measured, "median_us": round(us, 2)})  # fmt: skip
         print(f"  {batch:>3} x {prefix:>6} + {new:>5} {impl:<24} f={measured:<7} {us:10.1f} us", flush=True)
 
@@ -125,7 +125,8 @@ def run_shape(args, timer, batch, prefix, new, fraction, rows, checks, gen):  # 
                                             [prefix], [m], scale)  # fmt: skip
 
         checks.append({
-            "batch": batch, "prefix_tokens": prefix, "new_tokens": new, "compressible_fraction": measured,
+            "batch": batch, "prefix_tokens": prefix, "new_tokens": new, "data": data,
+            "compressible_fraction": measured,
             "bit_identical_to_twin": bool(torch.equal(out, twin_out)),
             "decompress_then_attend_identical": bool(torch.equal(out, dta_out)),
             "rel_err_zipkv": rel_err(out[:m], expect),
@@ -140,7 +141,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shapes", default="1x2048x2048,1x8192x2048,1x30720x2048,16x2048x1024",
                     help="batch x prefix tokens x new tokens list")  # fmt: skip
-    ap.add_argument("--fractions", default=f"{REAL_KV_FRACTION},1")
+    ap.add_argument("--fractions", default=f"{REAL},1",
+                    help="real (SmolLM2 KV, bench/real_kv.py) or synthetic fractions")  # fmt: skip
     ap.add_argument("--impls", default="zipkv,zipkv_twin,decompress_then_attend,sdpa")
     ap.add_argument("--format-version", type=int, default=PageFormat(HEAD_DIM, HKV).version)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -155,10 +157,8 @@ def main() -> None:
     rows: list[dict[str, object]] = []
     checks: list[dict[str, object]] = []
     t0 = time.time()
-    for (batch, prefix, new), fraction in [
-        (s, f) for s in shapes for f in map(float, args.fractions.split(","))
-    ]:
-        run_shape(args, timer, batch, prefix, new, fraction, rows, checks, gen)
+    for (batch, prefix, new), entry in [(s, f) for s in shapes for f in args.fractions.split(",")]:
+        run_shape(args, timer, batch, prefix, new, entry, rows, checks, gen)
         result = {  # written after every shape, so a cut-short run keeps what it measured
             "device": torch.cuda.get_device_name(0) if args.device == "cuda" else "cpu (Triton interpreter)",
             "benchmark": args.device == "cuda",
@@ -171,6 +171,7 @@ def main() -> None:
                 "page_tokens": PAGE_TOKENS,
                 "format_version": args.format_version,
             },
+            "data": data_notes(),
             "seconds": round(time.time() - t0, 1),
             "checks": checks,
             "rows": rows,

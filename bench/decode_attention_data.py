@@ -1,10 +1,13 @@
-"""Benchmark data for decode attention: random KV pages at a chosen compressible fraction, stored packed.
+"""Benchmark data for decode attention: KV pages, real or synthetic, stored packed.
 
-Values are random normal bf16 with magnitudes clamped to [2^-9, 60), so every 512-value block fits the
-format's exponent window; a chosen set of blocks is then made raw by planting one tiny value (1e-30, far
-below the window) in it. The encoder here is a vectorised torch rendering of kernels/layout.py for
-token-major blocks (the bench checks it byte for byte against zipkv.kernels.reference.encode_page); it
-writes pages back to back, as a compacted heap holds them.
+Real pages (``--fractions real``, the default first entry) are SmolLM2-135M-Instruct's captured K and V
+tiled to the benchmark's shape (bench/real_kv.py); the benches report the fraction of blocks that coded
+on them. Synthetic pages (a number ``f``) are random normal bf16 with magnitudes clamped to [2^-9, 60), so
+every 512-value block fits the format's exponent window, of which about ``1 - f`` of the blocks are then
+made raw by planting one tiny value (1e-30, far below the window): a controlled fraction, not real KV. The
+encoder here is a vectorised torch rendering of kernels/layout.py for token-major blocks (the bench checks
+it byte for byte against zipkv.kernels.reference.encode_page); it writes pages back to back, as a
+compacted heap holds them.
 """
 
 from __future__ import annotations
@@ -12,14 +15,31 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+from real_kv import describe, tile_pages
 
 from zipkv.kernels.layout import BLOCK_VALUES, OFFSET_BYTES, PAGE_TOKENS, RAW_MARKER, PageFormat
 
-REAL_KV_FRACTION = (
-    0.9425  # compressible blocks of real KV (docs/format.md: MiniLM, mean of K and V, token-major)
-)
+REAL = "real"  # the --fractions entry for pages of real KV
+SYNTHETIC = "random normal bf16, |x| in [2^-9, 60); about 1 - f of the blocks made raw by a planted 1e-30"
 _ROW_BYTES = 256  # every block size (768, 1024) and page size is a multiple of this
 _TINY = 1e-30
+
+
+def data_notes() -> dict[str, str]:
+    """What "real" and "synthetic" pages are, for a bench's JSON record."""
+    return {"real": describe(), "synthetic": SYNTHETIC}
+
+
+def bench_pages(
+    entry: str, num_pages: int, fmt: PageFormat, pages_per_request: int, gen: torch.Generator, device: str
+) -> tuple[torch.Tensor, str]:
+    """(bf16 ``[P, 2, H, 16, D]`` pages, "real" or "synthetic") for one ``--fractions`` entry: ``real``
+    tiles the captured KV; a number is the fraction of synthetic blocks left compressible."""
+    if entry == REAL:
+        return tile_pages(num_pages, fmt.num_kv_heads, fmt.head_dim, pages_per_request, device), "real"
+    pages = random_pages(num_pages, fmt, gen, device)
+    plant_raw_blocks(pages, fmt, 1.0 - float(entry), gen)
+    return pages, "synthetic"
 
 
 def random_pages(num_pages: int, fmt: PageFormat, generator: torch.Generator, device: str) -> torch.Tensor:
@@ -44,10 +64,6 @@ def plant_raw_blocks(
     pick = torch.rand(first.shape, generator=generator, device=pages.device) < raw_fraction
     pages[:, :, :, ::rows, 0] = torch.where(pick, torch.copysign(torch.full_like(first, _TINY), first), first)
     return saved
-
-
-def undo_plant(pages: torch.Tensor, fmt: PageFormat, saved: torch.Tensor) -> None:
-    pages[:, :, :, :: BLOCK_VALUES // fmt.head_dim, 0] = saved
 
 
 @dataclass(frozen=True)

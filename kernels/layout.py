@@ -273,9 +273,9 @@ class PageFormat:
         return "\n".join(lines)
 
 
-# The geometry chosen from measurements on real KV (docs/format.md, bench/results/format_study.json):
-# token-major for K and V. Channel-major 16x32 blocks save 0.1% of bytes on the trained model (at most 0.6%
-# on a random Llama), which does not pay for a second restore path in the kernel.
+# v1/v2's geometry: token-major for K and V, one restore path in the kernel. Other 512-value shapes were
+# measured (docs/format.md, bench/results/format_study.json): on SmolLM2's K a 16x32 channel strip codes
+# 3 points more blocks than 8x64 rows, against 11 points more for v3's 128-value blocks.
 _DEFAULT_GEOMETRY: dict[str, str] = {"K": "token_major", "V": "token_major"}
 
 

