@@ -31,27 +31,21 @@ _MAX_PATCHES = tl.constexpr(v3.MAX_PATCHES)  # globals reach a jitted function o
 _RAW_BLOCK_FLAG = tl.constexpr(v3.RAW_BLOCK_FLAG)
 _RAW_PAGE_MARKER = tl.constexpr(v3.RAW_PAGE_MARKER)
 _SPAN = tl.constexpr(v3.EXPONENT_SPAN)
-if v3.BLOCK_TOKENS != 16 or v3.BLOCK_PAIRS != 4 or v3.TOKEN_ORDER[:4] != (0, 1, 4, 5):
+if v3.BLOCK_TOKENS != 16 or v3.BLOCK_PAIRS != 4 or v3.code_byte_index(1, 5, 64) != 16 * 64 + 64 + 4 + 1:
     raise ImportError("codec_v3's block byte order (the permutes below) no longer matches layout_v3.py")
 
 
 @triton.jit
 def _to_block_order(x, D: tl.constexpr, KV: tl.constexpr):
-    """[16, D/2] tile (token t, pair p) -> [D/8, 64]: block p // 4, in the block's byte order."""
-    if KV == 0:  # K: byte 4t + j of block G (p = 4G + j)
-        y = tl.permute(tl.reshape(x, [16, D // 8, 4]), (1, 0, 2))
-    else:  # V: t = 8h + 2q + r sits at byte 16j + 4q + 2h + r, i.e. at 16p + 4q + 2h + r
-        y = tl.permute(tl.reshape(x, [2, 4, 2, D // 2]), (3, 1, 0, 2))
+    """[16, D/2] tile (token t, pair p) -> [D/8, 64]: block p // 4, byte 4t + j (p = 4G + j), K or V."""
+    y = tl.permute(tl.reshape(x, [16, D // 8, 4]), (1, 0, 2))
     return tl.reshape(y, [D // 8, 64])
 
 
 @triton.jit
 def _from_block_order(y, D: tl.constexpr, KV: tl.constexpr):
     """Inverse of :func:`_to_block_order`: [D/8, 64] -> [16, D/2]."""
-    if KV == 0:
-        x = tl.permute(tl.reshape(y, [D // 8, 16, 4]), (1, 0, 2))
-    else:
-        x = tl.permute(tl.reshape(y, [D // 2, 4, 2, 2]), (2, 1, 3, 0))
+    x = tl.permute(tl.reshape(y, [D // 8, 16, 4]), (1, 0, 2))
     return tl.reshape(x, [16, D // 2])
 
 
