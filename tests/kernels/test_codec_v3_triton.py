@@ -128,7 +128,7 @@ def test_bad_arguments_are_refused(device: str) -> None:
 def test_llama_shape_on_gpu(page_heads_per_program: int) -> None:
     fmt = PageFormat(head_dim=128, num_kv_heads=8, version=3)
     check_against_reference(
-        mixed_pages(64, fmt, 11), fmt, "cuda", page_heads_per_program=page_heads_per_program
+        mixed_pages(64, fmt, 11).cuda(), fmt, "cuda", page_heads_per_program=page_heads_per_program
     )
 
 
