@@ -32,4 +32,12 @@ if [ ! -d "$SGLANG_SRC/sglang" ]; then
     --platform manylinux_2_34_x86_64 -d .cache/dl sglang==0.5.17
   $PY -m zipfile -e .cache/dl/sglang-0.5.17-*.whl "$SGLANG_SRC"
 fi
+# Triton 3.6.0, the GPU machine's (SGLang 0.5.17's pin), beside this one: the Hopper decode kernel is written
+# against its Gluon API, and tests/kernels/test_decode_hopper_compile.py compiles it for sm_90 with it.
+GLUON_VENV=.cache/gluon-venv
+if ! "$GLUON_VENV/bin/python" -c "import triton, sys; sys.exit(triton.__version__ != '3.6.0')" >/dev/null 2>&1; then
+  log "installing triton==3.6.0 into $GLUON_VENV (the Hopper kernel's compile test)"
+  $PY -m venv --system-site-packages "$GLUON_VENV"
+  "$GLUON_VENV/bin/python" -m pip install -q triton==3.6.0
+fi
 log "ready: $($PY -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__)')"

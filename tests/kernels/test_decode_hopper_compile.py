@@ -1,0 +1,76 @@
+"""The Hopper decode kernel (kernels/decode_hopper.py) without a GPU: its shared-memory views are exact, and
+it compiles for sm_90 with the resources the H200 measurements were taken at.
+
+The kernel is Gluon against Triton 3.6.0's API (the GPU machine's, SGLang 0.5.17's pin); scripts/setup.sh
+puts that Triton in .cache/gluon-venv beside this environment's, and the compile runs there. Its numerics
+are checked on the GPU (bench/bench_decode_hopper.py --check: bit-identical to the same kernel on raw
+pages, and within 1e-2 of a float64 reference; docs/benchmarks.md).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from zipkv.kernels import decode_hopper_layouts as views
+
+ROOT = Path(__file__).resolve().parents[2]
+GLUON_PY = ROOT / ".cache/gluon-venv/bin/python"
+
+
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+@pytest.mark.parametrize("pages", [1, 2, 4])
+def test_views_map_every_element_to_its_offset(head_dim: int, pages: int) -> None:
+    half, n = head_dim // 2, 16 * pages
+
+    def lo_k(p: int, t: int) -> int:
+        return views.lo_offset(t // 16, t % 16, p, head_dim)
+
+    def lo_v(t: int, p: int) -> int:
+        return views.lo_offset(t // 16, t % 16, p, head_dim)
+
+    views.check_view([half, n], lo_k, views.operand_view(0, pages, head_dim))
+    views.check_view([n, half], lo_v, views.operand_view(1, pages, head_dim))
+    shape = [pages, head_dim // 8, 16, 2]
+    views.check_view(
+        shape,
+        lambda g, b, t, h: views.code_word_offset(g, b, t, h, head_dim),
+        views.code_words_view(pages, head_dim),
+    )
+    views.check_view(
+        shape,
+        lambda g, b, t, w: views.hi_word_offset(g, b, t, w, head_dim),
+        views.hi_words_view(pages, head_dim),
+    )
+
+
+def test_swizzle_spreads_ldmatrix_rows_over_banks() -> None:
+    """8 consecutive rows' chunk c land in 8 different 16-byte bank groups (no ldmatrix conflicts)."""
+    for head_dim in (64, 128, 256):
+        for t0 in (0, 8):
+            for c in range(min(8, head_dim // 16)):
+                groups = {(2 * views.lo_offset(0, t, 8 * c, head_dim) // 16) % 8 for t in range(t0, t0 + 8)}
+                assert len(groups) == 8, (head_dim, t0, c, sorted(groups))
+
+
+def test_offset_bases_refuse_a_view_that_is_not_bijective() -> None:
+    with pytest.raises(ValueError, match="bijective"):
+        views.offset_bases([4, 4], lambda a, b: a)  # b never reaches an offset bit
+
+
+def test_kernel_compiles_for_sm90() -> None:
+    if not GLUON_PY.exists():
+        pytest.fail(f"{GLUON_PY} is missing: run scripts/setup.sh (it installs triton==3.6.0 there)")
+    script = str(ROOT / "bench/hopper_resources.py")
+    cmd = [str(GLUON_PY), script, "--head-dims", "64,128,256", "--pages", "4", "--stages", "2", "--json"]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = {r["head_dim"]: r for r in json.loads(done.stdout)}
+    for head_dim, r in rows.items():
+        assert r["registers"] <= 255 and r["shared_bytes"] <= 227 * 1024, r
+        assert r["ptx_cp_async"] > 0 and r["ptx_ldmatrix"] > 0 and r["ptx_mma"] > 0, r
+        if head_dim <= 128:  # the measured shapes: two programs per SM, no spills
+            assert r["stack_bytes"] == 0 and r["registers"] * 128 * 2 <= 65536, r
