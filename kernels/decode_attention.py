@@ -212,6 +212,12 @@ def decode_attention(
     restore path (default: PTX on the GPU, plain integers under the interpreter).
     """
     _check_inputs(plan, q, heap, page_loc_layer, page_meta_layer)
+    if plan.impl == "hopper":  # imported here: its Gluon module needs the GPU machine's Triton
+        from .decode_hopper import decode_attention_hopper
+
+        return decode_attention_hopper(
+            plan, q, heap, page_loc_layer, page_meta_layer, sm_scale, compressed, out, plan.num_stages
+        )
     fmt = plan.fmt
     out, use_asm, interpret = launch_options(q, out, use_asm)
     group = plan.group_size

@@ -205,9 +205,7 @@ def tile_operands(kind, slot, glob, tables, tok0, OP_K: ttgl.constexpr, OP_V: tt
     pre_l: ttgl.constexpr = ttgl.BlockedLayout(
         [1, 1, 4, 2], [1, 8, 4, 1], [wp, _NW // wp, 1, 1], [3, 2, 1, 0]
     )
-    st_l: ttgl.constexpr = ttgl.BlockedLayout(
-        [1, 4], [4, 8], [_NW, 1], [1, 0]
-    )  # one page-head [16, D/2]
+    st_l: ttgl.constexpr = ttgl.BlockedLayout([1, 4], [4, 8], [_NW, 1], [1, 0])  # one page-head [16, D/2]
     if kind == GATHER:  # a partial or mixed tile: nothing was copied; stage it from global memory
         _stage_tile(a_k, b_k, glob, tables, tok0, head, st_l, PG1, H, D, NP)
         _stage_tile(a_v, b_v, glob, tables, tok0, H + head, st_l, PG1, H, D, NP)

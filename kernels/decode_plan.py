@@ -46,6 +46,14 @@ PREFETCH: dict[int, bool] = {64: False, 128: False, 256: False}
 # Overrides both tables for every head_dim, e.g. to run a shape a kernel sweep picked inside SGLang before it
 # becomes the default: ``block_n:warps:stages:twin_stages:ctas_per_sm:prefetch`` (the bench's --configs).
 KERNEL_CONFIG_ENV = "ZIPKV_DECODE_KERNEL"
+# Which kernel a plan runs: "portable" (the plain-Triton kernel, decode_attention.py: any GPU and the
+# interpreter) or "hopper" (the Gluon kernel for sm_90 over page format v3, decode_hopper.py). The Hopper
+# kernel is opt-in until it is faster than the portable one (docs/benchmarks.md has both).
+DECODE_IMPL_ENV = "ZIPKV_DECODE_IMPL"
+DECODE_IMPLS = ("portable", "hopper")
+# The Hopper kernel's shape, measured on the H200: 64-token tiles, 4 warps, a 2-stage ring; its registers
+# (~210) and shared memory (68 KB) leave two programs per SM.
+HOPPER_CONFIG: tuple[int, int, int, int, int, bool] = (64, 4, 2, 2, 2, False)
 MAX_SPLITS = 128
 MIN_SPLIT_TILES = 2  # a split reads at least this many tiles, so its fixed cost stays small
 CPU_NUM_SMS = 4  # the Triton interpreter: keep grids small
@@ -71,6 +79,7 @@ class DecodePlan:
     num_stages: int  # compressed kernel
     twin_num_stages: int  # the uncompressed twin
     prefetch: bool  # compressed kernel: double-buffer tile loads in registers
+    impl: str = "portable"  # which kernel runs the plan (DECODE_IMPLS)
 
     @property
     def num_kv_heads(self) -> int:
@@ -112,12 +121,13 @@ def plan_decode(
     num_stages: int | None = None,
     twin_num_stages: int | None = None,
     prefetch: bool | None = None,
+    impl: str | None = None,
 ) -> DecodePlan:
     """Build the step's plan. ``page_ids``/``page_indptr``/``kv_lens`` live on the KV device.
 
     Each request must hold ``ceil(kv_lens[b] / 16)`` pages (not checked on the device: that would sync).
     ``max_splits``, ``block_n``, ``num_warps``, ``num_stages``, ``twin_num_stages``, ``ctas_per_sm``
-    override the tuned defaults.
+    override the tuned defaults; ``impl`` picks the kernel (default ``$ZIPKV_DECODE_IMPL`` or "portable").
     """
     _check_int32("page_ids", page_ids, 1)
     _check_int32("page_indptr", page_indptr, 1)
@@ -130,7 +140,9 @@ def plan_decode(
     if num_q_heads % fmt.num_kv_heads != 0:
         raise ValueError(f"num_q_heads {num_q_heads} is not a multiple of num_kv_heads {fmt.num_kv_heads}")
     require_token_major(fmt, "decode attention")
-    cfg_block_n, cfg_warps, cfg_stages, cfg_twin_stages, cfg_ctas, cfg_prefetch = kernel_config(fmt.head_dim)
+    impl = decode_impl(impl, fmt, kv_lens.device)
+    config = HOPPER_CONFIG if impl == "hopper" else kernel_config(fmt.head_dim)
+    cfg_block_n, cfg_warps, cfg_stages, cfg_twin_stages, cfg_ctas, cfg_prefetch = config
     block_n = block_n or cfg_block_n
     num_warps = num_warps or cfg_warps
     num_stages = num_stages or cfg_stages
@@ -174,7 +186,25 @@ def plan_decode(
         num_stages=num_stages,
         twin_num_stages=twin_num_stages,
         prefetch=cfg_prefetch if prefetch is None else prefetch,
+        impl=impl,
     )
+
+
+def decode_impl(impl: str | None, fmt: PageFormat, device: torch.device) -> str:
+    """The kernel a plan runs, checked: ValueError saying what to change when it cannot run here."""
+    impl = impl or os.environ.get(DECODE_IMPL_ENV, "") or "portable"
+    if impl not in DECODE_IMPLS:
+        raise ValueError(f"{DECODE_IMPL_ENV}={impl!r}: choose one of {', '.join(DECODE_IMPLS)}")
+    if impl == "hopper":
+        if fmt.version < 3:
+            raise ValueError(
+                f"the hopper decode kernel reads page format v3; this pool stores v{fmt.version}"
+            )
+        if device.type != "cuda" or torch.cuda.get_device_capability(device) != (9, 0):
+            raise ValueError(
+                f"the hopper decode kernel needs an sm_90 GPU (H100/H200); the KV is on {device}"
+            )
+    return impl
 
 
 def kernel_config(head_dim: int) -> tuple[int, int, int, int, int, bool]:

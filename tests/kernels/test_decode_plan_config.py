@@ -51,3 +51,20 @@ def test_a_malformed_override_is_refused_with_the_expected_form(
     monkeypatch.setenv(KERNEL_CONFIG_ENV, text)
     with pytest.raises(ValueError, match=why):
         _plan(PageFormat(128, 2))
+
+
+def test_the_hopper_kernel_is_chosen_only_where_it_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+    from zipkv.kernels.decode_plan import DECODE_IMPL_ENV, plan_decode
+
+    ids = torch.arange(4, dtype=torch.int32)
+    indptr = torch.tensor([0, 4], dtype=torch.int32)
+    lens = torch.tensor([60], dtype=torch.int32)
+    v3 = PageFormat(head_dim=128, num_kv_heads=2, version=3)
+    assert plan_decode(ids, indptr, lens, v3, 8).impl == "portable"  # the default
+    with pytest.raises(ValueError, match="sm_90"):  # this machine has no GPU
+        plan_decode(ids, indptr, lens, v3, 8, impl="hopper")
+    with pytest.raises(ValueError, match="v3"):
+        plan_decode(ids, indptr, lens, PageFormat(head_dim=128, num_kv_heads=2), 8, impl="hopper")
+    monkeypatch.setenv(DECODE_IMPL_ENV, "hoper")
+    with pytest.raises(ValueError, match="choose one of portable, hopper"):
+        plan_decode(ids, indptr, lens, v3, 8)
