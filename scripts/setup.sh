@@ -18,9 +18,14 @@ fi
 # zipkv must be installed from *this* checkout: an editable install of another clone would test that one.
 here=$(pwd -P)
 installed=$($PY -c "import zipkv.kernels, os; print(os.path.dirname(os.path.dirname(os.path.realpath(zipkv.kernels.__file__))))" 2>/dev/null || true)
-if [ "$installed" != "$here" ] || ! $PY -c "import grpc_tools, ray.serve, helm_python, kubernetes_validate" >/dev/null 2>&1; then
+# Reinstalled whenever pyproject.toml changes (new dependencies), not only when an import fails.
+stamp=.cache/setup.pyproject.sha
+mkdir -p .cache
+want=$(sha256sum pyproject.toml | cut -d' ' -f1)
+if [ "$installed" != "$here" ] || [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   log "installing zipkv[dev] (editable, from $here)"
   $PY -m pip install -q -e ".[dev]"
+  echo "$want" >"$stamp"
 fi
 # SGLang 0.5.17's source, for the seam tests (tests/worker/test_sglang_seams.py) on machines where sglang
 # itself cannot be installed (its torch pin pulls a multi-GB CUDA build): the wheel, unzipped, never imported.
