@@ -38,7 +38,6 @@ class ReferenceEngineConfig:
     max_prefill_tokens: int = 4096  # per step; a longer prompt still runs, alone
     chunk_bytes: int = 256 << 10
     kernels: str = "auto"  # auto | triton | torch (see KVStore)
-    encode_margin_pages: int = 8  # with compression: pages admission leaves free for the encoder
     format_version: int = FORMAT_VERSION  # the page format the KV cache is written in (kernels/layout.py)
 
 
@@ -60,9 +59,6 @@ class ReferenceEngine:
             config.chunk_bytes,
             config.kernels,
         )
-        # Compressing a page first writes it at its worst-case (raw) size, and the allocator only encodes
-        # into room no reservation claims: admission leaves that room, or compression would starve.
-        self._encode_margin_pages = config.encode_margin_pages if config.compression else 0
         self._queue: collections.deque[Running] = collections.deque()
         self._running: dict[str, Running] = {}
         self._aborts: set[str] = set()
@@ -159,7 +155,8 @@ class ReferenceEngine:
             if admitted and prefill_tokens + prompt > self.config.max_prefill_tokens:
                 break
             need = self._worst_case_pages(req.request)
-            if need + self._encode_margin_pages > self.store.new_pages_fit():
+            # new_pages_fit() already keeps the allocator's encode margin (allocator/ledger.py) out
+            if need > self.store.new_pages_fit():
                 break  # first come, first served: wait for pages to come back
             self._queue.popleft()
             self.store.reserve(req.request.request_id, need)
