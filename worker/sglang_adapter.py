@@ -18,6 +18,7 @@ import logging
 import os
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -172,7 +173,9 @@ class SGLangEngine:
         self._seams.abort_request(self._eng, request_id)
         return True
 
-    def step(self) -> list[EngineEvent]:
+    def step(self, on_scheduled: Callable[[], None] | None = None) -> list[EngineEvent]:
+        if on_scheduled is not None:
+            on_scheduled()  # SGLang schedules on its own; capacity() reads its live load snapshot
         if self._running:
             self._drive(asyncio.sleep(STEP_WAIT_S))
         events, self._events = self._events, []

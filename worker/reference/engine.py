@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import collections
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -113,9 +114,11 @@ class ReferenceEngine:
         return bool(self._queue or self._running or self._aborts)
 
     # ---- one step -----------------------------------------------------------------------------------
-    def step(self) -> list[EngineEvent]:
+    def step(self, on_scheduled: Callable[[], None] | None = None) -> list[EngineEvent]:
         events = self._apply_aborts()
         prefill = self._admit()
+        if on_scheduled is not None:
+            on_scheduled()  # capacity() now counts the requests this step prefills
         batch = [r for r in self._running.values() if r.computed_tokens > 0] + prefill
         if not batch:
             return events
@@ -286,7 +289,8 @@ class ReferenceEngine:
             compression_ratio=ratio,
             running=len(self._running),
             queued=len(self._queue),
-            queued_prefill_tokens=sum(len(r.request.prompt_token_ids) for r in self._queue),
+            queued_prefill_tokens=sum(len(r.request.prompt_token_ids) for r in self._queue)
+            + sum(len(r.request.prompt_token_ids) for r in self._running.values() if r.first_token_s is None),
             ttft_ms=self._ttft_ms,
             itl_ms=self._itl_ms,
             max_context_tokens=self.loaded.max_context_tokens,
