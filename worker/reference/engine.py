@@ -60,6 +60,7 @@ class ReferenceEngine:
             config.chunk_bytes,
             config.kernels,
         )
+        self._idle_pages = self.store.new_pages_fit()
         self._queue: collections.deque[Running] = collections.deque()
         self._running: dict[str, Running] = {}
         self._aborts: set[str] = set()
@@ -274,7 +275,8 @@ class ReferenceEngine:
         return pages_for(min(total, self.loaded.max_context_tokens))
 
     def _budget_pages(self) -> int:
-        return self.config.kv_budget_bytes // (self.store.fmt.raw_page_bytes * self.loaded.num_layers)
+        """What the idle store admits (chunk rounding included), the most any one request can get."""
+        return self._idle_pages
 
     def capacity(self) -> EngineCapacity:
         stats = self.store.stats()
