@@ -4,9 +4,9 @@ identical batches (the KV pages really are stored compressed and read back), and
 transformers' greedy output except at a near-tie: where they first differ, transformers' own logits for
 the two tokens are within NEAR_TIE_LOGITS of each other (bf16 rounding of a different batch shape).
 
-Runtime: ~60 s of CPU time on a 2-core CPU (plus ~30 s once per run to dequantize the GGUF), most of it
-the torch reference codec restoring compressed pages in every layer of every decode step (on a GPU the
-fused kernel reads them)."""
+Runtime: ~18 s on a 2-core CPU (plus ~30 s once per run to dequantize the GGUF), most of it the torch
+reference codec restoring compressed pages in every layer of every decode step (on a GPU the fused
+kernel reads them)."""
 
 from __future__ import annotations
 
