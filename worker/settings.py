@@ -165,22 +165,29 @@ def build_engine(settings: WorkerSettings) -> Engine:
     model_config: Any = loaded.model.config
     shape = model_shape(model_config.to_dict())
     context = checked_context(
-        shape, settings.max_context_tokens, config.kv_budget_bytes, config.compression, config.chunk_bytes
-    )
+        shape, settings.max_context_tokens, config.kv_budget_bytes, config.compression, config.chunk_bytes,
+        config.format_version,
+    )  # fmt: skip
     return ReferenceEngine(dataclasses.replace(loaded, max_context_tokens=context), config, device)
 
 
 def checked_context(
-    shape: ModelShape, asked_tokens: int, budget_bytes: int, compression: bool, chunk_bytes: int = 256 << 10
+    shape: ModelShape,
+    asked_tokens: int,
+    budget_bytes: int,
+    compression: bool,
+    chunk_bytes: int = 256 << 10,
+    format_version: int | None = None,
 ) -> int:
     """The context a reference-engine worker serves (the model's, or ``asked_tokens`` within it), checked
     at start-up against what an idle KV budget holds; raises ValueError saying what to change."""
-    from zipkv.kernels.layout import PageFormat
+    from zipkv.kernels.layout import FORMAT_VERSION, PageFormat
 
     from .reference.kvstore import idle_capacity_tokens
 
     context = resolve_context(shape, asked_tokens or None)
-    fmt = PageFormat(head_dim=shape.head_dim, num_kv_heads=shape.num_kv_heads)
+    version = FORMAT_VERSION if format_version is None else format_version
+    fmt = PageFormat(head_dim=shape.head_dim, num_kv_heads=shape.num_kv_heads, version=version)
     check_kv_budget(
         context,
         budget_bytes,
