@@ -120,6 +120,10 @@ class LocalStack:
         self.context_tokens = checked_context(shape, o.max_context_tokens or 0, budget, o.compression)
         self._say(f"context {self.context_tokens} tokens (model {shape.context_tokens})")
 
+    def _prepared(self) -> None:
+        if not self.context_tokens:  # once; every router config and replica carries the same context
+            self.prepare_model()
+
     @property
     def base_urls(self) -> list[str]:
         return [f"http://127.0.0.1:{self.options.port + k}" for k in range(self.options.routers)]
@@ -129,8 +133,7 @@ class LocalStack:
 
     # ---- start --------------------------------------------------------------------------------------
     def start(self, ready_timeout_s: float = 300.0) -> None:
-        if not self.context_tokens:
-            self.prepare_model()
+        self._prepared()
         STATE_DIR.mkdir(parents=True, exist_ok=True)
         self.tap = StatusTap(self.report_token, STATE_DIR / f"status-{self.options.port}.json")
         tap_address = self.tap.start()
@@ -144,6 +147,7 @@ class LocalStack:
         self._wait_ready(timeout_s=ready_timeout_s)
 
     def _router_config(self, k: int) -> Path:
+        self._prepared()
         o = self.options
         model: dict[str, Any] = {"name": self.model_name, "max_context_tokens": self.context_tokens}
         model["tokenizer"] = self.model_path if self.model_path else "byte"
@@ -262,6 +266,7 @@ class LocalStack:
 
     def replica_args(self, report_addresses: list[str], num_replicas: int) -> dict[str, Any]:
         """The `app_builder` arguments of the local worker replicas (loopback, reports every 150 ms)."""
+        self._prepared()
         o = self.options
         return {
             "model": self.model_path or "",
