@@ -50,27 +50,35 @@ class Ledger(ChunkTable):
         self.page_chunk = np.full((n_l, n_p), -1, dtype=I64)
         self.free_ids: list[int] = list(range(n_p - 1, -1, -1))
         self.full_queue: list[int] = []
-        # Room kept out of what new pages and reservations may take, so that an encode launch can always
-        # place its worst case and compression never stalls: one chunk in every layer.
+        # The encode margin: room kept out of what new pages and reservations may take, so that an encode
+        # launch can place its worst case (a new LOG chunk in every layer) while admission is full. It is
+        # one chunk per layer at most, and held only out of room that compression has already freed
+        # (held_margin_pages), so compression never leaves fewer new pages than compression off would.
         self.encode_margin_pages = self.slots_per_chunk if cfg.compression else 0
+        self._margin_now = 0
 
     def new_pages_fit(self) -> int:
-        """New pages that fit in every layer after the reservations; never optimistic."""
+        """New pages that fit in every layer after the reservations and the held margin; never optimistic."""
         if self._fit is None:
             ids_left = max(0, len(self.free_ids) - self.reserved_pages)
-            held = self.reserved_pages + self.encode_margin_pages
-            self._fit = min(
-                ids_left,
-                capacity.pages_fit(
-                    self.free_units(),
-                    self.raw,
-                    self.cu,
-                    len(self.pool),
-                    held,
-                    self.cfg.shared_pool,
-                ),
+            room = capacity.pages_fit(
+                self.free_units(), self.raw, self.cu, len(self.pool), 0, self.cfg.shared_pool
             )
+            self._margin_now = min(self.encode_margin_pages, max(0, room - self._uncompressed_room()))
+            self._fit = min(ids_left, max(0, room - self.reserved_pages - self._margin_now))
         return self._fit
+
+    def held_margin_pages(self) -> int:
+        """The encode margin held now: what compression freed beyond compression off's room, capped at
+        ``encode_margin_pages``; 0 while nothing is compressed (idle headroom equals compression off's)."""
+        self.new_pages_fit()
+        return self._margin_now
+
+    def _uncompressed_room(self) -> int:
+        """New pages (reservations included) that would fit if every live page were stored raw: each layer
+        holds at most ``num_chunks // num_layers`` chunks of raw slots (exact with compression off)."""
+        live = self.cfg.max_pages - len(self.free_ids)
+        return (self.cfg.num_chunks // self.cfg.num_layers) * self.slots_per_chunk - live
 
     def reserve(self, request_id: str, max_new_pages: int) -> None:
         """Set the pages ``request_id`` may still allocate; raises OutOfPages if they do not fit."""
@@ -78,7 +86,7 @@ class Ledger(ChunkTable):
             raise ValueError(f"max_new_pages must be >= 0, got {max_new_pages} for {request_id!r}")
         old = self.reservations.get(request_id, 0)
         total = self.reserved_pages - old + max_new_pages
-        room = self._fits(total + self.encode_margin_pages)
+        room = self._fits(total + self.held_margin_pages())
         if max_new_pages > old and (total > len(self.free_ids) or not room):
             raise OutOfPages(
                 f"cannot reserve {max_new_pages} pages for {request_id!r}: {self.new_pages_fit()} more fit "
@@ -109,7 +117,7 @@ class Ledger(ChunkTable):
                 f"{n} page ids asked, {len(self.free_ids)} left of max_pages {self.cfg.max_pages} "
                 f"({self.reserved_pages - drawn} reserved by others); raise max_pages"
             )
-        margin = self.encode_margin_pages if n > drawn else 0  # reserved pages may use the margin
+        margin = self.held_margin_pages() if n > drawn else 0  # reserved pages may use the margin
         if not self._fits(self.reserved_pages - drawn + n + margin):
             raise OutOfPages(
                 f"{n} new pages do not fit: {self.new_pages_fit()} fit after {self.reserved_pages} reserved "

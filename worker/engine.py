@@ -8,6 +8,7 @@ it can take. Capacity is counted in tokens at this boundary; pages stay inside t
 from __future__ import annotations
 
 import enum
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
@@ -66,9 +67,9 @@ class EngineCapacity:
     committed_tokens: int  # tokens reserved for running requests to reach their max length
     total_tokens: int  # capacity of the KV budget under the current compression ratio
     compression_ratio: float  # stored / uncompressed bytes of full pages (1.0 when none compressed)
-    running: int
-    queued: int
-    queued_prefill_tokens: int
+    running: int  # admitted, in prefill or decoding
+    queued: int  # taken by the engine, not yet admitted
+    queued_prefill_tokens: int  # prompt tokens not yet prefilled: queued requests and those in prefill
     ttft_ms: float  # recent mean time to first token
     itl_ms: float  # recent mean inter-token latency (decode step time)
     max_context_tokens: int
@@ -93,8 +94,10 @@ class Engine(Protocol):
     def abort(self, request_id: str) -> bool:
         """Abort a queued or running request; its ABORT event comes from the next `step`."""
 
-    def step(self) -> list[EngineEvent]:
-        """Run one scheduling step; returns new tokens and finishes."""
+    def step(self, on_scheduled: Callable[[], None] | None = None) -> list[EngineEvent]:
+        """Run one scheduling step; returns new tokens and finishes. ``on_scheduled`` is called once the
+        step's requests are admitted and before the model runs, so that a capacity read then counts the
+        requests being prefilled (a long prompt's prefill is one step of seconds)."""
 
     def has_work(self) -> bool:
         """Whether `step` would do anything."""

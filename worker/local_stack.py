@@ -45,7 +45,8 @@ class StackOptions:
     device: str = "auto"
     cpus_per_replica: float = 0.5
     ray_num_cpus: int = 4
-    max_context_tokens: int = 2048
+    max_context_tokens: int | None = None  # None = the model's (config.json), checked against the KV budget
+    chat_template: str = ""  # the router's models[].chat_template ("" = the model's own)
     router_env: dict[str, str] = field(default_factory=dict)  # extra ZIPKV_* overrides for the router
 
     def __post_init__(self) -> None:
@@ -87,8 +88,9 @@ class LocalStack:
         self.progress = progress
         self.report_token = secrets.token_hex(16)
         self.dispatch_token = secrets.token_hex(16)  # router -> worker (Generate, Abort)
+        path = Path(options.model_path) if options.model_path else None
         self.model_name = options.model_name or (
-            Path(options.model_path).name if options.model_path else "zipkv-tiny"
+            (path.stem if path.suffix == ".gguf" else path.name) if path else "zipkv-tiny"
         )
         self.grpc_ports = [free_port() for _ in range(options.routers)]
         self.routers: list[subprocess.Popen[bytes]] = []
@@ -97,6 +99,30 @@ class LocalStack:
         self._ray_started = False
         self._restarts: dict[int, list[float]] = {}
         self._t0 = time.monotonic()
+        self.model_path = options.model_path  # a GGUF is replaced by its dequantized folder at start
+        self.context_tokens = 0  # set at start, from the model's config (or the option) and the budget
+
+    def prepare_model(self) -> None:
+        """Before anything starts: a GGUF model becomes a Hugging Face folder (once, cached), and the
+        context is resolved and checked against the KV budget (raises ValueError saying what to change)."""
+        from .checkpoint import model_shape, read_config
+        from .gguf_import import resolve_model_path
+        from .reference.model import tiny_config
+        from .settings import checked_context
+
+        o = self.options
+        if o.model_path:
+            self.model_path = resolve_model_path(o.model_path, progress=self._say)
+            shape = model_shape(read_config(self.model_path))
+        else:
+            shape = model_shape(tiny_config().to_dict())
+        budget = int(o.kv_budget_mib * (1 << 20))
+        self.context_tokens = checked_context(shape, o.max_context_tokens or 0, budget, o.compression)
+        self._say(f"context {self.context_tokens} tokens (model {shape.context_tokens})")
+
+    def _prepared(self) -> None:
+        if not self.context_tokens:  # once; every router config and replica carries the same context
+            self.prepare_model()
 
     @property
     def base_urls(self) -> list[str]:
@@ -107,6 +133,7 @@ class LocalStack:
 
     # ---- start --------------------------------------------------------------------------------------
     def start(self, ready_timeout_s: float = 300.0) -> None:
+        self._prepared()
         STATE_DIR.mkdir(parents=True, exist_ok=True)
         self.tap = StatusTap(self.report_token, STATE_DIR / f"status-{self.options.port}.json")
         tap_address = self.tap.start()
@@ -120,9 +147,12 @@ class LocalStack:
         self._wait_ready(timeout_s=ready_timeout_s)
 
     def _router_config(self, k: int) -> Path:
+        self._prepared()
         o = self.options
-        model: dict[str, Any] = {"name": self.model_name, "max_context_tokens": o.max_context_tokens}
-        model["tokenizer"] = o.model_path if o.model_path else "byte"
+        model: dict[str, Any] = {"name": self.model_name, "max_context_tokens": self.context_tokens}
+        model["tokenizer"] = self.model_path if self.model_path else "byte"
+        if o.chat_template:
+            model["chat_template"] = o.chat_template
         config: dict[str, Any] = {
             "http": {"host": "127.0.0.1", "port": o.port + k},
             "grpc": {"host": "127.0.0.1", "port": self.grpc_ports[k]},
@@ -236,9 +266,11 @@ class LocalStack:
 
     def replica_args(self, report_addresses: list[str], num_replicas: int) -> dict[str, Any]:
         """The `app_builder` arguments of the local worker replicas (loopback, reports every 150 ms)."""
+        self._prepared()
         o = self.options
         return {
-            "model": o.model_path or "",
+            "model": self.model_path or "",
+            "max_context_tokens": self.context_tokens,
             "model_name": self.model_name,
             "router": ",".join(report_addresses),
             "num_replicas": num_replicas,

@@ -85,21 +85,28 @@ class EngineLoop:
     def _run(self) -> None:
         try:
             while not self._stop.is_set():
-                self._drain_inbox(block=not self.engine.has_work())
+                # Published whenever the engine's load changes: requests it took (queued) and, inside the
+                # step, those admitted for prefill, so reports count them before their first token.
+                if self._drain_inbox(block=not self.engine.has_work()):
+                    self._publish_capacity()
                 if self.engine.has_work():
-                    self._deliver(self.engine.step())
-                self._capacity = self.engine.capacity()
+                    self._deliver(self.engine.step(on_scheduled=self._publish_capacity))
+                self._publish_capacity()
         except BaseException as exc:  # the replica is unhealthy from here on: fail every stream clearly
             self.error = exc
             log.exception("engine loop failed: %s", exc)
             for rid in list(self._streams):
                 self._deliver([EngineEvent(rid, finish=FinishReason.ERROR, message=f"engine failed: {exc}")])
 
-    def _drain_inbox(self, block: bool) -> None:
+    def _publish_capacity(self) -> None:
+        self._capacity = self.engine.capacity()  # one reference swap: readers on other threads see old or new
+
+    def _drain_inbox(self, block: bool) -> bool:
+        """Take what was submitted (requests, aborts); whether there was anything."""
         try:
             item = self._inbox.get(timeout=self._idle_wait_s) if block else self._inbox.get_nowait()
         except queue.Empty:
-            return
+            return False
         while True:
             if isinstance(item, _Submit):
                 self._add(item)
@@ -108,7 +115,7 @@ class EngineLoop:
             try:
                 item = self._inbox.get_nowait()
             except queue.Empty:
-                return
+                return True
 
     def _add(self, item: _Submit) -> None:
         try:

@@ -95,7 +95,7 @@ def settings_from_args(args: dict[str, Any]) -> tuple[WorkerSettings, int, float
     known = {
         "engine", "model", "model_name", "router", "num_replicas", "gpus_per_replica", "cpus_per_replica",
         "kv_budget_mib", "compression", "device", "bind_host", "advertise_host", "max_running_requests",
-        "report_interval_ms", "drain_timeout_s", "sglang_args",
+        "report_interval_ms", "drain_timeout_s", "sglang_args", "max_context_tokens",
     }  # fmt: skip
     unknown = sorted(set(args) - known)
     if unknown:
@@ -108,6 +108,7 @@ def settings_from_args(args: dict[str, Any]) -> tuple[WorkerSettings, int, float
         device=args.get("device", "cuda" if gpus > 0 else "auto"),
         kv_budget_bytes=int(float(args.get("kv_budget_mib", 64)) * (1 << 20)),
         compression=_flag(args.get("compression", True)),
+        max_context_tokens=int(args.get("max_context_tokens", 0)),
         max_running_requests=int(args.get("max_running_requests", 64)),
         router_address=args.get("router") or None,
         report_interval_ms=int(args.get("report_interval_ms", 200)),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from dataclasses import dataclass
@@ -9,6 +10,7 @@ from typing import Any, Literal
 
 from zipkv.controlplane.grpc_auth import TlsFiles
 
+from .checkpoint import ModelShape, check_kv_budget, model_shape, resolve_context
 from .engine import Engine
 
 EngineKind = Literal["reference", "sglang"]
@@ -34,6 +36,7 @@ class WorkerSettings:
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     kv_budget_bytes: int = 64 << 20
     compression: bool = True
+    max_context_tokens: int = 0  # 0 = the model's (max_position_embeddings, capped at a sliding window)
     max_running_requests: int = 64
     # host:port of ControlPlane.ReportCapacity; a comma-separated list sends the same reports to each
     # (e.g. the router and `zipkv up`'s status tap); None = no reports.
@@ -66,6 +69,10 @@ class WorkerSettings:
             raise ValueError(f"engine must be 'reference' or 'sglang', got {self.engine!r}")
         if self.kv_budget_bytes <= 0:
             raise ValueError(f"kv_budget_bytes must be > 0, got {self.kv_budget_bytes}")
+        if self.max_context_tokens < 0:
+            raise ValueError(
+                f"max_context_tokens must be >= 0 (0 = the model's), got {self.max_context_tokens}"
+            )
         if not 0 <= self.port <= 65535:
             raise ValueError(f"port must be within 0..65535, got {self.port}")
         self.sglang_kwargs()  # validates
@@ -139,15 +146,52 @@ def build_engine(settings: WorkerSettings) -> Engine:
         return build_sglang_engine(settings)
     import torch
 
+    from .gguf_import import resolve_model_path
     from .reference.engine import ReferenceEngine, ReferenceEngineConfig
     from .reference.model import load_model
 
     torch.set_num_threads(settings.torch_threads)
     device = resolve_device(settings.device)
-    loaded = load_model(settings.model_path, device, settings.model_name)
+    path = resolve_model_path(settings.model_path) if settings.model_path else None  # a GGUF: dequantized
+    name = settings.model_name
+    if path != settings.model_path and not name:  # named after the GGUF, not its cache folder
+        name = os.path.splitext(os.path.basename(os.path.normpath(str(settings.model_path))))[0]
+    loaded = load_model(path, device, name)
     config = ReferenceEngineConfig(
         kv_budget_bytes=settings.kv_budget_bytes,
         compression=settings.compression,
         max_running_requests=settings.max_running_requests,
     )
-    return ReferenceEngine(loaded, config, device)
+    model_config: Any = loaded.model.config
+    shape = model_shape(model_config.to_dict())
+    context = checked_context(
+        shape, settings.max_context_tokens, config.kv_budget_bytes, config.compression, config.chunk_bytes,
+        config.format_version,
+    )  # fmt: skip
+    return ReferenceEngine(dataclasses.replace(loaded, max_context_tokens=context), config, device)
+
+
+def checked_context(
+    shape: ModelShape,
+    asked_tokens: int,
+    budget_bytes: int,
+    compression: bool,
+    chunk_bytes: int = 256 << 10,
+    format_version: int | None = None,
+) -> int:
+    """The context a reference-engine worker serves (the model's, or ``asked_tokens`` within it), checked
+    at start-up against what an idle KV budget holds; raises ValueError saying what to change."""
+    from zipkv.kernels.layout import FORMAT_VERSION, PageFormat
+
+    from .reference.kvstore import idle_capacity_tokens
+
+    context = resolve_context(shape, asked_tokens or None)
+    version = FORMAT_VERSION if format_version is None else format_version
+    fmt = PageFormat(head_dim=shape.head_dim, num_kv_heads=shape.num_kv_heads, version=version)
+    check_kv_budget(
+        context,
+        budget_bytes,
+        shape,
+        lambda b: idle_capacity_tokens(fmt, shape.num_layers, b, compression, chunk_bytes),
+    )
+    return context

@@ -18,6 +18,7 @@ import logging
 import os
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -69,6 +70,7 @@ def engine_kwargs(settings: WorkerSettings, model_path: str, **overrides: Any) -
         "dtype": "bfloat16",
         "max_running_requests": settings.max_running_requests,
         "max_total_tokens": settings.kv_budget_bytes // kv_bytes_per_token(model_path),
+        **({"context_length": settings.max_context_tokens} if settings.max_context_tokens else {}),
         "disable_prefill_cuda_graph": True,  # zipkv's extend runs eagerly (milestone 2 covers decode graphs)
         # Milestone 3 (radix cache, chunked prefill) runs on the GPU with identical greedy tokens, but its
         # extend restores cached prefix pages into scratch (slower TTFT) and is measured only at a small
@@ -133,7 +135,9 @@ class SGLangEngine:
         self._seams = sglang_seams
         self.model_name = settings.model_name or os.path.basename(os.path.normpath(settings.model_path))
         self._kv_bytes_per_token = kv_bytes_per_token(settings.model_path)
-        self._context_tokens = int(_model_config(settings.model_path).get("max_position_embeddings", 0))
+        self._context_tokens = settings.max_context_tokens or int(
+            _model_config(settings.model_path).get("max_position_embeddings", 0)
+        )
         kwargs = engine_kwargs(settings, settings.model_path, **engine_overrides)
         # Built on a thread that outlives it (see owner_thread.py): never on a helper that returns, and not
         # inside a running loop (a Ray Serve constructor's), which sglang.Engine would adopt.
@@ -172,7 +176,9 @@ class SGLangEngine:
         self._seams.abort_request(self._eng, request_id)
         return True
 
-    def step(self) -> list[EngineEvent]:
+    def step(self, on_scheduled: Callable[[], None] | None = None) -> list[EngineEvent]:
+        if on_scheduled is not None:
+            on_scheduled()  # SGLang schedules on its own; capacity() reads its live load snapshot
         if self._running:
             self._drive(asyncio.sleep(STEP_WAIT_S))
         events, self._events = self._events, []

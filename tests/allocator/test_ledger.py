@@ -58,10 +58,11 @@ def test_pool_lends_a_layers_savings_to_the_tightest_layer() -> None:
         led.allocate(fits[shared])
         with pytest.raises(OutOfPages):
             led.allocate(1)
-    # layer 1's 16 incompressible pages fill 4 chunks; layer 0's 16 pages of 4 units fill one. A chunk per
-    # layer (4 pages) stays free for the next encode launch.
-    assert fits[False] == 24 - 4  # layer 1 owns 10 chunks: 6 free x 4 pages; layer 0's 9 free sit idle
-    assert fits[True] == 28 - 4  # 15 free chunks in the pool: 7 for each layer
+    # layer 1's 16 incompressible pages fill 4 chunks; layer 0's 16 pages of 4 units fill one. The encode
+    # margin (a chunk per layer, 4 pages) is held only out of room compression freed beyond what
+    # compression off would have (10 chunks x 4 slots - 16 pages = 24 per layer).
+    assert fits[False] == 24  # layer 1 owns 10 chunks: 6 free x 4 pages, no more than off; no margin held
+    assert fits[True] == 28 - 4  # 15 free chunks in the pool: 7 for each layer, less the margin
 
 
 def test_compressed_sizing_would_over_admit_and_is_refused() -> None:
@@ -76,7 +77,10 @@ def test_compressed_sizing_would_over_admit_and_is_refused() -> None:
     assert naive > led.new_pages_fit()
     with pytest.raises(OutOfPages):
         led.allocate(naive)
-    assert led.new_pages_fit() == int(free_units.min() // RAW) - led.encode_margin_pages
+    # the pages' raw slots are free again, but their LOG places still fill the chunks they took: no room
+    # beyond compression off's (10 chunks x 4 slots - 16 pages), so no encode margin is held
+    assert led.new_pages_fit() == int(free_units.min() // RAW) == 10 * 4 - 16
+    assert led.held_margin_pages() == 0
     check(led)
 
 
@@ -207,19 +211,44 @@ def test_without_compression_pages_stay_raw() -> None:
     assert led.plan_encode() is None and (led.page_units[:, ids] == RAW).all()
 
 
-def test_an_encode_launch_always_has_room() -> None:
-    """Capacity keeps a chunk per layer free, so pages that fill can be compressed even when every other
-    page is reserved, and the reserved request still reaches its maximum."""
-    led = ledger(layers=2, chunks=8)  # 16 pages; 4 kept for encoding
-    assert led.new_pages_fit() == 12
+def test_idle_capacity_equals_compression_off() -> None:
+    """The encode margin is held only out of room compression freed: an idle pool offers as many new
+    pages with compression on as off, and a request reserving all of them reaches its maximum."""
+    on, off = ledger(layers=2, chunks=8), ledger(layers=2, chunks=8, compression=False)
+    assert on.new_pages_fit() == off.new_pages_fit() == 16 and on.held_margin_pages() == 0
+    on.reserve("a", 16)
+    ids, _ = on.allocate(8, "a")
+    on.mark_full(ids)
+    assert on.plan_encode() is None  # no room that no reservation claims: the full pages wait, raw
+    assert (on.page_state[ids] == PageState.FULL).all()
+    on.allocate(8, "a")  # the reserved request still reaches its maximum
+    check(on)
+
+
+def test_an_encode_launch_has_room_once_compression_freed_it() -> None:
+    """Unreserved room lets the first pages compress; once compression has freed more than compression
+    off would have, a chunk per layer (4 pages here) is kept out of admission for the next launch."""
+    led = ledger(layers=2, chunks=8)  # 16 pages
     led.reserve("a", 12)
-    assert led.new_pages_fit() == 0
     ids, _ = led.allocate(8, "a")
     led.mark_full(ids)
-    plan = encode_with(led, lambda p: np.full(p.size, 12))
-    assert plan is not None and plan.size > 0
+    plan = encode_with(led, lambda p: np.full(p.size, 3))  # 3/16 of a raw page each
+    assert plan is not None and plan.size == 2 * 4  # 4 pages a layer, in the 4 unreserved places
     led.poll()
-    led.allocate(4, "a")
+    assert led.held_margin_pages() == 0  # 4 raw slots freed, one LOG chunk taken: no gain over off yet
+    while led.full_queue:
+        assert encode_with(led, lambda p: np.full(p.size, 3)) is not None
+        led.poll()
+    while (move := led.plan_compaction(live_fraction=1.0)) is not None:  # pack the spread LOG places
+        led.moved(move)
+        led.poll()
+    off_room = 8 // 2 * 4 - 8  # what compression off would offer now, reservations included
+    assert led.held_margin_pages() == led.encode_margin_pages == 4
+    assert led.new_pages_fit() + led.reserved_pages >= off_room
+    led.reserve("b", led.new_pages_fit())
+    more, _ = led.allocate(4, "a")
+    led.mark_full(more)
+    assert encode_with(led, lambda p: np.full(p.size, 3)) is not None  # the margin takes the launch
     check(led)
 
 

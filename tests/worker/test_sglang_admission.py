@@ -25,8 +25,8 @@ def _prefill(alloc, tokens: int):  # type: ignore[no-untyped-def]
 
 
 def test_latch_is_released_once_compression_frees_room_and_not_before() -> None:
-    alloc = make()
-    out = _prefill(alloc, 48 * PAGE_TOKENS)
+    alloc = make(128 * PAGE_TOKENS)  # 96 pages compressed free more than the encode margin
+    out = _prefill(alloc, 96 * PAGE_TOKENS)
     alloc.compress_step()
     fill(alloc, out)
     batch = SimpleNamespace(batch_is_full=True)  # SGLang found no room for the next request
@@ -35,10 +35,10 @@ def test_latch_is_released_once_compression_frees_room_and_not_before() -> None:
     assert latch.release(batch, alloc) is False and batch.batch_is_full  # nothing changed: kept
     alloc.compress_step()  # the filled pages go to the encoder
     for _ in range(4):
-        if alloc.pool.stats().compressed_pages == 48:
+        if alloc.pool.stats().compressed_pages == 96:
             break
         alloc.compress_step()
-    assert alloc.pool.stats().compressed_pages == 48
+    assert alloc.pool.stats().compressed_pages == 96
     assert latch.release(batch, alloc) is True and not batch.batch_is_full  # SGLang will try again
     alloc.free(out)
 

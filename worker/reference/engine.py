@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import collections
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -38,7 +39,6 @@ class ReferenceEngineConfig:
     max_prefill_tokens: int = 4096  # per step; a longer prompt still runs, alone
     chunk_bytes: int = 256 << 10
     kernels: str = "auto"  # auto | triton | torch (see KVStore)
-    encode_margin_pages: int = 8  # with compression: pages admission leaves free for the encoder
     format_version: int = FORMAT_VERSION  # the page format the KV cache is written in (kernels/layout.py)
 
 
@@ -60,9 +60,7 @@ class ReferenceEngine:
             config.chunk_bytes,
             config.kernels,
         )
-        # Compressing a page first writes it at its worst-case (raw) size, and the allocator only encodes
-        # into room no reservation claims: admission leaves that room, or compression would starve.
-        self._encode_margin_pages = config.encode_margin_pages if config.compression else 0
+        self._idle_pages = self.store.new_pages_fit()
         self._queue: collections.deque[Running] = collections.deque()
         self._running: dict[str, Running] = {}
         self._aborts: set[str] = set()
@@ -117,9 +115,11 @@ class ReferenceEngine:
         return bool(self._queue or self._running or self._aborts)
 
     # ---- one step -----------------------------------------------------------------------------------
-    def step(self) -> list[EngineEvent]:
+    def step(self, on_scheduled: Callable[[], None] | None = None) -> list[EngineEvent]:
         events = self._apply_aborts()
         prefill = self._admit()
+        if on_scheduled is not None:
+            on_scheduled()  # capacity() now counts the requests this step prefills
         batch = [r for r in self._running.values() if r.computed_tokens > 0] + prefill
         if not batch:
             return events
@@ -159,7 +159,8 @@ class ReferenceEngine:
             if admitted and prefill_tokens + prompt > self.config.max_prefill_tokens:
                 break
             need = self._worst_case_pages(req.request)
-            if need + self._encode_margin_pages > self.store.new_pages_fit():
+            # new_pages_fit() already keeps the allocator's encode margin (allocator/ledger.py) out
+            if need > self.store.new_pages_fit():
                 break  # first come, first served: wait for pages to come back
             self._queue.popleft()
             self.store.reserve(req.request.request_id, need)
@@ -274,7 +275,8 @@ class ReferenceEngine:
         return pages_for(min(total, self.loaded.max_context_tokens))
 
     def _budget_pages(self) -> int:
-        return self.config.kv_budget_bytes // (self.store.fmt.raw_page_bytes * self.loaded.num_layers)
+        """What the idle store admits (chunk rounding included), the most any one request can get."""
+        return self._idle_pages
 
     def capacity(self) -> EngineCapacity:
         stats = self.store.stats()
@@ -289,7 +291,8 @@ class ReferenceEngine:
             compression_ratio=ratio,
             running=len(self._running),
             queued=len(self._queue),
-            queued_prefill_tokens=sum(len(r.request.prompt_token_ids) for r in self._queue),
+            queued_prefill_tokens=sum(len(r.request.prompt_token_ids) for r in self._queue)
+            + sum(len(r.request.prompt_token_ids) for r in self._running.values() if r.first_token_s is None),
             ttft_ms=self._ttft_ms,
             itl_ms=self._itl_ms,
             max_context_tokens=self.loaded.max_context_tokens,

@@ -140,3 +140,15 @@ class KVStore:
             sm_scale,
             compressed=self.compression,
         )
+
+
+def idle_capacity_tokens(
+    fmt: PageFormat, num_layers: int, budget_bytes: int, compression: bool, chunk_bytes: int = 256 << 10
+) -> int:
+    """New tokens an idle store of this budget admits: the allocator's own arithmetic, on the meta device
+    (no memory is taken), so a start-up check can ask before any weights load."""
+    try:
+        store = KVStore(fmt, num_layers, budget_bytes, "meta", compression, chunk_bytes, "torch")
+    except ValueError:  # fewer chunks than layers
+        return 0
+    return store.new_pages_fit() * PAGE_TOKENS

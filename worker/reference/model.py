@@ -17,6 +17,7 @@ import torch
 from transformers import AttentionInterface, AutoConfig, AutoModelForCausalLM, LlamaConfig, PretrainedConfig
 from transformers.masking_utils import AttentionMaskInterface
 
+from ..checkpoint import model_shape
 from .paged import zipkv_paged_attention
 
 ATTN_IMPLEMENTATION = "zipkv"
@@ -72,11 +73,15 @@ def tiny_config(num_layers: int = 2, hidden: int = 128, max_context_tokens: int 
     )
 
 
-def _eos_ids(config: PretrainedConfig) -> tuple[int, ...]:
-    eos = getattr(config, "eos_token_id", None)
-    if eos is None:
-        return ()
-    return tuple(eos) if isinstance(eos, list | tuple) else (int(eos),)
+def _eos_ids(*configs: Any) -> tuple[int, ...]:
+    """EOS ids of the model config and its generation config (generation_config.json), merged in order."""
+    ids: list[int] = []
+    for config in configs:
+        eos = getattr(config, "eos_token_id", None)
+        for i in eos if isinstance(eos, list | tuple) else ([] if eos is None else [eos]):
+            if int(i) not in ids:
+                ids.append(int(i))
+    return tuple(ids)
 
 
 def build_model(config: PretrainedConfig, name: str, device: str, seed: int = TINY_SEED) -> LoadedModel:
@@ -121,17 +126,17 @@ def load_model(path: str | None, device: str, name: str | None = None, **tiny: A
 
 def _describe(model: torch.nn.Module, name: str) -> LoadedModel:
     cfg: Any = model.config
-    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    shape = model_shape(cfg.to_dict())
     return LoadedModel(
         name=name,
         model=model,
-        num_layers=cfg.num_hidden_layers,
+        num_layers=shape.num_layers,
         num_q_heads=cfg.num_attention_heads,
-        num_kv_heads=cfg.num_key_value_heads,
-        head_dim=head_dim,
+        num_kv_heads=shape.num_kv_heads,
+        head_dim=shape.head_dim,
         vocab_size=cfg.vocab_size,
-        eos_token_ids=_eos_ids(cfg),
-        max_context_tokens=int(cfg.max_position_embeddings),
+        eos_token_ids=_eos_ids(cfg, getattr(model, "generation_config", None)),
+        max_context_tokens=shape.context_tokens,  # capped at an active sliding window (checkpoint.py)
     )
 
 
