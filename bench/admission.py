@@ -243,7 +243,8 @@ def main() -> None:
     result = {
         "command": "python bench/admission.py",
         "date": datetime.now(UTC).strftime("%Y-%m-%d"),
-        "machine": f"{cpu_name()} ({os.cpu_count()} cores), Python {platform.python_version()}",
+        "machine": f"{cpu_name()} ({os.cpu_count()} cores, shared with other work; load average "
+        f"{os.getloadavg()[0]:.1f}), Python {platform.python_version()}, numpy {np.__version__}",
         "model_shapes": {
             "layers": LAYERS,
             "kv_heads": KV_HEADS,
