@@ -6,11 +6,13 @@ Each request reserves its whole length at raw size (528 pages), prefills 512 pag
 compressed, and is admitted only while ``new_pages_fit()`` covers the next request's 528 pages. Then every
 admitted request decodes its 256 tokens (pages fill and compress online) to prove the admission was safe.
 
-Stored page sizes: each 512-value block of a page is compressible with the measured probability (the
-format study on real KV, bench/results/format_study.json; 0.945 if it is missing), independently: a page of
-64 blocks stores ``768 c + 1024 (64 - c)`` bytes, ``c ~ Binomial(64, f)``. Per-layer fractions come from
-the study's per-layer rows (MiniLM's 6 layers stretched over 32). The bookkeeping is the allocator's real
-host ledger (``zipkv.allocator.Ledger``); only the encoder's output sizes are drawn, not computed.
+Page formats v3 and v2 side by side (``--format-versions``), each with its own block model and the pool's
+unit for it (``unit_bytes_for``: 64 B for v3, 256 B for v2). Stored page sizes are drawn block by block from
+the format study's measured per-layer fractions of that format (bench/admission_sizes.py): SmolLM2-135M-
+Instruct's KV (a trained decoder, K after RoPE as SGLang computes it) is the headline; all-MiniLM-L6-v2 (an
+encoder) is a secondary row. The compressed runs pay for the ``page_meta`` table out of the same budget.
+The bookkeeping is the allocator's real host ledger (``zipkv.allocator.Ledger``); only the encoder's output
+sizes are drawn, not computed.
 
     python bench/admission.py            # writes bench/results/admission.json, prints a table
 """
@@ -24,21 +26,26 @@ import platform
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import numpy as np
+from admission_sizes import LayerFractions, expected_page_bytes, load_study, size_model, study_fractions
 
 from zipkv.allocator import Ledger, LedgerConfig
-from zipkv.allocator.plans import UNIT_BYTES, CompletedFence, EncodePlan
-from zipkv.kernels.layout import COMPRESSED_BLOCK_BYTES, PAGE_TOKENS, RAW_BLOCK_BYTES, PageFormat
+from zipkv.allocator.plans import CompletedFence, EncodePlan, PageState
+from zipkv.allocator.pool import unit_bytes_for
+from zipkv.kernels.layout import PAGE_TOKENS, PageFormat
 
 ROOT = Path(__file__).resolve().parents[1]
 LAYERS, KV_HEADS, HEAD_DIM = 32, 8, 128
 PROMPT_TOKENS, OUTPUT_TOKENS, BASELINE_REQUESTS = 8192, 256, 46
 CHUNK_BYTES = 2 << 20
-FALLBACK_FRACTION = 0.945
-FMT = PageFormat(HEAD_DIM, KV_HEADS)
+FMT = PageFormat(HEAD_DIM, KV_HEADS)  # the default format (bench/allocator_step.py)
+DEFAULT_VERSIONS = (3, 2)
+DECODER, ENCODER = "smollm2", "minilm"
 
 
 def cpu_name() -> str:
@@ -55,53 +62,20 @@ def kv_budget_bytes() -> int:
     return BASELINE_REQUESTS * (PROMPT_TOKENS + OUTPUT_TOKENS) * bytes_per_token
 
 
-def measured_fractions() -> tuple[float, list[float], str]:
-    """(mean fraction, per-layer fractions over 32 layers, source) from the format study on real KV."""
-    path = ROOT / "bench/results/format_study.json"
-    geometry = f"{512 // HEAD_DIM}x{HEAD_DIM}"  # the chosen token-major blocks
-    try:
-        study = json.loads(path.read_text())
-        rows = [r for r in study["rows"] if r["model"] == "minilm" and r["geometry"] == geometry]
-        per_layer: dict[int, list[float]] = {}
-        for r in rows:
-            per_layer.setdefault(int(r["layer"]), []).append(float(r["coded_fraction"]))
-        layers = [float(np.mean(per_layer[k])) for k in sorted(per_layer)]
-        geometries = study["summary"]["geometries"]
-        summary = [s for s in geometries if s["model"] == "minilm" and s["geometry"] == geometry]
-        mean = float(np.mean([s["coded_fraction"] for s in summary]))
-        if not layers or not summary:
-            raise KeyError("no minilm rows")
-    except (OSError, KeyError, TypeError, ValueError) as exc:
-        print(f"format study unavailable ({exc}); using {FALLBACK_FRACTION}", file=sys.stderr)
-        return FALLBACK_FRACTION, [FALLBACK_FRACTION] * LAYERS, f"fallback {FALLBACK_FRACTION}"
-    stretched = [layers[layer * len(layers) // LAYERS] for layer in range(LAYERS)]
-    return mean, stretched, f"{path.relative_to(ROOT)} (minilm, K and V, {geometry} blocks)"
-
-
-def size_model(fractions: list[float], seed: int) -> Callable[[EncodePlan], np.ndarray]:
-    """Stored bytes of each (layer, page) of a plan: Binomial(blocks, the layer's fraction) compress."""
-    rng = np.random.default_rng(seed)
-    f = np.asarray(fractions)
-
-    def sizes(plan: EncodePlan) -> np.ndarray:
-        c = rng.binomial(FMT.blocks_per_page, f[plan.layers])
-        return c * COMPRESSED_BLOCK_BYTES + (FMT.blocks_per_page - c) * RAW_BLOCK_BYTES
-
-    return sizes
-
-
-def make_ledger(budget_bytes: int, compression: bool, shared_pool: bool) -> Ledger:
-    max_pages = budget_bytes // (LAYERS * FMT.min_page_bytes)
+def make_ledger(budget_bytes: int, compression: bool, shared_pool: bool, fmt: PageFormat = FMT) -> Ledger:
+    max_pages = budget_bytes // (LAYERS * fmt.min_page_bytes)
     if compression:  # equal memory: the per-page metadata table comes out of the same budget
-        budget_bytes -= LAYERS * max_pages * FMT.meta_bytes_per_page
+        budget_bytes -= LAYERS * max_pages * fmt.meta_bytes_per_page
+    unit = unit_bytes_for(fmt)
     cfg = LedgerConfig(
         num_layers=LAYERS,
         num_chunks=budget_bytes // CHUNK_BYTES,
-        chunk_units=CHUNK_BYTES // UNIT_BYTES,
-        raw_page_units=FMT.raw_page_bytes // UNIT_BYTES,
+        chunk_units=CHUNK_BYTES // unit,
+        raw_page_units=fmt.raw_page_bytes // unit,
         max_pages=max_pages,
         shared_pool=shared_pool,
         compression=compression,
+        unit_bytes=unit,
     )
     return Ledger(cfg)
 
@@ -119,11 +93,8 @@ def end_step(led: Ledger, sizes: Callable[[EncodePlan], np.ndarray]) -> None:
     led.poll()
 
 
-def simulate(
-    compression: bool, shared_pool: bool, fractions: list[float], seed: int = 0
-) -> dict[str, object]:
-    led = make_ledger(kv_budget_bytes(), compression, shared_pool)
-    sizes = size_model(fractions, seed)
+def admit_and_decode(led: Ledger, sizes: Callable[[EncodePlan], np.ndarray]) -> int:
+    """Admit while the next request fits, then decode every admitted one to its full length; the count."""
     prompt_pages = PROMPT_TOKENS // PAGE_TOKENS
     max_pages = (PROMPT_TOKENS + OUTPUT_TOKENS) // PAGE_TOKENS
     pages: dict[str, list[int]] = {}
@@ -144,48 +115,136 @@ def simulate(
         if token % PAGE_TOKENS == PAGE_TOKENS - 1:
             led.mark_full([p[-1] for p in pages.values()])
         end_step(led, sizes)
-    state = led.page_state
-    compressed = led.page_units[:, state == 4]
-    return {
+    return admitted
+
+
+def fluid_ideal_requests(fmt: PageFormat, fractions: LayerFractions | None, led: Ledger) -> float:
+    """Requests the ledger's chunks hold if bytes were fluid: prompt pages at their mean stored size, the
+    decode pages raw; per layer (no pool: the tightest layer bounds it) or over all layers (the pool)."""
+    prompt_pages = PROMPT_TOKENS // PAGE_TOKENS
+    output_pages = OUTPUT_TOKENS // PAGE_TOKENS
+    raw_page = float(fmt.raw_page_bytes)
+    page = [raw_page] * LAYERS
+    if fractions is not None:
+        page = [expected_page_bytes(fmt, k, v) for k, v in zip(fractions.k, fractions.v, strict=True)]
+    per_layer = max(page) if not led.cfg.shared_pool else float(np.mean(page))
+    budget = led.cfg.num_chunks * CHUNK_BYTES
+    return budget / (LAYERS * (prompt_pages * per_layer + output_pages * raw_page))
+
+
+def simulate(
+    fmt: PageFormat, fractions: LayerFractions | None, shared_pool: bool, seed: int = 0
+) -> dict[str, object]:
+    """One run: compression off when ``fractions`` is None, else pages drawn at those fractions."""
+    compression = fractions is not None
+    led = make_ledger(kv_budget_bytes(), compression, shared_pool, fmt)
+    sizes = size_model(fmt, fractions.k, fractions.v, seed) if fractions is not None else _no_sizes
+    admitted = admit_and_decode(led, sizes)
+    compressed = led.page_units[:, led.page_state == PageState.COMPRESSED]
+    row: dict[str, object] = {
+        "format_version": fmt.version,
         "compression": compression,
         "shared_pool": shared_pool,
         "max_concurrent_requests": admitted,
-        "ran_to_max_length": True,
-        "stored_over_raw_bytes": round(float(compressed.sum()) / (compressed.size * led.raw), 4)
-        if compressed.size
-        else None,
+        "ran_to_max_length": True,  # admit_and_decode raises OutOfPages otherwise
+        "fluid_ideal_requests": round(fluid_ideal_requests(fmt, fractions, led), 2),
         "chunks": led.cfg.num_chunks,
     }
+    if compressed.size:
+        unit = led.cfg.unit_bytes
+        raw_bytes = compressed.size * fmt.raw_page_bytes
+        row["stored_over_raw_bytes"] = round(float(compressed.sum()) * unit / raw_bytes, 4)
+        meta = compressed.size * fmt.meta_bytes_per_page
+        row["stored_over_raw_bytes_with_meta"] = round((float(compressed.sum()) * unit + meta) / raw_bytes, 4)
+        row["pages_stored_raw"] = int((compressed == led.raw).sum())
+    return row
+
+
+def _no_sizes(plan: EncodePlan) -> np.ndarray:
+    raise AssertionError("nothing is encoded with compression off")
+
+
+def fraction_models(study: dict[str, Any], version: int) -> list[tuple[str, LayerFractions]]:
+    """The per-layer fractions a format is run at: the decoder's (measured, and its mean on every layer),
+    the encoder's, and an illustrative skew."""
+    decoder = study_fractions(study, DECODER, version, LAYERS)
+    uniform_k, uniform_v = (float(np.mean(decoder.k)),) * LAYERS, (float(np.mean(decoder.v)),) * LAYERS
+    # "skewed" is illustrative, not measured: even layers at the decoder's mean, odd layers at half of it,
+    # to show what the shared pool does when layers differ much more than the measured ones do.
+    skew = tuple(decoder.mean / (1 + layer % 2) for layer in range(LAYERS))
+    return [
+        (f"{DECODER}_per_layer", decoder),
+        (f"{DECODER}_uniform", replace(decoder, k=uniform_k, v=uniform_v)),
+        (f"{ENCODER}_per_layer_encoder", study_fractions(study, ENCODER, version, LAYERS)),
+        ("skewed_illustrative", replace(decoder, k=skew, v=skew)),
+    ]
+
+
+def run_format(study: dict[str, Any], version: int) -> tuple[list[dict[str, object]], dict[str, object]]:
+    """Every row of one page format, and what the record says about its fractions."""
+    fmt = PageFormat(HEAD_DIM, KV_HEADS, version=version)
+    rows: list[dict[str, object]] = []
+    models: list[tuple[str, LayerFractions | None]] = [("none", None), *fraction_models(study, version)]
+    for name, fractions in models:
+        for shared_pool in (False, True):
+            row = {"layer_fractions": name, **simulate(fmt, fractions, shared_pool)}
+            if fractions is not None:
+                row["model_kind"] = fractions.kind
+                row["coded_fraction_k"] = round(float(np.mean(fractions.k)), 4)
+                row["coded_fraction_v"] = round(float(np.mean(fractions.v)), 4)
+            rows.append(row)
+            print(
+                f"  v{version} {name:28s} shared_pool={shared_pool!s:5s} -> {row['max_concurrent_requests']} "
+                f"requests (fluid ideal {row['fluid_ideal_requests']})",
+                file=sys.stderr,
+                flush=True,
+            )
+    described = {
+        "unit_bytes": unit_bytes_for(fmt),
+        "block_values": fmt.block_values,
+        "blocks_per_page": fmt.blocks_per_page,
+        "raw_page_bytes": fmt.raw_page_bytes,
+        "all_coded_page_bytes": fmt.min_page_bytes,
+        "meta_bytes_per_page": fmt.meta_bytes_per_page,
+        "fractions": {
+            name: {"source": f.source, "k": [round(x, 4) for x in f.k], "v": [round(x, 4) for x in f.v]}
+            for name, f in models
+            if f is not None and not name.startswith(("skewed", f"{DECODER}_uniform"))
+        },
+    }
+    return rows, described
+
+
+def print_table(rows: list[dict[str, object]]) -> None:
+    print("| format | layer fractions | shared pool | coded K / V | stored/raw (meta incl.) | max concurrent "
+          "requests | fluid ideal |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|")
+    for r in rows:
+        coded = f"{r['coded_fraction_k']} / {r['coded_fraction_v']}" if r["compression"] else "-"
+        stored = r.get("stored_over_raw_bytes_with_meta", "-")
+        print(
+            f"| v{r['format_version']} | {r['layer_fractions']} | {r['shared_pool']} | {coded} | {stored} | "
+            f"{r['max_concurrent_requests']} | {r['fluid_ideal_requests']} |"
+        )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=ROOT / "bench/results/admission.json")
+    parser.add_argument("--format-versions", type=int, nargs="+", choices=(2, 3), default=DEFAULT_VERSIONS)
     args = parser.parse_args()
-    mean, per_layer, source = measured_fractions()
+    study = load_study()
     start = time.perf_counter()
-    rows = []
-    # "skewed" is illustrative, not measured: even layers compress like the study, odd layers at half that
-    # rate, to show what the shared pool does when layers differ (MiniLM's layers compress alike).
-    skewed = [mean if layer % 2 == 0 else mean / 2 for layer in range(LAYERS)]
-    models = (("uniform", [mean] * LAYERS), ("per_layer", per_layer), ("skewed_illustrative", skewed))
-    for layer_model, fractions in models:
-        for compression in (False, True):
-            for shared_pool in (False, True):
-                row = simulate(compression, shared_pool, fractions)
-                row["compressible_fraction"] = round(float(np.mean(fractions)), 4) if compression else None
-                row["layer_fractions"] = layer_model
-                rows.append(row)
-                print(
-                    f"  {layer_model:9s} compression={compression!s:5s} shared_pool={shared_pool!s:5s} "
-                    f"-> {row['max_concurrent_requests']} requests",
-                    file=sys.stderr,
-                    flush=True,
-                )
+    rows: list[dict[str, object]] = []
+    formats: dict[str, object] = {}
+    for version in args.format_versions:
+        version_rows, formats[f"v{version}"] = run_format(study, version)
+        rows += version_rows
     result = {
         "command": "python bench/admission.py",
         "date": datetime.now(UTC).strftime("%Y-%m-%d"),
-        "machine": f"{cpu_name()} ({os.cpu_count()} cores), Python {platform.python_version()}",
+        "machine": f"{cpu_name()} ({os.cpu_count()} cores, shared with other work; load average "
+        f"{os.getloadavg()[0]:.1f}), Python {platform.python_version()}, numpy {np.__version__}",
         "model_shapes": {
             "layers": LAYERS,
             "kv_heads": KV_HEADS,
@@ -195,20 +254,13 @@ def main() -> None:
         "request": {"prompt_tokens": PROMPT_TOKENS, "output_tokens": OUTPUT_TOKENS},
         "kv_budget_bytes": kv_budget_bytes(),
         "chunk_bytes": CHUNK_BYTES,
-        "fraction_source": source,
-        "per_layer_fractions": [round(f, 4) for f in per_layer],
+        "formats": formats,
         "paper": {"uncompressed": 46, "compressed": 57},
         "seconds": round(time.perf_counter() - start, 1),
         "rows": rows,
     }
     args.out.write_text(json.dumps(result, indent=2) + "\n")
-    print("| layer fractions | compression | shared pool | compressible fraction | max concurrent requests |")
-    print("|---|---|---|---|---|")
-    for r in rows:
-        print(
-            f"| {r['layer_fractions']} | {r['compression']} | {r['shared_pool']} | "
-            f"{r['compressible_fraction'] or '-'} | {r['max_concurrent_requests']} |"
-        )
+    print_table(rows)
 
 
 if __name__ == "__main__":
