@@ -6,15 +6,16 @@ kernels/reference_v3.py's heap functions, tested against these bit for bit (comp
 
 Every tile is a page-head's 16 tokens x D/2 pairs ``(t, p)``, the two values of a pair being channels
 ``p`` and ``p + D/2``: raw rows and the lo plane are read and written as whole rows (16-byte vectors),
-and a block's 64 code (or patch) bytes go through one reshape + permute between the tile's ``(t, p)``
-order and the block's byte order, so the code plane and patches also move as contiguous 16-byte vectors.
+and a block's 64 code (or patch) bytes, ``[16 tokens][4 pairs]`` in K and V alike, go through one
+reshape + permute between the tile's ``(t, p)`` order and the block's, so the code plane and patches
+also move as contiguous vectors.
 
 Encode: one program per page, walking its page-heads in page order, because a raw block's patch rank is
 its prefix count among the page's raw blocks. Each page-head is read once; once the page has more raw
 blocks than a page can patch, the rest is neither read nor written, and a page that ends up stored raw
 (too many raw blocks, or all raw) is copied over what was written (after a barrier, so every thread's
-earlier stores are ordered before the copy's). Decode: one program per page-head (or ``G`` page-heads of
-one kind), raw pages copied, coded page-heads restored from the lo plane, codes, ``b/2`` and patches.
+earlier stores are ordered before the copy's). Decode: one program per page-head (or per ``G``
+page-heads), raw pages copied, coded page-heads restored from the lo plane, codes, ``b/2`` and patches.
 
 Alignment: page offsets must be multiples of 16 bytes (the kernels read and write 16-byte vectors; v3
 pages are multiples of 64 bytes, and the allocator places them on 64-byte units).
@@ -31,22 +32,21 @@ _MAX_PATCHES = tl.constexpr(v3.MAX_PATCHES)  # globals reach a jitted function o
 _RAW_BLOCK_FLAG = tl.constexpr(v3.RAW_BLOCK_FLAG)
 _RAW_PAGE_MARKER = tl.constexpr(v3.RAW_PAGE_MARKER)
 _SPAN = tl.constexpr(v3.EXPONENT_SPAN)
-if v3.BLOCK_TOKENS != 16 or v3.BLOCK_PAIRS != 4 or v3.code_byte_index(1, 5, 64) != 16 * 64 + 64 + 4 + 1:
+_ORDER_OK = v3.pair_of(1, 2) == 6 and v3.code_byte_index(3, 6, 64) == v3.lo_plane_bytes(64) + 64 + 4 * 3 + 2
+if v3.BLOCK_TOKENS != 16 or v3.BLOCK_PAIRS != 4 or not _ORDER_OK:
     raise ImportError("codec_v3's block byte order (the permutes below) no longer matches layout_v3.py")
 
 
 @triton.jit
-def _to_block_order(x, D: tl.constexpr, KV: tl.constexpr):
-    """[16, D/2] tile (token t, pair p) -> [D/8, 64]: block p // 4, byte 4t + j (p = 4G + j), K or V."""
-    y = tl.permute(tl.reshape(x, [16, D // 8, 4]), (1, 0, 2))
-    return tl.reshape(y, [D // 8, 64])
+def _to_block_order(x, D: tl.constexpr):
+    """[16, D/2] tile (token t, pair p) -> [D/8, 64]: block G = p // 4 holds (t, j = p % 4) at byte 4t + j."""
+    return tl.reshape(tl.permute(tl.reshape(x, [16, D // 8, 4]), (1, 0, 2)), [D // 8, 64])
 
 
 @triton.jit
-def _from_block_order(y, D: tl.constexpr, KV: tl.constexpr):
+def _from_block_order(y, D: tl.constexpr):
     """Inverse of :func:`_to_block_order`: [D/8, 64] -> [16, D/2]."""
-    x = tl.permute(tl.reshape(y, [D // 8, 16, 4]), (1, 0, 2))
-    return tl.reshape(x, [16, D // 2])
+    return tl.reshape(tl.permute(tl.reshape(y, [D // 8, 16, 4]), (1, 0, 2)), [16, D // 2])
 
 
 @triton.jit
@@ -61,7 +61,7 @@ def _per_pair(x, D: tl.constexpr):
 @triton.jit
 def _encode_page_head(
     heap_i16, heap_u8, src_e, dst, ph, meta_row, meta_u8, raw_count, records_bytes,
-    D: tl.constexpr, KV: tl.constexpr,
+    D: tl.constexpr,
 ):  # fmt: skip
     """Code page-head ``ph`` of the raw page at int16 index ``src_e`` into the page at byte ``dst``, its
     raw blocks ranked after the page's ``raw_count`` so far; returns the new count."""
@@ -100,9 +100,9 @@ def _encode_page_head(
     code = tl.where(_per_pair(coded, D), code, x_lo >> 8)  # a raw block keeps channel p's high bytes here
     b = tl.arange(0, 64)[None, :]
     code_at = record + 16 * D + blocks[:, None] * 64 + b
-    tl.store(heap_u8 + code_at, _to_block_order(code, D, KV).to(tl.uint8), mask=(code_at * 0 + active) != 0)
+    tl.store(heap_u8 + code_at, _to_block_order(code, D).to(tl.uint8), mask=(code_at * 0 + active) != 0)
     patch_at = dst + records_bytes + rank[:, None] * 64 + b  # ... and channel p + D/2's in its patch
-    patch = _to_block_order(x_hi >> 8, D, KV).to(tl.uint8)
+    patch = _to_block_order(x_hi >> 8, D).to(tl.uint8)
     tl.store(heap_u8 + patch_at, patch, mask=(raw[:, None] * active + b * 0) != 0)
     return raw_count + tl.sum(raw, axis=0) * active
 
@@ -117,13 +117,9 @@ def _encode_pages_v3_kernel(
     dst = (tl.load(dst_offsets + i) // 16) * 16
     records_bytes = 2 * H * (24 * D)
     raw_count = tl.zeros([], dtype=tl.int32)
-    for h in range(H):  # K page-heads, then V: page order
+    for ph in range(2 * H):  # K page-heads, then V (coded alike): page order
         raw_count = _encode_page_head(
-            heap_i16, heap_u8, src_e, dst, h, i * 2 * H + h, meta_u8, raw_count, records_bytes, D, 0
-        )
-    for h in range(H):
-        raw_count = _encode_page_head(
-            heap_i16, heap_u8, src_e, dst, H + h, i * 2 * H + H + h, meta_u8, raw_count, records_bytes, D, 1
+            heap_i16, heap_u8, src_e, dst, ph, i * 2 * H + ph, meta_u8, raw_count, records_bytes, D
         )
     stored_raw = (raw_count > _MAX_PATCHES) | (raw_count >= 2 * H * (D // 8))
     tl.store(sizes_out + i, tl.where(stored_raw, 2 * H * 32 * D, records_bytes + 64 * raw_count))
@@ -152,7 +148,7 @@ def _store_rows(ptr, x, STREAM: tl.constexpr):
 @triton.jit
 def _decode_page_head(
     heap_u8, heap_i16, page, ph, meta_row, meta_u8, out_i16, records_bytes,
-    D: tl.constexpr, KV: tl.constexpr, STREAM: tl.constexpr,
+    D: tl.constexpr, STREAM: tl.constexpr,
 ):  # fmt: skip
     """Restore page-head ``ph`` (metadata row ``meta_row``, also its output row) of the page at ``page``."""
     HALF: tl.constexpr = D // 2
@@ -173,8 +169,8 @@ def _decode_page_head(
         raw = marker >= _RAW_BLOCK_FLAG
         patch_at = page + records_bytes + (marker & 0x7F)[:, None] * 64 + b
         patches = tl.load(heap_u8 + patch_at, mask=raw[:, None], other=0)
-        code = _from_block_order(codes.to(tl.int32), D, KV)
-        patch = _from_block_order(patches.to(tl.int32), D, KV)
+        code = _from_block_order(codes.to(tl.int32), D)
+        patch = _from_block_order(patches.to(tl.int32), D)
         half_base = _per_pair(tl.where(raw, 0, marker), D)
         raw_p = _per_pair(raw, D)
         high_p = tl.where(raw_p, code, (code & 0x80) | (half_base + (code & 7)))
@@ -189,17 +185,11 @@ def _decode_pages_v3_kernel(
     D: tl.constexpr, G: tl.constexpr, STREAM: tl.constexpr,
 ):  # fmt: skip
     i = tl.program_id(0).to(tl.int64)
-    ph0 = tl.program_id(1) * G  # G divides H: a program's page-heads are all K or all V
+    ph0 = tl.program_id(1) * G
     page = (tl.load(offsets + i) // 16) * 16  # tells the compiler the 16-byte alignment
     records_bytes = 2 * H * (24 * D)
     for g in tl.static_range(G):
-        if ph0 < H:
-            _decode_page_head(
-                heap_u8, heap_i16, page, ph0 + g, i * 2 * H + ph0 + g, meta_u8, out_i16, records_bytes, D, 0,
-                STREAM,
-            )  # fmt: skip
-        else:
-            _decode_page_head(
-                heap_u8, heap_i16, page, ph0 + g, i * 2 * H + ph0 + g, meta_u8, out_i16, records_bytes, D, 1,
-                STREAM,
-            )  # fmt: skip
+        ph = ph0 + g
+        _decode_page_head(
+            heap_u8, heap_i16, page, ph, i * 2 * H + ph, meta_u8, out_i16, records_bytes, D, STREAM
+        )

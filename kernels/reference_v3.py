@@ -210,20 +210,9 @@ def pack_pages_v3(pages: torch.Tensor, fmt: PageFormat) -> tuple[torch.Tensor, t
     k, v = (encode_page_heads(pages[:, kv].reshape(n * h, PAGE_TOKENS, d)) for kv in (0, 1))
     heads = _page_order(k, v, n, h)
     meta, stored_raw = _page_markers(heads, n, fmt)
-    stride = fmt.raw_page_bytes
-    heap = torch.zeros(n * stride, dtype=torch.uint8, device=pages.device)
-    rows = heap.view(n, stride)
-    rec_bytes = 2 * h * v3.page_head_bytes(d)
-    rows[:, :rec_bytes] = heads.records.view(n, rec_bytes)
-    raw_blocks = ~heads.coded.view(n, -1)
-    rank = torch.cumsum(raw_blocks.to(torch.int64), dim=1) - 1
-    page_of, block_of = torch.nonzero(raw_blocks & ~stored_raw[:, None], as_tuple=True)
-    if page_of.numel():
-        at = page_of[:, None] * stride + rec_bytes + v3.PATCH_BYTES * rank[page_of, block_of][:, None]
-        at = at + torch.arange(v3.PATCH_BYTES, device=pages.device)
-        heap[at] = heads.patches.view(n, -1, v3.PATCH_BYTES)[page_of, block_of]
-    rows[stored_raw] = pages[stored_raw].contiguous().view(torch.uint8).reshape(-1, stride)
-    page_loc = torch.arange(n, dtype=torch.int64, device=pages.device) * stride
+    heap = torch.zeros(n * fmt.raw_page_bytes, dtype=torch.uint8, device=pages.device)
+    page_loc = torch.arange(n, dtype=torch.int64, device=pages.device) * fmt.raw_page_bytes
+    _write_pages(heap, page_loc, heads, stored_raw, pages.reshape(n, -1).view(torch.uint8), fmt)
     return heap, page_loc, meta
 
 
@@ -237,6 +226,30 @@ def _rows(heap: torch.Tensor, starts: torch.Tensor, nbytes: int) -> torch.Tensor
 
 def _write_rows(heap: torch.Tensor, starts: torch.Tensor, rows: torch.Tensor) -> None:
     heap[starts.to(torch.int64)[:, None] + torch.arange(rows.shape[1], device=heap.device)] = rows
+
+
+def _write_pages(
+    heap: torch.Tensor,
+    dst: torch.Tensor,
+    heads: PageHeads,
+    stored_raw: torch.Tensor,
+    raw_rows: torch.Tensor,
+    fmt: PageFormat,
+) -> None:
+    """Store n pages at byte ``dst`` (int64 [n]): a coded page's records then its raw blocks' patches in
+    rank order; a page stored raw as its raw bytes (``raw_rows``, uint8 [n, raw_page_bytes])."""
+    n, coded = dst.numel(), ~stored_raw
+    _write_rows(heap, dst[coded], heads.records.view(n, -1)[coded])
+    raw_blocks = ~heads.coded.view(n, -1) & coded[:, None]
+    rank = torch.cumsum(raw_blocks.to(torch.int64), dim=1) - 1
+    page, block = raw_blocks.nonzero(as_tuple=True)
+    patch_at = (
+        dst[page]
+        + v3.coded_page_bytes(fmt.num_kv_heads, fmt.head_dim, 0)
+        + v3.PATCH_BYTES * rank[page, block]
+    )
+    _write_rows(heap, patch_at, heads.patches.view(n, -1, v3.PATCH_BYTES)[page, block])
+    _write_rows(heap, dst[stored_raw], raw_rows[stored_raw])
 
 
 def encode_pages(
@@ -258,19 +271,10 @@ def encode_pages(
         return
     raw_bytes = _rows(heap, src_offsets, fmt.raw_page_bytes)
     pages = raw_bytes.view(torch.bfloat16).view(n, 2, h, PAGE_TOKENS, d)
-    k, v = (encode_page_heads(pages[:, kv].reshape(n * h, PAGE_TOKENS, d), kv) for kv in (0, 1))
+    k, v = (encode_page_heads(pages[:, kv].reshape(n * h, PAGE_TOKENS, d)) for kv in (0, 1))
     heads = _page_order(k, v, n, h)
     meta, stored_raw = _page_markers(heads, n, fmt)
-    coded = ~stored_raw
-    dst = dst_offsets.to(torch.int64)
-    _write_rows(heap, dst[coded], heads.records.view(n, -1)[coded])
-    raw_blocks = ~heads.coded.view(n, -1) & coded[:, None]
-    rank = torch.cumsum(raw_blocks.to(torch.int64), dim=1) - 1
-    page, block = raw_blocks.nonzero(as_tuple=True)
-    rec_bytes = v3.coded_page_bytes(h, d, 0)
-    patch_at = dst[page] + rec_bytes + v3.PATCH_BYTES * rank[page, block]
-    _write_rows(heap, patch_at, heads.patches.view(n, -1, v3.PATCH_BYTES)[page, block])
-    _write_rows(heap, dst[stored_raw], raw_bytes[stored_raw])
+    _write_pages(heap, dst_offsets.to(torch.int64), heads, stored_raw, raw_bytes, fmt)
     meta_out.copy_(meta)
     sizes_out.copy_(stored_page_bytes(meta, fmt))
 
@@ -291,7 +295,7 @@ def _decode_coded(heap: torch.Tensor, at: torch.Tensor, m: torch.Tensor, fmt: Pa
         torch.where(raw_block[..., None], patches, 0),
     )
     parts = [x.view(c, 2, h, -1, *x.shape[2:]) for x in flat]  # [c, K/V, head, ...]
-    halves = [decode_page_heads(PageHeads(*(x[:, kv].flatten(0, 1) for x in parts)), kv) for kv in (0, 1)]
+    halves = [decode_page_heads(PageHeads(*(x[:, kv].flatten(0, 1) for x in parts))) for kv in (0, 1)]
     return torch.stack([x.view(c, h, PAGE_TOKENS, d) for x in halves], dim=1)
 
 
