@@ -185,8 +185,9 @@ def test_capacity_counts_tokens_and_reservations(tiny: LoadedModel) -> None:
     assert cap.free_tokens <= idle.free_tokens - 9 * 16
 
 
-def test_v3_pages_run_on_the_torch_path_and_the_fused_kernel_path_is_refused(tiny: LoadedModel) -> None:
-    with pytest.raises(ValueError, match="kernels='torch'"):
-        ReferenceEngine(tiny, ReferenceEngineConfig(kernels="triton", format_version=3), "cpu")
+def test_v3_pages_run_on_the_torch_path_and_the_fused_kernel_path(tiny: LoadedModel) -> None:
+    """Both paths accept v3 (the fused one's tokens: tests/worker/test_reference_engine_triton.py)."""
+    fused = ReferenceEngine(tiny, ReferenceEngineConfig(kernels="triton", format_version=3), "cpu")
+    assert fused.store.fmt.version == 3 and fused.store.decode_on_device
     engine = ReferenceEngine(tiny, ReferenceEngineConfig(kernels="torch", format_version=3), "cpu")
     assert engine.store.fmt.version == 3 and engine.store.pool.unit_bytes == 64

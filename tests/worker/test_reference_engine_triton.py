@@ -18,8 +18,9 @@ SCRIPT = textwrap.dedent(
 
     tiny = load_model(None, "cpu")
 
-    def run(kernels, compression):
-        engine = ReferenceEngine(tiny, ReferenceEngineConfig(kernels=kernels, compression=compression), "cpu")
+    def run(kernels, compression, version=2):
+        config = ReferenceEngineConfig(kernels=kernels, compression=compression, format_version=version)
+        engine = ReferenceEngine(tiny, config, "cpu")
         for i in range(2):
             g = torch.Generator().manual_seed(i)
             ids = [256] + torch.randint(0, 256, (31 + 17 * i,), generator=g).tolist()
@@ -34,12 +35,14 @@ SCRIPT = textwrap.dedent(
             compressed = max(compressed, engine.store.stats().compressed_pages)
         return {"tokens": out, "compressed": compressed, "fused": fused}
 
-    print(json.dumps({"torch": run("torch", True), "on": run("triton", True), "off": run("triton", False)}))
+    print(json.dumps({"torch": run("torch", True), "on": run("triton", True), "off": run("triton", False),
+                      "torch_v3": run("torch", True, 3), "on_v3": run("triton", True, 3)}))
     """
 )
 
 
 def test_triton_path_matches_torch_path_and_compression_changes_nothing() -> None:
+    """Page formats v2 (the default) and v3: the fused kernel reads both, with no change to the engine."""
     env = {**os.environ, "TRITON_INTERPRET": "1"}
     proc = subprocess.run(
         [sys.executable, "-c", SCRIPT], capture_output=True, text=True, env=env, timeout=300
@@ -51,3 +54,5 @@ def test_triton_path_matches_torch_path_and_compression_changes_nothing() -> Non
     assert res["on"]["compressed"] > 0 and res["off"]["compressed"] == 0  # really compared compressed pages
     assert res["on"]["fused"] >= 5 and res["torch"]["fused"] == 0  # the fused kernel really ran
     assert res["on"]["tokens"] == res["off"]["tokens"] == res["torch"]["tokens"]
+    assert res["on_v3"]["compressed"] > 0 and res["on_v3"]["fused"] >= 5  # v3 pages, coded, read fused
+    assert res["on_v3"]["tokens"] == res["torch_v3"]["tokens"] == res["torch"]["tokens"]

@@ -47,11 +47,6 @@ class KVStore:
             compression=compression,
         )
         use_triton = kernels == "triton" or (kernels == "auto" and self.device.type == "cuda")
-        if use_triton and fmt.version >= 3:
-            raise ValueError(
-                "the fused decode kernel (kernels/decode_attention.py) reads page formats v1/v2; with "
-                f"format v{fmt.version} run the reference engine with kernels='torch'"
-            )
         if use_triton:
             from zipkv.kernels import codec, decode_attention
 
