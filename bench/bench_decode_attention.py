@@ -72,8 +72,11 @@ def run_shape(args, timer, batch, ctx, fractions, configs, rows, checks, gen):  
     indptr = torch.arange(0, batch + 1, dtype=torch.int32, device="cuda") * per
     lens = torch.full((batch,), ctx, dtype=torch.int32, device="cuda")
     raw_loc = torch.arange(num_pages, dtype=torch.int64, device="cuda") * fmt.raw_page_bytes
-    # what a raw page's metadata says (the twin does not read it; the wrapper checks its shape)
-    raw_meta_rows = raw_page_meta(fmt, "cuda").expand(num_pages, -1, -1).contiguous()
+    # a raw page's metadata in each version (the twin does not read it; the wrapper checks its shape)
+    raw_meta = {
+        v: raw_page_meta(PageFormat(HEAD_DIM, HKV, version=v), "cuda").expand(num_pages, -1, -1).contiguous()
+        for v in args.format_versions
+    }
     heap_buf = torch.empty(num_pages * fmt.raw_page_bytes, dtype=torch.uint8, device="cuda")
     out = torch.empty_like(q)
 
@@ -106,7 +109,7 @@ def run_shape(args, timer, batch, ctx, fractions, configs, rows, checks, gen):  
             )
         expect = reference(q, pages, batch, ctx, scale) if args.check else None
         for version, cfg in [(v, c) for v in args.format_versions for c in configs]:
-            if version != fmt.version:  # same values and sizes, the low bytes in v2's order
+            if version != fmt.version:  # the same values stored in this version
                 fmt = PageFormat(HEAD_DIM, HKV, version=version)
                 stored = encode_packed(pages, fmt, heap_buf)
             block_n, warps, stages, twin_stages, ctas, prefetch = cfg
@@ -120,7 +123,7 @@ def run_shape(args, timer, batch, ctx, fractions, configs, rows, checks, gen):  
                                                  scale,
                                                  out=out)  # fmt: skip
             twin_out = torch.empty_like(q)
-            twin_fn = lambda: da.decode_attention(plan, q, raw_heap, raw_loc, raw_meta_rows, scale,
+            twin_fn = lambda: da.decode_attention(plan, q, raw_heap, raw_loc, raw_meta[fmt.version], scale,
                                                   compressed=False, out=twin_out)  # fmt: skip
             if args.check:
                 zip_fn()
@@ -146,7 +149,7 @@ def run_shape(args, timer, batch, ctx, fractions, configs, rows, checks, gen):  
             def dta() -> None:
                 codec.decode_pages(stored.heap, stored.page_loc, stored.page_meta, decoded, fmt)
                 da.decode_attention(
-                    plan, q, dec_heap, raw_loc, raw_meta_rows, scale, compressed=False, out=out
+                    plan, q, dec_heap, raw_loc, raw_meta[fmt.version], scale, compressed=False, out=out
                 )
 
             version_tag = {"format_version": fmt.version} if len(args.format_versions) > 1 else {}

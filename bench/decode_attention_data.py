@@ -6,8 +6,9 @@ on them. Synthetic pages (a number ``f``) are random normal bf16 with magnitudes
 every 512-value block fits the format's exponent window, of which about ``1 - f`` of the blocks are then
 made raw by planting one tiny value (1e-30, far below the window): a controlled fraction, not real KV. The
 encoder here is a vectorised torch rendering of kernels/layout.py for token-major blocks (the bench checks
-it byte for byte against zipkv.kernels.reference.encode_page); it writes pages back to back, as a
-compacted heap holds them.
+it byte for byte against zipkv.kernels.reference.encode_page); page format v3's pages come from
+kernels/reference_v3.py's encoder (v3 blocks of 16 tokens x 4 pairs; synthetic raw blocks planted per v3
+block). Either way pages are written back to back, as a compacted heap holds them.
 """
 
 from __future__ import annotations
@@ -17,7 +18,9 @@ from dataclasses import dataclass
 import torch
 from real_kv import describe, tile_pages
 
+from zipkv.kernels import layout_v3 as v3
 from zipkv.kernels.layout import BLOCK_VALUES, OFFSET_BYTES, PAGE_TOKENS, RAW_MARKER, PageFormat
+from zipkv.kernels.reference_v3 import encode_pages_v3
 
 REAL = "real"  # the --fractions entry for pages of real KV
 SYNTHETIC = "random normal bf16, |x| in [2^-9, 60); about 1 - f of the blocks made raw by a planted 1e-30"
@@ -58,6 +61,12 @@ def plant_raw_blocks(
     pages: torch.Tensor, fmt: PageFormat, raw_fraction: float, generator: torch.Generator
 ) -> torch.Tensor:
     """Make about ``raw_fraction`` of the blocks raw (in place); returns the planted first values to undo."""
+    if fmt.version >= 3:  # v3: block G's first value is token 0, channel pair_of(G, 0) = 4G
+        first = pages[:, :, :, 0, : fmt.head_dim // 2 : v3.BLOCK_PAIRS]  # [P, 2, H, D/8]
+        saved = first.clone()
+        pick = torch.rand(first.shape, generator=generator, device=pages.device) < raw_fraction
+        first.copy_(torch.where(pick, torch.copysign(torch.full_like(first, _TINY), first), first))
+        return saved
     rows = BLOCK_VALUES // fmt.head_dim
     first = pages[:, :, :, ::rows, 0]  # [P, 2, H, NB]: the first value of each block
     saved = first.clone()
@@ -80,7 +89,9 @@ class StoredPages:
 
 
 def encode_packed(pages: torch.Tensor, fmt: PageFormat, heap: torch.Tensor | None = None) -> StoredPages:
-    """Encode every page (token-major blocks) into one heap, pages back to back."""
+    """Encode every page (token-major blocks; v3 through its reference) into one heap, pages back to back."""
+    if fmt.version >= 3:
+        return _encode_packed_v3(pages, fmt, heap)
     num_pages, _, h, _, d = pages.shape
     nb, rows, half = fmt.blocks_per_page_head, BLOCK_VALUES // d, d // 2
     if fmt.k_geometry.channels != d or fmt.v_geometry.channels != d:
@@ -135,3 +146,24 @@ def encode_packed(pages: torch.Tensor, fmt: PageFormat, heap: torch.Tensor | Non
             heap_rows[rows_r + i] = raw[:, i * _ROW_BYTES : (i + 1) * _ROW_BYTES]
     total_blocks = num_pages * 2 * h * nb
     return StoredPages(heap, loc, meta, int(running), int(compressed) / total_blocks)
+
+
+def _encode_packed_v3(pages: torch.Tensor, fmt: PageFormat, heap: torch.Tensor | None) -> StoredPages:
+    """Page format v3: kernels/reference_v3.py's encoder, its pages written back to back (every v3 page size
+    is a multiple of 64 bytes, the 16-byte alignment the kernels need)."""
+    num_pages, device = pages.shape[0], pages.device
+    if heap is None:
+        heap = torch.empty(num_pages * fmt.raw_page_bytes, dtype=torch.uint8, device=device)
+    loc = torch.empty(num_pages, dtype=torch.int64, device=device)
+    meta = torch.empty(num_pages, fmt.page_heads_per_page, fmt.meta_bytes, dtype=torch.uint8, device=device)
+    running, coded = 0, 0
+    chunk = 2048
+    for p0 in range(0, num_pages, chunk):
+        stored, meta[p0 : p0 + chunk] = encode_pages_v3(pages[p0 : p0 + chunk], fmt)
+        sizes = torch.tensor([s.numel() for s in stored], dtype=torch.int64)
+        loc[p0 : p0 + len(stored)] = (running + torch.cumsum(sizes, 0) - sizes).to(device)
+        data = torch.cat(stored)
+        heap[running : running + data.numel()] = data
+        running += data.numel()
+        coded += int((meta[p0 : p0 + chunk] < v3.RAW_BLOCK_FLAG).sum())
+    return StoredPages(heap, loc, meta, running, coded / (num_pages * fmt.blocks_per_page))
