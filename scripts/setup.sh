@@ -52,4 +52,11 @@ if ! "$GLUON_VENV/bin/python" -c "import triton, sys; sys.exit(triton.__version_
   $PY -m venv --system-site-packages "$GLUON_VENV"
   "$GLUON_VENV/bin/python" -m pip install -q triton==3.6.0
 fi
+# It sees the base interpreter's packages, where zipkv may be another checkout's editable install: the
+# compile test must build *this* checkout's kernels.
+gluon_zipkv=$("$GLUON_VENV/bin/python" -c "import zipkv.kernels, os; print(os.path.dirname(os.path.dirname(os.path.realpath(zipkv.kernels.__file__))))" 2>/dev/null || true)
+if [ "$gluon_zipkv" != "$here" ]; then
+  log "installing zipkv (editable, no dependencies) into $GLUON_VENV from $here"
+  "$GLUON_VENV/bin/python" -m pip install -q --no-deps -e .
+fi
 log "ready: $($PY -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__)')"

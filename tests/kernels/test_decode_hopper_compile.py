@@ -65,6 +65,14 @@ def test_offset_bases_refuse_a_view_that_is_not_bijective() -> None:
 def test_kernel_compiles_for_sm90() -> None:
     if not GLUON_PY.exists():
         pytest.fail(f"{GLUON_PY} is missing: run scripts/setup.sh (it installs triton==3.6.0 there)")
+    where = subprocess.run(
+        [str(GLUON_PY), "-c", "import zipkv.kernels, os; print(os.path.realpath(zipkv.kernels.__file__))"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    if Path(where.stdout.strip()).parent != (ROOT / "kernels").resolve():
+        pytest.fail(
+            f"{GLUON_PY} imports zipkv from {where.stdout.strip()!r}, not this checkout: run scripts/setup.sh"
+        )
     script = str(ROOT / "bench/hopper_resources.py")
     cmd = [str(GLUON_PY), script, "--head-dims", "64,128,256", "--pages", "4", "--stages", "2", "--json"]
     # Not under the interpreter, which other tests of this run switch on for their process and children.
