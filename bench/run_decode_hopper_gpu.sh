@@ -4,24 +4,8 @@
 # apache-tvm-ffi 0.1.11) and zipkv, warms FlashInfer's JIT in the background while the checks run.
 #   bash bench/run_decode_hopper_gpu.sh [--shapes 32x8192,...]      (NCU=0 skips the profile)
 set -uo pipefail
-OUT=${OUT:-/tmp/out}
-mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1 CUDA_HOME=/usr/local/cuda PATH=/usr/local/cuda/bin:$PATH
-export FLASHINFER_WORKSPACE_BASE=/tmp/fiws FLASHINFER_CUDA_ARCH_LIST=9.0a MAX_JOBS=14 TVM_FFI_CACHE_DIR=/tmp/tvmffi
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .carry/whl/*.whl
-export PYTHONPATH=/tmp/site:$PWD/bench
-python3 -m pip install -q --no-deps --no-build-isolation -e . >"$OUT/pip.log" 2>&1 || tail -5 "$OUT/pip.log"
-python3 - >"$OUT/flashinfer_warm.log" 2>&1 <<'PY' &
-import torch, flashinfer
-ws = torch.empty(64 << 20, dtype=torch.uint8, device="cuda")
-w = flashinfer.BatchDecodeWithPagedKVCacheWrapper(ws, "HND", use_tensor_cores=True)
-i = torch.tensor([0, 2], dtype=torch.int32, device="cuda")
-w.plan(i, torch.arange(2, dtype=torch.int32, device="cuda"), torch.tensor([16], dtype=torch.int32, device="cuda"),
-       32, 8, 128, 16, q_data_type=torch.bfloat16, kv_data_type=torch.bfloat16, sm_scale=0.1)
-w.run(torch.randn(1, 32, 128, device="cuda").bfloat16(), torch.randn(2, 2, 8, 16, 128, device="cuda").bfloat16())
-torch.cuda.synchronize()
-print("flashinfer warm")
-PY
+EXTRA_PYTHONPATH="$PWD/bench" source bench/gpu_env.sh
+warm_flashinfer &
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,power.draw --format=csv | tee "$OUT/gpu.txt"
 timeout "${CHECK_TIMEOUT:-240}" python3 bench/bench_decode_hopper.py --check --out "$OUT/decode_hopper_check.json" \
   2>&1 | tee "$OUT/check.log" | grep -v "^bench " | cut -c1-400

@@ -4,13 +4,7 @@
 # and the Hopper decode kernel's checks and benchmark grid. Carry .carry (FlashInfer wheels).
 #   bash bench/run_v3_gpu.sh            (SKIP_TESTS=1 / SKIP_CODEC=1 / SKIP_HOPPER=1 to leave parts out)
 set -uo pipefail
-OUT=${OUT:-/tmp/out}
-mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1 CUDA_HOME=/usr/local/cuda PATH=/usr/local/cuda/bin:$PATH
-export FLASHINFER_WORKSPACE_BASE=/tmp/fiws FLASHINFER_CUDA_ARCH_LIST=9.0a MAX_JOBS=14 TVM_FFI_CACHE_DIR=/tmp/tvmffi
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .carry/whl/*.whl
-export PYTHONPATH=/tmp/site:$PWD/bench
-python3 -m pip install -q --no-deps --no-build-isolation -e . >/tmp/pip.log 2>&1 || tail -5 /tmp/pip.log
+EXTRA_PYTHONPATH="$PWD/bench" source bench/gpu_env.sh
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,power.draw --format=csv,noheader
 if [ -z "${SKIP_TESTS:-}" ]; then
   timeout "${TESTS_TIMEOUT:-240}" python3 -m pytest -q -p no:cacheprovider -n 16 -m gpu tests/kernels \

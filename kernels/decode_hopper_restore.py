@@ -188,6 +188,19 @@ def attend(
 
 
 @gluon.jit
+def _prepass(b_k, m_k, b_v, m_v, pre_l: ttgl.constexpr, CW: ttgl.constexpr, HW: ttgl.constexpr,
+             D: ttgl.constexpr, NP: ttgl.constexpr, PATCH: ttgl.constexpr):  # fmt: skip
+    """Codes -> high-byte pairs in B for K and V (PATCH: the tile has raw blocks, which keep their bytes)."""
+    # Read every code word of the tile before any high-byte pair overwrites one.
+    hk_a, hk_b = _load_code_words(b_k, m_k, pre_l, CW, D, NP, PATCH)
+    hv_a, hv_b = _load_code_words(b_v, m_v, pre_l, CW, D, NP, PATCH)
+    ttgl.thread_barrier()
+    _store_hi_pairs(b_k, hk_a, hk_b, HW, D, NP)
+    _store_hi_pairs(b_v, hv_a, hv_b, HW, D, NP)
+    ttgl.thread_barrier()
+
+
+@gluon.jit
 def tile_operands(kind, slot, glob, tables, tok0, OP_K: ttgl.constexpr, OP_V: ttgl.constexpr,
                   CW: ttgl.constexpr, HW: ttgl.constexpr, PG1: ttgl.constexpr, H: ttgl.constexpr,
                   D: ttgl.constexpr, NP: ttgl.constexpr):  # fmt: skip
@@ -211,20 +224,9 @@ def tile_operands(kind, slot, glob, tables, tok0, OP_K: ttgl.constexpr, OP_V: tt
         _stage_tile(a_v, b_v, glob, tables, tok0, H + head, st_l, PG1, H, D, NP)
         ttgl.thread_barrier()
     if kind == CODED:
-        # Read every code word of the tile before any high-byte pair overwrites one.
-        hk_a, hk_b = _load_code_words(b_k, m_k, pre_l, CW, D, NP, False)
-        hv_a, hv_b = _load_code_words(b_v, m_v, pre_l, CW, D, NP, False)
-        ttgl.thread_barrier()
-        _store_hi_pairs(b_k, hk_a, hk_b, HW, D, NP)
-        _store_hi_pairs(b_v, hv_a, hv_b, HW, D, NP)
-        ttgl.thread_barrier()
+        _prepass(b_k, m_k, b_v, m_v, pre_l, CW, HW, D, NP, False)
     if kind == PATCHED:
-        hk_a, hk_b = _load_code_words(b_k, m_k, pre_l, CW, D, NP, True)
-        hv_a, hv_b = _load_code_words(b_v, m_v, pre_l, CW, D, NP, True)
-        ttgl.thread_barrier()
-        _store_hi_pairs(b_k, hk_a, hk_b, HW, D, NP)
-        _store_hi_pairs(b_v, hv_a, hv_b, HW, D, NP)
-        ttgl.thread_barrier()
+        _prepass(b_k, m_k, b_v, m_v, pre_l, CW, HW, D, NP, True)
     if kind == RAW:
         ka, kb = _raw_operands(a_k, b_k, OP_K, [HALF, N], b_l)
         va, vb = _raw_operands(a_v, b_v, OP_V, [N, HALF], b_l)
