@@ -11,7 +11,10 @@ Import path for `serve run` / KubeRay: ``zipkv.worker.serve:app_builder`` with s
 
 Credentials come from the replica's environment, never from arguments: ZIPKV_REPORT_TOKEN,
 ZIPKV_DISPATCH_TOKEN (the router's security.dispatch_token), ZIPKV_WORKER_IDENTITY, and for mutual TLS
-ZIPKV_TLS_CERT, ZIPKV_TLS_KEY, ZIPKV_TLS_CA (ZIPKV_TLS_ROUTER_NAME: the router certificate's name).
+ZIPKV_TLS_CERT, ZIPKV_TLS_KEY, ZIPKV_TLS_CA (ZIPKV_TLS_ROUTER_NAME: the router certificate's name). Each
+replica serves Prometheus /metrics on the first free port of ``metrics_port`` .. ``metrics_port +
+metrics_ports - 1`` (0: any free port, -1: none) and exports spans as the standard OTEL_* variables say
+(worker/telemetry.py).
 """
 
 from __future__ import annotations
@@ -63,6 +66,7 @@ class WorkerDeployment:
         return {
             "worker_id": self.runtime.worker_id,
             "address": self.runtime.address,
+            "metrics_address": self.runtime.metrics_address,
             "model": self.runtime.engine.model_name,
             "draining": self.runtime.service.draining,
             "compression": self.settings.compression,
@@ -95,7 +99,8 @@ def settings_from_args(args: dict[str, Any]) -> tuple[WorkerSettings, int, float
     known = {
         "engine", "model", "model_name", "router", "num_replicas", "gpus_per_replica", "cpus_per_replica",
         "kv_budget_mib", "compression", "device", "bind_host", "advertise_host", "max_running_requests",
-        "report_interval_ms", "drain_timeout_s", "sglang_args", "max_context_tokens",
+        "report_interval_ms", "drain_timeout_s", "sglang_args", "max_context_tokens", "metrics_port",
+        "metrics_ports",
     }  # fmt: skip
     unknown = sorted(set(args) - known)
     if unknown:
@@ -116,6 +121,8 @@ def settings_from_args(args: dict[str, Any]) -> tuple[WorkerSettings, int, float
         advertise_host=args.get("advertise_host") or None,
         drain_timeout_s=float(args.get("drain_timeout_s", 30)),
         sglang_args=args.get("sglang_args", ""),
+        metrics_port=int(args.get("metrics_port", 0)),
+        metrics_ports=int(args.get("metrics_ports", 1)),
     )
     replicas = int(args.get("num_replicas", 1))
     if replicas < 1:
