@@ -56,6 +56,10 @@ class StackOptions:
             raise ValueError(f"--workers must be >= 1, got {self.workers}")
         if self.routers < 1:
             raise ValueError(f"--routers must be >= 1, got {self.routers}")
+        if not -1 <= self.metrics_port <= 65535 - self.workers:
+            raise ValueError(
+                f"--metrics-port must be within -1..{65535 - self.workers}, got {self.metrics_port}"
+            )
         if self.routers > 1 and not self.redis_url:
             raise ValueError("--routers > 1 needs shared state: add --redis redis://HOST:6379/0")
 
