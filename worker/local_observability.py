@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 from .local_stack import LocalStack, http_get, otel_env
 from .ray_head import RAY_SESSION_LOGS
@@ -25,13 +26,26 @@ def worker_metrics_urls(first_port: int, ports: int, host: str = "127.0.0.1") ->
     return found
 
 
+def ray_logs_dir() -> Path:
+    """This process's Ray session's logs (several sessions can share /tmp/ray); the latest otherwise."""
+    try:
+        import ray
+
+        node = ray._private.worker._global_node  # the driver's node: no public accessor for its session
+        return (
+            Path(node.get_logs_dir_path()) if ray.is_initialized() and node is not None else RAY_SESSION_LOGS
+        )
+    except (ImportError, AttributeError):
+        return RAY_SESSION_LOGS
+
+
 def where_to_look(stack: LocalStack) -> list[str]:
     """The lines `zipkv up` prints under "where to look" once the stack is ready."""
     o = stack.options
     routers = ", ".join(str(stack.workdir / f"router-{k}.log") for k in range(o.routers))
     lines = [
         f"  logs     routers (JSON lines): {routers}",
-        f"           workers: {RAY_SESSION_LOGS / 'serve'}/replica_*.log",
+        f"           workers: {ray_logs_dir() / 'serve'}/replica_*.log",
         f"  metrics  routers: {', '.join(u + '/metrics' for u in stack.base_urls)}",
     ]
     if o.metrics_port >= 0:

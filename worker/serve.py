@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 from typing import Any
 
 from ray import serve
@@ -30,6 +31,7 @@ from .settings import CREDENTIAL_ENV, WorkerSettings, build_engine
 
 log = logging.getLogger("zipkv.worker")
 DEPLOYMENT_NAME = "zipkv-worker"
+LOG_LEVEL_ENV = "ZIPKV_LOG_LEVEL"
 
 
 @serve.deployment(
@@ -44,6 +46,7 @@ class WorkerDeployment:
     def __init__(self, settings: dict[str, Any]) -> None:
         import ray
 
+        route_logs_to_serve()
         ctx = serve.get_replica_context()
         if not settings.get("advertise_host") and settings.get("bind_host") in (None, "0.0.0.0"):
             settings = {**settings, "advertise_host": ray.util.get_node_ip_address()}
@@ -82,6 +85,19 @@ class WorkerDeployment:
         runtime = getattr(self, "runtime", None)
         if runtime is not None:
             runtime.drain()
+
+
+def route_logs_to_serve(level: str | None = None) -> None:
+    """The worker's own log lines (logger "zipkv", INFO unless ZIPKV_LOG_LEVEL says otherwise) go where
+    Ray Serve writes the replica's: serve/replica_<app>_<deployment>_<id>.log in the Ray session's logs,
+    and the replica's stderr. Without this only warnings would show, in the worker process's stderr."""
+    serve_logger = logging.getLogger("ray.serve")
+    ours = logging.getLogger("zipkv")
+    ours.setLevel((level or os.environ.get(LOG_LEVEL_ENV, "INFO")).upper())
+    for handler in serve_logger.handlers:
+        if handler not in ours.handlers:
+            ours.addHandler(handler)
+    ours.propagate = not serve_logger.handlers
 
 
 def _flag(value: str | bool) -> bool:

@@ -20,7 +20,7 @@ import pytest
 from servers import free_port, start_redis
 
 from zipkv.worker import cli
-from zipkv.worker.local_observability import worker_metrics_urls
+from zipkv.worker.local_observability import ray_logs_dir, worker_metrics_urls
 from zipkv.worker.local_stack import LocalStack, StackOptions, http_get
 
 pytestmark = pytest.mark.slow
@@ -150,6 +150,9 @@ def test_each_replica_serves_its_engine_metrics(stack: LocalStack) -> None:
         for name in ("zipkv_worker_kv_stored_bytes", "zipkv_worker_kv_pages", "zipkv_worker_encode_ms_bucket",
                      "zipkv_worker_headroom_tokens", "zipkv_worker_kernel_info"):  # fmt: skip
             assert re.search(rf'^{name}{{[^}}]*worker="{worker}"', text, re.MULTILINE), (name, text[:2000])
+        # the replica's own log lines are in its Serve log, with where its metrics are
+        logs = "".join(p.read_text() for p in (ray_logs_dir() / "serve").glob("replica_*.log"))
+        assert re.search(rf"worker ready worker_id={worker} .* metrics={url}", logs), logs[-3000:]
         # this module's earlier requests ran here: their pages were encoded
         launches = re.search(r"^zipkv_worker_encode_launches_total{[^}]*} (\S+)$", text, re.MULTILINE)
         assert launches and float(launches.group(1)) > 0, text[:2000]
