@@ -10,6 +10,8 @@ operator set one: level 3 adds a `decode_loop` span per decode step, i.e. per to
 from __future__ import annotations
 
 import contextlib
+import importlib.util
+import logging
 import os
 from collections.abc import Iterator, Mapping
 from typing import Any
@@ -17,6 +19,7 @@ from typing import Any
 from .engine_stats import KernelsInUse, RequestTimings, now_ns
 from .telemetry import otlp_endpoint
 
+log = logging.getLogger("zipkv.worker.sglang")
 TRACE_LEVEL_ENV = "SGLANG_TRACE_LEVEL"
 TRACE_LEVEL = "2"  # request_process, prefill_waiting, prefill_forward, decode_forward; no per-step spans
 
@@ -24,7 +27,23 @@ TRACE_LEVEL = "2"  # request_process, prefill_waiting, prefill_forward, decode_f
 def tracing_kwargs(env: Mapping[str, str] | None = None) -> dict[str, Any]:
     """`sglang.Engine` arguments that export SGLang's scheduler spans where the worker's go."""
     endpoint = otlp_endpoint(env)
-    return {"enable_trace": True, "otlp_traces_endpoint": endpoint} if endpoint else {}
+    if not endpoint:
+        return {}
+    if not sglang_can_trace():
+        log.warning(
+            "SGLang's scheduler spans are off: its tracing needs opentelemetry-exporter-otlp-proto-http "
+            "(pip install 'zipkv[sglang]'); the worker's own spans are exported"
+        )
+        return {}
+    return {"enable_trace": True, "otlp_traces_endpoint": endpoint}
+
+
+def sglang_can_trace() -> bool:
+    """SGLang's tracing imports the OTLP HTTP exporter too and refuses to start without it."""
+    try:
+        return importlib.util.find_spec("opentelemetry.exporter.otlp.proto.http") is not None
+    except ModuleNotFoundError:
+        return False
 
 
 def scheduler_env(env: Mapping[str, str] | None = None) -> dict[str, str]:

@@ -16,6 +16,7 @@ from typing import ClassVar
 
 import pytest
 
+from zipkv.worker import sglang_telemetry
 from zipkv.worker.engine import EngineRequest, FinishReason, SamplingOptions
 from zipkv.worker.engine_stats import EncodeCounts, KVStats, now_ns
 from zipkv.worker.kv_stats_board import KVStatsBoard
@@ -269,6 +270,10 @@ def test_otlp_export_turns_on_sglangs_scheduler_tracing_without_per_token_spans(
     monkeypatch.delenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", raising=False)
     assert "enable_trace" not in engine_kwargs(settings, str(tmp_path)) and scheduler_env() == {}
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://collector:4317")
+    # SGLang refuses to start tracing without the OTLP HTTP exporter: then only the worker's spans
+    monkeypatch.setattr(sglang_telemetry, "sglang_can_trace", lambda: False)
+    assert "enable_trace" not in engine_kwargs(settings, str(tmp_path))
+    monkeypatch.setattr(sglang_telemetry, "sglang_can_trace", lambda: True)
     kw = engine_kwargs(settings, str(tmp_path))
     assert kw["enable_trace"] is True and kw["otlp_traces_endpoint"] == "http://collector:4317"
     # SGLang's level 3 adds a decode_loop span per decode step (per token): the scheduler runs at 2
