@@ -8,7 +8,9 @@ only: the worker turns timings into spans (`request_spans.py`) and KV stats into
 from __future__ import annotations
 
 import bisect
+import os
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,6 +44,18 @@ class RequestTimings:
     decode_steps: int = 0
     reserved_tokens: int = 0  # KV reserved at admission for the request's worst case (0 = not known)
     headroom_tokens: int = 0  # free KV tokens (under compression) when it was admitted (0 = not known)
+
+
+def decode_kernel_label(compression: bool, env: Mapping[str, str] | None = None) -> str:
+    """The fused decode kernel a plan runs (`$ZIPKV_DECODE_IMPL`: portable Triton or the Hopper kernel),
+    with its shape override (`$ZIPKV_DECODE_KERNEL`) when set; the twin when nothing is compressed."""
+    from zipkv.kernels.decode_plan import DECODE_IMPL_ENV, KERNEL_CONFIG_ENV
+
+    env = os.environ if env is None else env
+    label = "hopper_fused" if env.get(DECODE_IMPL_ENV) == "hopper" else "triton_fused"
+    if not compression:
+        label += "_uncompressed_twin"
+    return label + (f"[{env[KERNEL_CONFIG_ENV]}]" if env.get(KERNEL_CONFIG_ENV) else "")
 
 
 @dataclass(frozen=True)

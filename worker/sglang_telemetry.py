@@ -16,7 +16,7 @@ import os
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from .engine_stats import KernelsInUse, RequestTimings, now_ns
+from .engine_stats import KernelsInUse, RequestTimings, decode_kernel_label, now_ns
 from .telemetry import otlp_endpoint
 
 log = logging.getLogger("zipkv.worker.sglang")
@@ -73,16 +73,12 @@ def scheduler_environ(variables: dict[str, str]) -> Iterator[None]:
 
 def kernels_in_use(compression: bool, env: Mapping[str, str] | None = None) -> KernelsInUse:
     """The kernels the scheduler runs, from the same settings it reads (docs/sglang.md)."""
-    from zipkv.kernels.decode_plan import KERNEL_CONFIG_ENV
     from zipkv.kernels.extend_attention import EXTEND_KERNEL_ENV
     from zipkv.kernels.layout import FORMAT_VERSION
 
     env = os.environ if env is None else env
-    decode = "triton_fused" if compression else "triton_fused_uncompressed_twin"
-    if env.get(KERNEL_CONFIG_ENV):
-        decode += f"[{env[KERNEL_CONFIG_ENV]}]"
     return KernelsInUse(
-        decode=decode,
+        decode=decode_kernel_label(compression, env),
         encode="triton" if compression else "none",
         extend=env.get(EXTEND_KERNEL_ENV, "restore"),
         page_format=f"v{FORMAT_VERSION}",

@@ -299,3 +299,6 @@ def test_kv_stats_come_from_the_schedulers_board_with_the_kernels_in_use(
     finally:
         eng._board.close()
     assert kernels_in_use(compression=False).decode == "triton_fused_uncompressed_twin"
+    monkeypatch.setenv("ZIPKV_DECODE_IMPL", "hopper")
+    monkeypatch.setenv("ZIPKV_DECODE_KERNEL", "64:4:2:2:2:0")
+    assert kernels_in_use(compression=True).decode == "hopper_fused[64:4:2:2:2:0]"

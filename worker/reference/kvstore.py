@@ -15,7 +15,7 @@ import torch
 from zipkv.kernels.layout import PAGE_TOKENS, PageFormat
 
 from ..encode_timer import TimedEncoder
-from ..engine_stats import KernelsInUse, KVStats, kv_stats_of
+from ..engine_stats import KernelsInUse, KVStats, decode_kernel_label, kv_stats_of
 
 
 class KVStore:
@@ -67,7 +67,7 @@ class KVStore:
 
         self._gather_pages: Any = ref.gather_pages
         self.kernels = KernelsInUse(
-            decode="triton_fused" if use_triton else "torch_reference",
+            decode=decode_kernel_label(compression) if use_triton else "torch_reference",
             encode="triton" if self.device.type == "cuda" else "torch_reference",
             page_format=f"v{fmt.version}",
         )
