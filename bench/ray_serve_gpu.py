@@ -111,6 +111,7 @@ def _stack(args: argparse.Namespace, worker_args: dict[str, Any]) -> ServeStack:
         cpus_per_replica=1,
         ray_num_cpus=args.ray_num_cpus,
         max_context_tokens=args.max_context_tokens,
+        metrics_port=free_port(),
     )
     cold = " (SGLang: ~40 s with warm JIT caches, ~190 s more cold)" if args.engine == "sglang" else ""
     return ServeStack(options, worker_args, 1 if args.engine == "sglang" else 0, cold)

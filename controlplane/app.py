@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -110,11 +111,16 @@ def build_app(
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
-        log.exception("unexpected error", extra={"path": request.url.path})
+        # The id ties the client's error to the log line with the stack trace (the router's stderr, JSON
+        # lines; `zipkv up` writes it to the router log it names at start-up).
+        error_id = uuid.uuid4().hex[:16]
+        log.exception("unexpected error", extra={"path": request.url.path, "error_id": error_id})
         router.metrics.rejections.labels("internal").inc()
-        return JSONResponse(
-            error_body("internal error in the router; it is logged", "server_error", 500), status_code=500
+        message = (
+            f"internal error in the router (error_id {error_id}); the router's log has the details under "
+            "that id: retry, and report it if it persists"
         )
+        return JSONResponse(error_body(message, "server_error", 500), status_code=500)
 
     @app.post("/v1/chat/completions")
     async def chat(request: Request) -> Response:

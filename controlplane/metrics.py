@@ -64,6 +64,12 @@ class RouterMetrics:
             ["field"],
             registry=r,
         )
+        self.slo_requests = Counter(
+            "zipkv_router_slo_requests_total",
+            "finished requests by whether they met their TTFT and TPOT SLOs (goodput: outcome met)",
+            ["model", "outcome"],
+            registry=r,
+        )
         self.stream_errors = Counter(
             "zipkv_router_stream_errors_total", "streams ended by a worker failure", registry=r
         )

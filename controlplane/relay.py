@@ -70,8 +70,11 @@ class Relay:
         model: str,
         t_in: float,
         span: trace.Span,
+        slo_ms: tuple[float, float] = (0.0, 0.0),
     ) -> None:
         self.stream, self.metrics, self.model, self.t_in, self.span = stream, metrics, model, t_in, span
+        self.slo_ttft_ms, self.slo_tpot_ms = slo_ms  # 0 = no target
+        self._first_chunk_s = 0.0
         self.detok = IncrementalDetokenizer(tokenizer)
         self.stops = StopMatcher(stops)
         self.outcome = Outcome(prompt_tokens=prompt_tokens)
@@ -81,6 +84,7 @@ class Relay:
     def _timing(self) -> None:
         now = time.perf_counter()
         if self._last_chunk_s == 0.0:
+            self._first_chunk_s = now
             self.metrics.ttft_ms.labels(self.model).observe((now - self.t_in) * 1000.0)
         else:
             self.metrics.itl_ms.labels(self.model).observe((now - self._last_chunk_s) * 1000.0)
@@ -133,8 +137,23 @@ class Relay:
                 self.span.set_attribute("gen_ai.response.finish_reasons", [out.finish_reason])
                 if out.error:
                     self.span.set_status(trace.Status(trace.StatusCode.ERROR, out.error))
+                self.metrics.slo_requests.labels(self.model, self.slo_outcome()).inc()
                 self.span.end()
                 on_done()
+
+    def slo_outcome(self) -> str:
+        """met | ttft_missed | tpot_missed | failed: the request against its SLOs (TTFT: HTTP in to the
+        first chunk; TPOT: the mean gap between output tokens after the first)."""
+        out = self.outcome
+        if out.error or self._first_chunk_s == 0.0:
+            return "failed"
+        if self.slo_ttft_ms and (self._first_chunk_s - self.t_in) * 1000.0 > self.slo_ttft_ms:
+            return "ttft_missed"
+        if self.slo_tpot_ms and out.completion_tokens > 1:
+            tpot_ms = (self._last_chunk_s - self._first_chunk_s) * 1000.0 / (out.completion_tokens - 1)
+            if tpot_ms > self.slo_tpot_ms:
+                return "tpot_missed"
+        return "met"
 
 
 class RelayResponse(StreamingResponse):

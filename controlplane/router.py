@@ -257,7 +257,17 @@ class Router:
             span.end()
             raise
         span.set_attribute("zipkv.worker.id", stream.worker_id)
-        relay = Relay(stream, tok, req.stop_strings(), len(prompt_ids), self.metrics, model.name, t_in, span)
+        relay = Relay(
+            stream,
+            tok,
+            req.stop_strings(),
+            len(prompt_ids),
+            self.metrics,
+            model.name,
+            t_in,
+            span,
+            slo_ms=(shape.slo_ttft_ms, shape.slo_tpot_ms),
+        )
         owner.append(relay)
         shape_out = ResponseShape("chat" if kind == "chat" else "text", model.name, uuid.uuid4().hex[:24])
         if req.stream:

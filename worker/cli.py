@@ -29,6 +29,8 @@ def _up(args: argparse.Namespace) -> int:
             device=args.device,
             max_context_tokens=args.max_context_tokens,
             chat_template=args.chat_template,
+            otlp_endpoint=args.otlp,
+            metrics_port=args.metrics_port,
         )
     except ValueError as exc:
         print(f"zipkv up: {exc}", file=sys.stderr)
@@ -53,6 +55,8 @@ def _up(args: argparse.Namespace) -> int:
     if stop.is_set():
         stack.stop()
         return 130
+    from .local_observability import where_to_look
+
     url = stack.base_urls[0]
     print(
         f"\nzipkv is ready: {options.workers} worker(s), model {stack.model_name!r}, "
@@ -60,6 +64,7 @@ def _up(args: argparse.Namespace) -> int:
         f"  try:  curl -s {url}/v1/completions -H 'content-type: application/json' "
         f'-d \'{{"model": "{stack.model_name}", "prompt": "hello", "max_tokens": 16}}\'\n'
         f"  or:   zipkv status --port {options.port}\n"
+        "Where to look:\n" + "\n".join(where_to_look(stack)) + "\n"
         "Press Ctrl-C to stop.",
         flush=True,
     )
@@ -171,6 +176,19 @@ def parser() -> argparse.ArgumentParser:
         "--redis", default=None, metavar="URL", help="shared router state in Redis (redis://host:6379/0)"
     )
     up.add_argument("--routers", type=int, default=1, help="router processes (>1 needs --redis)")
+    up.add_argument(
+        "--otlp",
+        default=None,
+        metavar="URL",
+        help="export the router's and workers' spans to this OTLP/gRPC collector (http://HOST:4317); "
+        "the standard OTEL_* variables work too",
+    )
+    up.add_argument(
+        "--metrics-port",
+        type=int,
+        default=9400,
+        help="workers serve Prometheus /metrics on the first free ports from here (default 9400; -1: off)",
+    )
     st = sub.add_parser("status", help="show the local stack's workers: headroom, compression ratio, load")
     st.add_argument("--port", type=int, default=8000)
     st.add_argument("--json", action="store_true", help="print the raw reports as JSON")

@@ -12,6 +12,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
+from .engine_stats import KVStats, RequestTimings
+
 
 class FinishReason(enum.Enum):
     STOP = "stop"  # a stop token or EOS
@@ -46,6 +48,9 @@ class EngineRequest:
     request_id: str
     prompt_token_ids: tuple[int, ...]
     sampling: SamplingOptions = field(default_factory=SamplingOptions)
+    # W3C trace context (traceparent, tracestate) of the worker's span for this request, for an engine
+    # that traces inside itself (SGLang's scheduler); empty when not traced
+    trace_headers: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -59,6 +64,7 @@ class EngineEvent:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     ttft_ms: float = 0.0
+    timings: RequestTimings | None = None  # on the finish event: where the request's time went
 
 
 @dataclass(frozen=True)
@@ -104,3 +110,6 @@ class Engine(Protocol):
 
     def capacity(self) -> EngineCapacity:
         """Live capacity, for admission at the router."""
+
+    def kv_stats(self) -> KVStats | None:
+        """The KV pool's state and the encoder's counts, for the replica's metrics (None: not known)."""

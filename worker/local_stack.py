@@ -48,12 +48,18 @@ class StackOptions:
     max_context_tokens: int | None = None  # None = the model's (config.json), checked against the KV budget
     chat_template: str = ""  # the router's models[].chat_template ("" = the model's own)
     router_env: dict[str, str] = field(default_factory=dict)  # extra ZIPKV_* overrides for the router
+    otlp_endpoint: str | None = None  # OTLP/gRPC collector for the router's and workers' spans
+    metrics_port: int = 9400  # worker k serves /metrics on the first free port from here (-1: none)
 
     def __post_init__(self) -> None:
         if self.workers < 1:
             raise ValueError(f"--workers must be >= 1, got {self.workers}")
         if self.routers < 1:
             raise ValueError(f"--routers must be >= 1, got {self.routers}")
+        if not -1 <= self.metrics_port <= 65535 - self.workers:
+            raise ValueError(
+                f"--metrics-port must be within -1..{65535 - self.workers}, got {self.metrics_port}"
+            )
         if self.routers > 1 and not self.redis_url:
             raise ValueError("--routers > 1 needs shared state: add --redis redis://HOST:6379/0")
 
@@ -199,7 +205,7 @@ class LocalStack:
     def _spawn_router(self, k: int) -> subprocess.Popen[bytes]:
         path = self._router_config(k)
         self._say(f"starting router {k + 1}/{self.options.routers} on {self.base_urls[k]} (config {path})")
-        env = {**os.environ, **self.options.router_env}
+        env = {**os.environ, **otel_env(self.options.otlp_endpoint), **self.options.router_env}
         log = open(self.workdir / f"router-{k}.log", "ab")  # noqa: SIM115 (lives as long as the process)
         proc = subprocess.Popen(
             [sys.executable, "-m", "zipkv.controlplane", "--config", str(path)],
@@ -260,6 +266,7 @@ class LocalStack:
             "ZIPKV_REPORT_TOKEN": self.report_token,
             "ZIPKV_DISPATCH_TOKEN": self.dispatch_token,
             "OMP_NUM_THREADS": "1",
+            **otel_env(self.options.otlp_endpoint),
         }
         start_local_ray(self.options.ray_num_cpus, replica_env, self._say, **init_kwargs)
         self._ray_started = True
@@ -280,6 +287,8 @@ class LocalStack:
             "device": o.device,
             "bind_host": "127.0.0.1",
             "report_interval_ms": 150,
+            "metrics_port": o.metrics_port,
+            "metrics_ports": o.workers,
         }
 
     def workers(self) -> list[dict[str, Any]]:
@@ -343,6 +352,15 @@ class LocalStack:
             self.tap.path.unlink(missing_ok=True)
             self.tap = None
         self._say("stopped")
+
+
+def otel_env(otlp_endpoint: str | None) -> dict[str, str]:
+    """The standard OTEL_* variables of this process for the router and the replicas, with
+    OTEL_EXPORTER_OTLP_ENDPOINT set to `otlp_endpoint` when one is given."""
+    env = {k: v for k, v in os.environ.items() if k.startswith("OTEL_")}
+    if otlp_endpoint:
+        env["OTEL_EXPORTER_OTLP_ENDPOINT"] = otlp_endpoint
+    return env
 
 
 def options_dict(options: StackOptions) -> dict[str, Any]:

@@ -16,8 +16,10 @@ import time
 from dataclasses import dataclass
 
 from .engine import Engine, EngineCapacity, EngineEvent, EngineRequest, FinishReason
+from .engine_stats import KVStats
 
 log = logging.getLogger("zipkv.worker")
+KV_STATS_EVERY_S = 0.25  # the KV pool's stats (for /metrics) are read on the engine thread this often
 
 
 @dataclass(frozen=True)
@@ -43,6 +45,8 @@ class EngineLoop:
         self._idle_wait_s = idle_wait_s
         self._stop = threading.Event()
         self._capacity = engine.capacity()
+        self._kv_stats = engine.kv_stats()
+        self._kv_stats_s = time.monotonic()
         self.error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name="zipkv-engine", daemon=True)
 
@@ -72,6 +76,10 @@ class EngineLoop:
     def capacity(self) -> EngineCapacity:
         return self._capacity
 
+    def kv_stats(self) -> KVStats | None:
+        """The KV pool's state as of the last snapshot (at most KV_STATS_EVERY_S old while running)."""
+        return self._kv_stats
+
     def has_stream(self, request_id: str) -> bool:
         return request_id in self._streams
 
@@ -92,6 +100,8 @@ class EngineLoop:
                 if self.engine.has_work():
                     self._deliver(self.engine.step(on_scheduled=self._publish_capacity))
                 self._publish_capacity()
+                if time.monotonic() - self._kv_stats_s >= KV_STATS_EVERY_S:
+                    self._kv_stats, self._kv_stats_s = self.engine.kv_stats(), time.monotonic()
         except BaseException as exc:  # the replica is unhealthy from here on: fail every stream clearly
             self.error = exc
             log.exception("engine loop failed: %s", exc)

@@ -17,35 +17,59 @@ import uuid
 from typing import Any
 
 import grpc
+from opentelemetry.sdk.trace import TracerProvider
 
 from zipkv.controlplane.grpc_auth import add_port, warn_plaintext
 from zipkv.protos import zipkv_pb2_grpc as pb_grpc
 
 from .engine import Engine
 from .loop import EngineLoop
+from .metrics import WorkerMetrics
 from .reporter import CapacityReporter
 from .service import WorkerService
 from .settings import WorkerSettings
+from .telemetry import TRACER_NAME, make_tracer_provider
 
 log = logging.getLogger("zipkv.worker")
 
 
 class WorkerRuntime:
-    def __init__(self, engine: Engine, settings: WorkerSettings, worker_id: str | None = None) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        settings: WorkerSettings,
+        worker_id: str | None = None,
+        tracer_provider: TracerProvider | None = None,
+    ) -> None:
+        """``tracer_provider``: where the worker's spans go (default: from the OTEL_* variables; the
+        runtime then owns it and flushes it when it stops)."""
         self.engine = engine
         self.settings = settings
         self.worker_id = worker_id or f"worker-{uuid.uuid4().hex[:8]}"
         self.address = ""
+        self.metrics_address = ""
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="zipkv-worker-io", daemon=True)
         self.engine_loop = EngineLoop(engine, self._loop)
         tls = settings.tls_files()
+        self._own_provider = tracer_provider is None
+        self.tracer_provider = tracer_provider or make_tracer_provider(self.worker_id)
+        self.metrics = WorkerMetrics(
+            self.worker_id,
+            engine.model_name,
+            self.engine_loop.kv_stats,
+            self.engine_loop.capacity,
+            lambda: self.service.draining,
+        )
         self.service = WorkerService(
             self.engine_loop,
             self.worker_id,
             engine.model_name,
             dispatch_token=settings.dispatch_token,
             router_identity=tls.peer_name if tls else None,
+            tracer=self.tracer_provider.get_tracer(TRACER_NAME),
+            metrics=self.metrics,
+            engine_kind=settings.engine,
         )
         self.reporters: list[CapacityReporter] = []
         self._server: grpc.aio.Server | None = None
@@ -57,12 +81,17 @@ class WorkerRuntime:
         self._thread.start()
         self.engine_loop.start()
         self._call(self._start_server())
+        s = self.settings
+        if s.metrics_port >= 0:
+            port = self.metrics.serve(s.bind_host, s.metrics_port, s.metrics_ports)
+            self.metrics_address = f"{s.advertise_host or s.bind_host}:{port}"
         log.info(
-            "worker ready worker_id=%s address=%s model=%s router=%s",
+            "worker ready worker_id=%s address=%s model=%s router=%s metrics=%s",
             self.worker_id,
             self.address,
             self.engine.model_name,
-            self.settings.router_address or "-",
+            s.router_address or "-",
+            f"http://{self.metrics_address}/metrics" if self.metrics_address else "off",
         )
         return self.address
 
@@ -136,6 +165,9 @@ class WorkerRuntime:
             self.engine_loop.stop()
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join(5.0)
+            self.metrics.stop()
+            if self._own_provider:
+                self.tracer_provider.shutdown()  # exports the spans still batched
 
     async def _stop_server(self) -> None:
         for reporter in self.reporters:

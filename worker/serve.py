@@ -11,13 +11,17 @@ Import path for `serve run` / KubeRay: ``zipkv.worker.serve:app_builder`` with s
 
 Credentials come from the replica's environment, never from arguments: ZIPKV_REPORT_TOKEN,
 ZIPKV_DISPATCH_TOKEN (the router's security.dispatch_token), ZIPKV_WORKER_IDENTITY, and for mutual TLS
-ZIPKV_TLS_CERT, ZIPKV_TLS_KEY, ZIPKV_TLS_CA (ZIPKV_TLS_ROUTER_NAME: the router certificate's name).
+ZIPKV_TLS_CERT, ZIPKV_TLS_KEY, ZIPKV_TLS_CA (ZIPKV_TLS_ROUTER_NAME: the router certificate's name). Each
+replica serves Prometheus /metrics on the first free port of ``metrics_port`` .. ``metrics_port +
+metrics_ports - 1`` (0: any free port, -1: none) and exports spans as the standard OTEL_* variables say
+(worker/telemetry.py).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 from typing import Any
 
 from ray import serve
@@ -27,6 +31,7 @@ from .settings import CREDENTIAL_ENV, WorkerSettings, build_engine
 
 log = logging.getLogger("zipkv.worker")
 DEPLOYMENT_NAME = "zipkv-worker"
+LOG_LEVEL_ENV = "ZIPKV_LOG_LEVEL"
 
 
 @serve.deployment(
@@ -41,6 +46,7 @@ class WorkerDeployment:
     def __init__(self, settings: dict[str, Any]) -> None:
         import ray
 
+        route_logs_to_serve()
         ctx = serve.get_replica_context()
         if not settings.get("advertise_host") and settings.get("bind_host") in (None, "0.0.0.0"):
             settings = {**settings, "advertise_host": ray.util.get_node_ip_address()}
@@ -63,6 +69,7 @@ class WorkerDeployment:
         return {
             "worker_id": self.runtime.worker_id,
             "address": self.runtime.address,
+            "metrics_address": self.runtime.metrics_address,
             "model": self.runtime.engine.model_name,
             "draining": self.runtime.service.draining,
             "compression": self.settings.compression,
@@ -80,6 +87,19 @@ class WorkerDeployment:
             runtime.drain()
 
 
+def route_logs_to_serve(level: str | None = None) -> None:
+    """The worker's own log lines (logger "zipkv", INFO unless ZIPKV_LOG_LEVEL says otherwise) go where
+    Ray Serve writes the replica's: serve/replica_<app>_<deployment>_<id>.log in the Ray session's logs,
+    and the replica's stderr. Without this only warnings would show, in the worker process's stderr."""
+    serve_logger = logging.getLogger("ray.serve")
+    ours = logging.getLogger("zipkv")
+    ours.setLevel((level or os.environ.get(LOG_LEVEL_ENV, "INFO")).upper())
+    for handler in serve_logger.handlers:
+        if handler not in ours.handlers:
+            ours.addHandler(handler)
+    ours.propagate = not serve_logger.handlers
+
+
 def _flag(value: str | bool) -> bool:
     if isinstance(value, bool):
         return value
@@ -95,7 +115,8 @@ def settings_from_args(args: dict[str, Any]) -> tuple[WorkerSettings, int, float
     known = {
         "engine", "model", "model_name", "router", "num_replicas", "gpus_per_replica", "cpus_per_replica",
         "kv_budget_mib", "compression", "device", "bind_host", "advertise_host", "max_running_requests",
-        "report_interval_ms", "drain_timeout_s", "sglang_args", "max_context_tokens",
+        "report_interval_ms", "drain_timeout_s", "sglang_args", "max_context_tokens", "metrics_port",
+        "metrics_ports",
     }  # fmt: skip
     unknown = sorted(set(args) - known)
     if unknown:
@@ -116,6 +137,8 @@ def settings_from_args(args: dict[str, Any]) -> tuple[WorkerSettings, int, float
         advertise_host=args.get("advertise_host") or None,
         drain_timeout_s=float(args.get("drain_timeout_s", 30)),
         sglang_args=args.get("sglang_args", ""),
+        metrics_port=int(args.get("metrics_port", 0)),
+        metrics_ports=int(args.get("metrics_ports", 1)),
     )
     replicas = int(args.get("num_replicas", 1))
     if replicas < 1:

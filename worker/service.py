@@ -2,17 +2,23 @@
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 import logging
 from collections.abc import AsyncIterator
 
 import grpc
+from opentelemetry import trace
 
 from zipkv.controlplane.grpc_auth import bearer_token, peer_identity, tokens_equal
 from zipkv.protos import zipkv_pb2 as pb
 from zipkv.protos import zipkv_pb2_grpc as pb_grpc
 
-from .engine import EngineRequest, FinishReason, RequestRejected, SamplingOptions
+from .engine import EngineEvent, EngineRequest, FinishReason, RequestRejected, SamplingOptions
 from .loop import EngineLoop
+from .metrics import WorkerMetrics
+from .request_spans import generate_attributes, record_finish
+from .telemetry import parent_context, trace_headers
 
 log = logging.getLogger("zipkv.worker")
 
@@ -49,6 +55,9 @@ class WorkerService(pb_grpc.WorkerServicer):
         model: str,
         dispatch_token: str = "",
         router_identity: str | None = None,
+        tracer: trace.Tracer | None = None,
+        metrics: WorkerMetrics | None = None,
+        engine_kind: str = "reference",
     ) -> None:
         self.loop = engine_loop
         self.worker_id = worker_id
@@ -56,6 +65,9 @@ class WorkerService(pb_grpc.WorkerServicer):
         self.draining = False
         self._token = dispatch_token
         self._router_identity = router_identity  # under mutual TLS: the CN the caller must hold
+        self.tracer = tracer or trace.NoOpTracer()
+        self.metrics = metrics
+        self.engine_kind = engine_kind
 
     async def _authenticate(self, context: grpc.aio.ServicerContext) -> None:
         """Generate and Abort come from the router only: its dispatch token and/or its certificate."""
@@ -70,7 +82,32 @@ class WorkerService(pb_grpc.WorkerServicer):
     async def Generate(
         self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.GenerateResponse]:
-        await self._authenticate(context)
+        await self._authenticate(context)  # first: only the router's trace context is continued
+        # The router's zipkv.dispatch span is the parent (W3C traceparent in the call's metadata).
+        span = self.tracer.start_span(
+            "zipkv.generate",
+            context=parent_context(context.invocation_metadata()),
+            kind=trace.SpanKind.SERVER,
+            attributes=generate_attributes(request, self.model, self.worker_id, self.engine_kind),
+        )
+        try:
+            events = await self._submit(request, context, trace_headers(span))
+            async for msg in self._stream(request, events, span):
+                yield msg
+        except (GeneratorExit, asyncio.CancelledError):
+            raise  # the caller went away: _stream marks the span cancelled
+        except BaseException as exc:
+            span.set_status(trace.Status(trace.StatusCode.ERROR, f"{type(exc).__name__}: {exc}"))
+            raise
+        finally:
+            span.end()
+
+    async def _submit(
+        self,
+        request: pb.GenerateRequest,
+        context: grpc.aio.ServicerContext,
+        headers: tuple[tuple[str, str], ...],
+    ) -> asyncio.Queue[EngineEvent]:
         if self.draining:
             await context.abort(
                 grpc.StatusCode.UNAVAILABLE, f"worker {self.worker_id} is draining: retry elsewhere"
@@ -83,14 +120,19 @@ class WorkerService(pb_grpc.WorkerServicer):
                 f"model {request.model!r} is not served here (this worker serves {self.model!r})",
             )
         try:
-            engine_request = to_engine_request(request)
+            engine_request = dataclasses.replace(to_engine_request(request), trace_headers=headers)
         except ValueError as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         try:
-            events = await self.loop.submit(engine_request)
+            return await self.loop.submit(engine_request)
         except RequestRejected as exc:
             code = grpc.StatusCode.RESOURCE_EXHAUSTED if exc.retryable else grpc.StatusCode.INVALID_ARGUMENT
             await context.abort(code, str(exc))
+        raise AssertionError("unreachable: context.abort raises")
+
+    async def _stream(
+        self, request: pb.GenerateRequest, events: asyncio.Queue[EngineEvent], span: trace.Span
+    ) -> AsyncIterator[pb.GenerateResponse]:
         finished = False
         try:
             while True:
@@ -99,6 +141,7 @@ class WorkerService(pb_grpc.WorkerServicer):
                     yield pb.GenerateResponse(chunk=pb.TokenChunk(token_ids=list(event.token_ids)))
                 if event.finish is not None:
                     finished = True
+                    self._finished(event, span)
                     yield pb.GenerateResponse(
                         finish=pb.Finish(
                             reason=_FINISH[event.finish],
@@ -113,7 +156,15 @@ class WorkerService(pb_grpc.WorkerServicer):
         finally:
             if not finished:  # the caller went away (cancel, deadline): free the request's pages
                 self.loop.abort(request.request_id, "cancelled by the caller")
+                span.set_attribute("zipkv.cancelled", True)
                 log.info("generate cancelled request_id=%s", request.request_id)
+
+    def _finished(self, event: EngineEvent, span: trace.Span) -> None:
+        record_finish(span, self.tracer, event)
+        if event.finish is FinishReason.ERROR:
+            span.set_status(trace.Status(trace.StatusCode.ERROR, event.message or "engine error"))
+        if self.metrics is not None:
+            self.metrics.observe_finish(event)
 
     async def Abort(self, request: pb.AbortRequest, context: grpc.aio.ServicerContext) -> pb.AbortResponse:
         await self._authenticate(context)

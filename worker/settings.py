@@ -59,6 +59,10 @@ class WorkerSettings:
     advertise_host: str | None = None  # what the router dials; default bind_host
     port: int = 0  # 0 = any free port
     drain_timeout_s: float = 30.0
+    # Prometheus /metrics of this replica: the first free port of metrics_port .. metrics_port +
+    # metrics_ports - 1 (replicas sharing a pod take one each); 0 = any free port; -1 = no endpoint.
+    metrics_port: int = 0
+    metrics_ports: int = 1
     torch_threads: int = 1
     # engine 'sglang' only: a JSON object of extra `sglang.Engine` keyword arguments, applied over zipkv's
     # own (e.g. '{"mem_fraction_static": 0.3, "log_level": "info"}'); docs/sglang.md lists zipkv's.
@@ -75,6 +79,13 @@ class WorkerSettings:
             )
         if not 0 <= self.port <= 65535:
             raise ValueError(f"port must be within 0..65535, got {self.port}")
+        if not -1 <= self.metrics_port <= 65535:
+            raise ValueError(f"metrics_port must be within -1..65535 (-1 = off), got {self.metrics_port}")
+        if self.metrics_ports < 1 or self.metrics_port + self.metrics_ports - 1 > 65535:
+            raise ValueError(
+                f"metrics_ports must be >= 1 and end at port 65535 at most, got {self.metrics_ports} "
+                f"from {self.metrics_port}"
+            )
         self.sglang_kwargs()  # validates
         tls = (self.tls_cert_file, self.tls_key_file, self.tls_ca_file)
         if any(tls) and not all(tls):

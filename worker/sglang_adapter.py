@@ -30,8 +30,11 @@ from .engine import (
     RequestRejected,
     SamplingOptions,
 )
+from .engine_stats import KVStats, now_ns
+from .kv_stats_board import KVStatsBoard
 from .owner_thread import OwnerThread
 from .settings import WorkerSettings
+from .sglang_telemetry import kernels_in_use, request_timings, scheduler_environ, tracing_kwargs
 
 # The warm-up request: three pages of prompt (the prefill fills two, so the encoder runs) and a few decode
 # steps, so the first user request does not pay the kernels' first compilation (769 ms against 111 ms for
@@ -52,6 +55,9 @@ class _Running:
     first_token_s: float | None = None
     last_token_s: float | None = None
     task: Any = None
+    queued_ns: int = 0
+    first_token_ns: int = 0
+    cached_tokens: int = 0  # prompt tokens SGLang served from its radix cache
 
 
 @dataclass
@@ -81,6 +87,7 @@ def engine_kwargs(settings: WorkerSettings, model_path: str, **overrides: Any) -
         "skip_tokenizer_init": True,  # the router tokenizes; the worker sees token ids
         "log_level": "warning",
         "random_seed": 0,
+        **tracing_kwargs(),  # SGLang's scheduler spans join the worker's trace (sglang_telemetry.py)
     }
     kwargs.update(settings.sglang_kwargs())
     kwargs.update(overrides)
@@ -139,14 +146,20 @@ class SGLangEngine:
             _model_config(settings.model_path).get("max_position_embeddings", 0)
         )
         kwargs = engine_kwargs(settings, settings.model_path, **engine_overrides)
+        # The scheduler process publishes its pool's stats here for the replica's /metrics; it inherits
+        # the board's name (and SGLang's trace level) from this process's environment when spawned.
+        self._board = KVStatsBoard.create()
+        self._kernels = kernels_in_use(settings.compression)
         # Built on a thread that outlives it (see owner_thread.py): never on a helper that returns, and not
         # inside a running loop (a Ray Serve constructor's), which sglang.Engine would adopt.
         self._owner = OwnerThread("zipkv-sglang-owner")
         try:
-            self._eng = self._owner.call(lambda: sglang_seams.engine_class()(**kwargs))
+            with scheduler_environ(self._board.env()):
+                self._eng = self._owner.call(lambda: sglang_seams.engine_class()(**kwargs))
             warm_s = self._owner.call(lambda: warm_up(self._eng))
         except BaseException:
             self._owner.close()
+            self._board.close()
             raise
         log.info("sglang engine warm in %.1f s (two %d-token requests)", warm_s, WARMUP_PROMPT_TOKENS)
         self._loop: asyncio.AbstractEventLoop = sglang_seams.event_loop(self._eng)
@@ -166,7 +179,7 @@ class SGLangEngine:
                 f"of {self._context_tokens}",
                 retryable=False,
             )
-        run = _Running(request, time.monotonic())
+        run = _Running(request, time.monotonic(), queued_ns=now_ns())
         self._running[request.request_id] = run
         run.task = self._loop.create_task(self._consume(run))
 
@@ -213,11 +226,16 @@ class SGLangEngine:
             kv_bytes_per_token=self._kv_bytes_per_token,
         )
 
+    def kv_stats(self) -> KVStats | None:
+        """The scheduler's pool as last published (every few forward steps; None before the first)."""
+        return self._board.read(self._kernels)
+
     def shutdown(self) -> None:
         try:
             self._eng.shutdown()
         finally:
             self._owner.close()
+            self._board.close()
 
     # ---- internals ----------------------------------------------------------------------------------
     def _snapshot(self) -> Any:
@@ -243,7 +261,11 @@ class SGLangEngine:
         params = sglang_sampling_params(req.sampling)
         try:
             stream = await self._eng.async_generate(
-                input_ids=list(req.prompt_token_ids), sampling_params=params, stream=True, rid=rid
+                input_ids=list(req.prompt_token_ids),
+                sampling_params=params,
+                stream=True,
+                rid=rid,
+                external_trace_header=dict(req.trace_headers) or None,
             )
             async for out in stream:
                 self._on_output(run, out)
@@ -253,15 +275,17 @@ class SGLangEngine:
     def _on_output(self, run: _Running, out: dict[str, Any]) -> None:
         ids = list(out.get("output_ids") or [])[run.emitted :]
         now = time.monotonic()
+        meta = out.get("meta_info") or {}
+        run.cached_tokens = int(meta.get("cached_tokens") or run.cached_tokens)
         if ids:
             if run.first_token_s is None:
-                run.first_token_s = now
+                run.first_token_s, run.first_token_ns = now, now_ns()
                 self._timings.ttft_ms.append((now - run.start_s) * 1e3)
             elif run.last_token_s is not None:
                 self._timings.itl_ms.append((now - run.last_token_s) * 1e3 / len(ids))
             run.last_token_s = now
             run.emitted += len(ids)
-        reason = (out.get("meta_info") or {}).get("finish_reason")
+        reason = meta.get("finish_reason")
         finish = None if reason is None else _FINISH.get(str(reason.get("type")), FinishReason.ERROR)
         if ids or finish is not None:
             self._events.append(self._event(run, tuple(ids), finish, "" if finish is None else str(reason)))
@@ -277,9 +301,13 @@ class SGLangEngine:
     ) -> EngineEvent:
         ttft = 0.0 if run.first_token_s is None else (run.first_token_s - run.start_s) * 1e3
         message = msg if finish in (FinishReason.ABORT, FinishReason.ERROR) else ""
-        return EngineEvent(
-            run.request.request_id, ids, finish, message, len(run.request.prompt_token_ids), run.emitted, ttft
-        )
+        prompt = len(run.request.prompt_token_ids)
+        timings = None
+        if finish is not None:
+            timings = request_timings(
+                run.queued_ns, run.first_token_ns, prompt, run.cached_tokens, run.emitted
+            )
+        return EngineEvent(run.request.request_id, ids, finish, message, prompt, run.emitted, ttft, timings)
 
 
 def _mean(values: deque[float]) -> float:

@@ -31,6 +31,7 @@ import torch
 from zipkv.allocator import OutOfPages, PagePool
 from zipkv.kernels.layout import PAGE_TOKENS
 
+from .kv_stats_board import PUBLISH_EVERY_STEPS, KVStatsBoard
 from .sglang_readback import Readback, copy_to_host
 from .sglang_reclaim import PrefixCache, overcount_tokens, reclaim
 from .sglang_slots import decode_slots, extend_slots, plan_extend, to_device
@@ -70,6 +71,7 @@ class ZipkvAllocator:
             None  # SGLang's Triton alloc_extend_kernel, set by the seams
         )
         self.prefix_cache: PrefixCache | None = None  # SGLang's radix cache, when on (set by the seams)
+        self.stats_board: KVStatsBoard | None = None  # the replica's /metrics source (set by the seams)
 
     # ---- capacity -----------------------------------------------------------------------------------
     def free_page_ids(self) -> int:
@@ -275,6 +277,8 @@ class ZipkvAllocator:
         if pages:
             self.pool.mark_full(pages)
         self.pool.end_step()
+        if self.stats_board is not None and self._forward_step % PUBLISH_EVERY_STEPS == 0:
+            self.stats_board.publish_pool(self.pool)
         if self._forward_step % LOG_EVERY_STEPS == 0 and log.isEnabledFor(logging.INFO):
             st = self.pool.stats()
             # Host counters only (no device sync). block_fraction: blocks stored compressed over the blocks

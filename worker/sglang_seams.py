@@ -23,6 +23,7 @@ from typing import Any, cast
 
 import torch
 
+from .kv_stats_board import KVStatsBoard
 from .sglang_admission import AdmissionLatch
 from .sglang_reclaim import PrefixCache
 from .sglang_seam_table import SEAMS as SEAMS
@@ -73,8 +74,10 @@ def _classes() -> dict[str, type]:
     from sglang.srt.mem_cache.memory_pool import KVCache, unwrap_write_loc
 
     from zipkv.allocator import PagePool
+    from zipkv.allocator.device import default_encoder
     from zipkv.kernels.layout import PageFormat
 
+    from .encode_timer import TimedEncoder
     from .sglang_backend import BatchView, ZipkvAttention, ZipkvKV
     from .sglang_pool import ZipkvAllocator
     from .sglang_slots import budget_bytes_for_tokens, virtual_pages_for_budget
@@ -116,6 +119,7 @@ def _classes() -> dict[str, type]:
                 device=device,
                 compression=compression,
                 max_pages=max_pages,
+                encoder=TimedEncoder(default_encoder(torch.device(device)), device),  # for /metrics
             )
             self.kv = ZipkvKV(self.pool, self.fmt, self.start_layer)
             self._finalize_allocation_log(self.size)
@@ -303,7 +307,12 @@ def install() -> None:
     def _build_token_to_kv_pool_allocator(self: Any, **kwargs: Any):  # type: ignore[no-untyped-def]
         pool = kwargs["token_to_kv_pool"]
         if _CLASSES and isinstance(pool, _CLASSES["kv_cache"]):  # built by _build_mha_kv_pool above
-            return _CLASSES["allocator"](pool)
+            allocator: Any = _CLASSES["allocator"](pool)
+            board = KVStatsBoard.from_env()  # the replica's /metrics reads it (kv_stats_board.py)
+            if board is not None:
+                allocator.stats_board = board
+                board.publish_pool(allocator.pool)
+            return allocator
         return build_allocator(self, **kwargs)
 
     def _check_full_pool(self: Any, ps: Any, uncached: int = 0):  # type: ignore[no-untyped-def]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -144,16 +145,24 @@ def test_body_size_limit(s: Stack) -> None:
     assert r.status_code == 413 and "65536 bytes" in r.json()["error"]["message"]
 
 
-def test_no_stack_trace_on_internal_errors(s: Stack, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_no_stack_trace_on_internal_errors(
+    s: Stack, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
     tok = s.router.router.tokenizers[MODEL]
 
     def boom(text: str, add_bos: bool = True) -> list[int]:
         raise RuntimeError("secret internal detail")
 
     monkeypatch.setattr(tok, "encode", boom)
-    r = _post(s, {"model": MODEL, "prompt": "x"})
+    with caplog.at_level("ERROR", logger="zipkv.controlplane"):
+        r = _post(s, {"model": MODEL, "prompt": "x"})
     assert r.status_code == 500
     assert "secret" not in r.text and "Traceback" not in r.text
+    # The client gets an id to find the stack trace by in the router's log.
+    error_id = re.search(r"error_id ([0-9a-f]{16})", r.json()["error"]["message"])
+    assert error_id, r.text
+    (logged,) = [rec for rec in caplog.records if getattr(rec, "error_id", None) == error_id.group(1)]
+    assert logged.exc_info is not None and "secret internal detail" in str(logged.exc_info[1])
 
 
 def test_api_keys() -> None:

@@ -89,3 +89,29 @@ def test_too_many_messages_is_400() -> None:
         msgs = [{"role": "user", "content": "a"}] * 3
         r = httpx.post(s.url + "/v1/chat/completions", json={"model": MODEL, "messages": msgs})
         assert r.status_code == 400 and "at most 2" in r.json()["error"]["message"]
+
+
+def test_goodput_counts_requests_against_their_slos() -> None:
+    """zipkv_router_slo_requests_total{outcome}: met, or which SLO was missed (the headers override the
+    configured targets); the dashboard's goodput is the met share."""
+    with stack() as s:
+        s.add_worker(Script(ttft_s=0.15, itl_s=0.03))  # first token after ~150 ms, then one per ~30 ms
+        body = {"model": MODEL, "prompt": "x", "max_tokens": 5, "stream": True}
+
+        def send(ttft_ms: float, tpot_ms: float) -> None:
+            headers = {"x-zipkv-slo-ttft-ms": str(ttft_ms), "x-zipkv-slo-tpot-ms": str(tpot_ms)}
+            with httpx.stream("POST", s.url + "/v1/completions", json=body, headers=headers) as r:
+                assert r.status_code == 200 and "[DONE]" in "".join(r.iter_text())
+
+        send(5000, 1000)  # met
+        send(50, 1000)  # first token too late
+        send(5000, 5)  # tokens too slow
+        send(5000, 1000)  # met
+        metrics = httpx.get(s.url + "/metrics").text
+    counts = {
+        m.group(1): float(m.group(2))
+        for m in re.finditer(
+            rf'zipkv_router_slo_requests_total{{model="{MODEL}",outcome="(\w+)"}} ([0-9.]+)', metrics
+        )
+    }
+    assert counts == {"met": 2.0, "ttft_missed": 1.0, "tpot_missed": 1.0}

@@ -49,7 +49,7 @@ EXISTING_SECRETS = {
 }
 VALUE_SETS: dict[str, dict[str, Any]] = {"default": {}} | {p.stem: example_values(p) for p in EXAMPLES}
 # Kinds without an offline schema here; each gets its own consistency checks below.
-NO_OFFLINE_SCHEMA = {"ServiceMonitor"}
+NO_OFFLINE_SCHEMA = {"ServiceMonitor", "PodMonitor"}
 
 
 def test_examples_present() -> None:

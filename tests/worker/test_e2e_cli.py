@@ -1,19 +1,27 @@
-"""The README's first command: `zipkv up` starts the local stack with progress, answers, stops on Ctrl-C."""
+"""The README's first command: `zipkv up` starts the local stack with progress, answers, stops on Ctrl-C;
+it says where the logs, metrics and traces are, and `--otlp URL` sends one trace per request, router and
+Ray Serve replica together, to an OTLP/gRPC collector (one runs in this process)."""
 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
+from typing import Any
 
 import openai
 import pytest
 
 from zipkv.worker.local_stack import free_port, http_get
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+from trace_capture import OtlpReceiver
 
 pytestmark = pytest.mark.slow
 
@@ -21,21 +29,36 @@ pytestmark = pytest.mark.slow
 def test_zipkv_up_answers_and_stops_cleanly_on_ctrl_c() -> None:
     exe = shutil.which("zipkv")
     cmd = [exe] if exe else [sys.executable, "-m", "zipkv.worker.cli"]
-    port = free_port()
+    port, metrics_port = free_port(), free_port()
+    receiver = OtlpReceiver().start()
     started = time.monotonic()
     proc = subprocess.Popen(
-        [*cmd, "up", "--port", str(port), "--workers", "2", "--kv-budget-mib", "16"],
+        [
+            *cmd,
+            "up",
+            "--port",
+            str(port),
+            "--workers",
+            "2",
+            "--kv-budget-mib",
+            "16",
+            "--otlp",
+            receiver.endpoint,
+            "--metrics-port",
+            str(metrics_port),
+        ],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        # the standard variable, passed on to the router and the replicas: export spans every 200 ms
+        env={**os.environ, "PYTHONUNBUFFERED": "1", "OTEL_BSP_SCHEDULE_DELAY": "200"},
     )
     lines: list[str] = []
     try:
         assert proc.stdout is not None
         for line in proc.stdout:
             lines.append(line)
-            if "zipkv is ready" in line or proc.poll() is not None:
+            if "Press Ctrl-C" in line or proc.poll() is not None:
                 break
             assert time.monotonic() - started < 240, "".join(lines)
         ready_s = time.monotonic() - started
@@ -51,9 +74,18 @@ def test_zipkv_up_answers_and_stops_cleanly_on_ctrl_c() -> None:
         ):
             assert step in log, log
         print(f"zipkv up ready in {ready_s:.1f} s")
+        worker_metrics = where_to_look(log, port, receiver.endpoint)
         api = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0)
         reply = api.completions.create(model="zipkv-tiny", prompt="hello", max_tokens=16)
         assert reply.usage is not None and reply.usage.completion_tokens == 16
+        check_one_trace(receiver, output_tokens=16)
+        for url in worker_metrics:
+            code, body = http_get(url)
+            assert (
+                code == 200
+                and b"zipkv_worker_kv_stored_bytes{" in body
+                and b"zipkv_worker_kernel_info{" in body
+            )
         status = subprocess.run(
             [*cmd, "status", "--port", str(port)], capture_output=True, text=True, timeout=60
         )
@@ -86,6 +118,7 @@ def test_zipkv_up_answers_and_stops_cleanly_on_ctrl_c() -> None:
         streamer.start()
         assert first.wait(30)
     finally:
+        receiver.stop()
         proc.send_signal(signal.SIGINT)
         try:
             rest, _ = proc.communicate(timeout=90)
@@ -102,3 +135,39 @@ def test_zipkv_up_answers_and_stops_cleanly_on_ctrl_c() -> None:
     assert "Traceback" not in log, log
     with pytest.raises(OSError):  # the router is gone too
         http_get(f"http://127.0.0.1:{port}/healthz", 1.0)
+
+
+def where_to_look(log: str, port: int, otlp: str) -> list[str]:
+    """The ready message names the router log, the metrics of the router and of both workers, and where
+    traces go; returns the workers' metrics URLs."""
+    assert "Where to look:" in log, log
+    assert re.search(r"logs +routers \(JSON lines\): \S+/router-0\.log", log), log
+    assert f"routers: http://127.0.0.1:{port}/metrics" in log, log
+    workers = re.search(r"^ +workers: (http://\S+/metrics), (http://\S+/metrics)$", log, re.MULTILINE)
+    assert workers, log
+    assert f"traces   OTLP/gRPC to {otlp}" in log, log
+    return [workers.group(1), workers.group(2)]
+
+
+def check_one_trace(receiver: OtlpReceiver, output_tokens: int) -> None:
+    """The request's spans reach the collector from the router process and the Ray Serve replica, in one
+    trace, the replica's Generate span a child of the router's dispatch span."""
+    deadline = time.monotonic() + 30
+    while True:
+        spans: list[dict[str, Any]] = list(receiver.spans)
+        roots = [s for s in spans if s["name"] == "text_completion zipkv-tiny"]
+        generates = [s for s in spans if s["name"] == "zipkv.generate"]
+        if roots and generates and any(s["name"] == "zipkv.decode" for s in spans):
+            break
+        assert time.monotonic() < deadline, f"spans so far: {[(s['service'], s['name']) for s in spans]}"
+        time.sleep(0.2)
+    (root,) = roots
+    trace = [s for s in spans if s["trace_id"] == root["trace_id"]]
+    by_id = {s["span_id"]: s for s in trace}
+    (generate,) = [s for s in trace if s["name"] == "zipkv.generate"]
+    assert generate["service"] == "zipkv-worker" and root["service"] == "zipkv-router"
+    assert by_id[generate["parent_span_id"]]["name"] == "zipkv.dispatch"
+    assert generate["attributes"]["gen_ai.usage.output_tokens"] == output_tokens
+    assert generate["attributes"]["zipkv.worker.id"].startswith("zipkv-worker-")  # the Serve replica
+    phases = {s["name"] for s in trace if s["parent_span_id"] == generate["span_id"]}
+    assert phases == {"zipkv.queue", "zipkv.admission", "zipkv.prefill", "zipkv.decode"}

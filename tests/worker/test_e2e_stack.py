@@ -20,6 +20,7 @@ import pytest
 from servers import free_port, start_redis
 
 from zipkv.worker import cli
+from zipkv.worker.local_observability import ray_logs_dir, worker_metrics_urls
 from zipkv.worker.local_stack import LocalStack, StackOptions, http_get
 
 pytestmark = pytest.mark.slow
@@ -40,7 +41,9 @@ def stack(redis_url: str) -> Iterator[LocalStack]:
     port = free_port()
     while any(_busy(port + k) for k in range(2)):
         port = free_port()
-    options = StackOptions(port=port, workers=2, routers=2, redis_url=redis_url, kv_budget_mib=16)
+    options = StackOptions(
+        port=port, workers=2, routers=2, redis_url=redis_url, kv_budget_mib=16, metrics_port=free_port()
+    )
     local = LocalStack(options, progress=lambda line: print(line, flush=True))
     try:
         local.start(ready_timeout_s=180)
@@ -133,6 +136,26 @@ def test_concurrent_requests_spread_by_headroom(stack: LocalStack) -> None:
     # Headroom drops on the worker that took a request, so the next goes to the other one.
     assert len(served) == 2, delta
     assert min(delta[w] for w in served) >= 2, delta
+
+
+def test_each_replica_serves_its_engine_metrics(stack: LocalStack) -> None:
+    """Each Ray Serve replica's /metrics, under the worker id the router places on."""
+    urls = worker_metrics_urls(stack.options.metrics_port, stack.options.workers)
+    assert set(urls) == {w["worker_id"] for w in stack.workers()}, urls
+    assert set(urls) <= set(placements(stack, 0)) | headroom_workers(stack, 0)
+    for worker, url in urls.items():
+        code, body = http_get(url)
+        text = body.decode()
+        assert code == 200
+        for name in ("zipkv_worker_kv_stored_bytes", "zipkv_worker_kv_pages", "zipkv_worker_encode_ms_bucket",
+                     "zipkv_worker_headroom_tokens", "zipkv_worker_kernel_info"):  # fmt: skip
+            assert re.search(rf'^{name}{{[^}}]*worker="{worker}"', text, re.MULTILINE), (name, text[:2000])
+        # the replica's own log lines are in its Serve log, with where its metrics are
+        logs = "".join(p.read_text() for p in (ray_logs_dir() / "serve").glob("replica_*.log"))
+        assert re.search(rf"worker ready worker_id={worker} .* metrics={url}", logs), logs[-3000:]
+        # this module's earlier requests ran here: their pages were encoded
+        launches = re.search(r"^zipkv_worker_encode_launches_total{[^}]*} (\S+)$", text, re.MULTILINE)
+        assert launches and float(launches.group(1)) > 0, text[:2000]
 
 
 def test_replica_killed_mid_stream(stack: LocalStack) -> None:

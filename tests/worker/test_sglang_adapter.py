@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import threading
 import time
 from pathlib import Path
@@ -15,7 +16,10 @@ from typing import ClassVar
 
 import pytest
 
+from zipkv.worker import sglang_telemetry
 from zipkv.worker.engine import EngineRequest, FinishReason, SamplingOptions
+from zipkv.worker.engine_stats import EncodeCounts, KVStats, now_ns
+from zipkv.worker.kv_stats_board import KVStatsBoard
 from zipkv.worker.owner_thread import OwnerThread
 from zipkv.worker.settings import WorkerSettings
 from zipkv.worker.sglang_adapter import (
@@ -26,6 +30,7 @@ from zipkv.worker.sglang_adapter import (
     engine_kwargs,
     kv_bytes_per_token,
 )
+from zipkv.worker.sglang_telemetry import kernels_in_use, scheduler_env
 
 LLAMA_8B = {
     "num_attention_heads": 32,
@@ -175,6 +180,7 @@ class _StandInEngine:
     def __init__(self, **kwargs: object) -> None:
         self.calls.append(("init", threading.current_thread().name))
         self.loop = asyncio.new_event_loop()
+        self.board_file = os.environ.get("ZIPKV_KV_STATS_FILE")  # what its scheduler would inherit
 
     def generate(self, input_ids: list[int], sampling_params: dict[str, object]) -> None:
         name = threading.current_thread().name
@@ -204,7 +210,9 @@ def test_engine_is_built_and_warmed_on_its_owner_thread_before_it_serves(
     owner = "zipkv-sglang-owner"
     warm = ("generate", owner, WARMUP_PROMPT_TOKENS, True)
     assert _StandInEngine.calls == [("init", owner), warm, warm]
+    assert eng._eng.board_file == str(eng._board.path) and "ZIPKV_KV_STATS_FILE" not in os.environ
     eng.shutdown()
+    assert not eng._board.path.exists()
     assert _StandInEngine.calls[-1] == ("shutdown",) and not eng._owner._thread.is_alive()
 
     _StandInEngine.fail_warm_up = True  # a failed warm-up fails the start, and leaves no thread behind
@@ -214,3 +222,83 @@ def test_engine_is_built_and_warmed_on_its_owner_thread_before_it_serves(
     finally:
         _StandInEngine.fail_warm_up = False
     assert not any(t.name == owner and t.is_alive() for t in threading.enumerate())
+
+
+def test_a_finished_request_carries_its_timings_and_prefix_hit() -> None:
+    eng = bare_engine()
+    req = EngineRequest("r4", tuple(range(48)), SamplingOptions(max_new_tokens=3))
+    run = eng._running["r4"] = _Running(req, time.monotonic(), queued_ns=now_ns())
+    eng._on_output(run, {"output_ids": [7], "meta_info": {"cached_tokens": 32}})
+    eng._on_output(run, {"output_ids": [7, 8, 9], "meta_info": {"finish_reason": {"type": "length"}}})
+    first, last = eng.step()
+    assert first.timings is None  # only the finish carries them
+    t = last.timings
+    assert t is not None
+    assert (t.prefill_tokens, t.prefix_hit_tokens) == (16, 32)  # 48-token prompt, 32 from the radix cache
+    assert t.decode_tokens == t.decode_steps == 2  # the first token comes out of the prefill
+    assert t.queued_ns <= t.prefill_end_ns <= t.finished_ns and t.admitted_ns == 0  # admission unseen here
+
+
+def test_the_worker_spans_context_goes_to_sglangs_scheduler() -> None:
+    eng = bare_engine()
+    seen: dict[str, object] = {}
+
+    async def async_generate(**kwargs: object) -> object:
+        seen.update(kwargs)
+
+        async def outputs() -> object:
+            yield {"output_ids": [5], "meta_info": {"finish_reason": {"type": "stop"}}}
+
+        return outputs()
+
+    eng._eng = type("Eng", (), {"async_generate": staticmethod(async_generate)})()
+    headers = (("traceparent", "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"),)
+    req = EngineRequest("r5", (1, 2), SamplingOptions(max_new_tokens=1), trace_headers=headers)
+    run = eng._running["r5"] = _Running(req, time.monotonic())
+    asyncio.run(eng._consume(run))
+    assert seen["external_trace_header"] == dict(headers) and seen["rid"] == "r5"
+    (event,) = eng.step()
+    assert event.finish is FinishReason.STOP
+
+
+def test_otlp_export_turns_on_sglangs_scheduler_tracing_without_per_token_spans(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "config.json").write_text(json.dumps(LLAMA_8B))
+    settings = WorkerSettings(engine="sglang", model_path=str(tmp_path))
+    monkeypatch.delenv("OTEL_EXPORTER_OTLP_ENDPOINT", raising=False)
+    monkeypatch.delenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", raising=False)
+    assert "enable_trace" not in engine_kwargs(settings, str(tmp_path)) and scheduler_env() == {}
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://collector:4317")
+    # SGLang refuses to start tracing without the OTLP HTTP exporter: then only the worker's spans
+    monkeypatch.setattr(sglang_telemetry, "sglang_can_trace", lambda: False)
+    assert "enable_trace" not in engine_kwargs(settings, str(tmp_path))
+    monkeypatch.setattr(sglang_telemetry, "sglang_can_trace", lambda: True)
+    kw = engine_kwargs(settings, str(tmp_path))
+    assert kw["enable_trace"] is True and kw["otlp_traces_endpoint"] == "http://collector:4317"
+    # SGLang's level 3 adds a decode_loop span per decode step (per token): the scheduler runs at 2
+    assert scheduler_env() == {"SGLANG_TRACE_LEVEL": "2"}
+    monkeypatch.setenv("SGLANG_TRACE_LEVEL", "1")
+    assert scheduler_env() == {}  # the operator's level stays
+    monkeypatch.setenv("OTEL_SDK_DISABLED", "true")
+    assert "enable_trace" not in engine_kwargs(settings, str(tmp_path))
+
+
+def test_kv_stats_come_from_the_schedulers_board_with_the_kernels_in_use(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("ZIPKV_EXTEND_KERNEL", "fused")
+    eng = bare_engine()
+    eng._board, eng._kernels = KVStatsBoard.create(), kernels_in_use(compression=True)
+    try:
+        assert eng.kv_stats() is None  # the scheduler has not published yet
+        eng._board.publish(KVStats(1 << 20, 3000, 4096, 0, 1, 0, eng._kernels, EncodeCounts(1, 1)))
+        stats = eng.kv_stats()
+        assert stats is not None and stats.compressed_pages == 1 and stats.encode.launches == 1
+        assert (stats.kernels.decode, stats.kernels.extend) == ("triton_fused", "fused")
+    finally:
+        eng._board.close()
+    assert kernels_in_use(compression=False).decode == "triton_fused_uncompressed_twin"
+    monkeypatch.setenv("ZIPKV_DECODE_IMPL", "hopper")
+    monkeypatch.setenv("ZIPKV_DECODE_KERNEL", "64:4:2:2:2:0")
+    assert kernels_in_use(compression=True).decode == "hopper_fused[64:4:2:2:2:0]"

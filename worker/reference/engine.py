@@ -23,6 +23,7 @@ import torch
 from zipkv.kernels.layout import FORMAT_VERSION, PAGE_TOKENS, PageFormat
 
 from ..engine import EngineCapacity, EngineEvent, EngineRequest, FinishReason, RequestRejected
+from ..engine_stats import KVStats, now_ns
 from .kvstore import KVStore
 from .model import LoadedModel
 from .paged import SeqSlice, StepBatch
@@ -103,7 +104,7 @@ class ReferenceEngine:
             raise RequestRejected(f"request id {request.request_id} is already in use", retryable=False)
         self._arrivals += 1
         gen = make_generator(request.sampling, self._arrivals)
-        self._queue.append(Running(request, time.monotonic(), gen))
+        self._queue.append(Running(request, time.monotonic(), gen, queued_ns=now_ns()))
 
     def abort(self, request_id: str) -> bool:
         known = request_id in self._running or any(r.request.request_id == request_id for r in self._queue)
@@ -124,9 +125,12 @@ class ReferenceEngine:
         if not batch:
             return events
         decoding = len(batch) - len(prefill)
-        started = time.monotonic()
+        started, started_ns = time.monotonic(), now_ns()
         next_tokens = self._forward(batch)
-        now = time.monotonic()
+        now, now_wall_ns = time.monotonic(), now_ns()
+        for req in prefill:
+            req.prefill_start_ns, req.prefill_end_ns = started_ns, now_wall_ns
+            req.prefill_batch_requests = len(prefill)
         for req, token in zip(batch, next_tokens, strict=True):
             events.append(self._append_token(req, token, now))
         if decoding and not prefill:  # a pure decode step measures the inter-token latency
@@ -160,11 +164,14 @@ class ReferenceEngine:
                 break
             need = self._worst_case_pages(req.request)
             # new_pages_fit() already keeps the allocator's encode margin (allocator/ledger.py) out
-            if need > self.store.new_pages_fit():
+            fit = self.store.new_pages_fit()
+            if need > fit:
                 break  # first come, first served: wait for pages to come back
+            req.admitted_ns, req.headroom_tokens = now_ns(), fit * PAGE_TOKENS
             self._queue.popleft()
             self.store.reserve(req.request.request_id, need)
-            req.reserved_pages = need
+            req.reserved_pages, req.reserved_tokens = need, need * PAGE_TOKENS
+            req.admission_done_ns = now_ns()
             self._running[req.request.request_id] = req
             admitted.append(req)
             prefill_tokens += prompt
@@ -267,9 +274,13 @@ class ReferenceEngine:
             prompt_tokens=len(req.request.prompt_token_ids),
             completion_tokens=len(req.output),
             ttft_ms=ttft,
+            timings=req.timings(),
         )
 
     # ---- capacity -----------------------------------------------------------------------------------
+    def kv_stats(self) -> KVStats:
+        return self.store.kv_stats()
+
     def _worst_case_pages(self, request: EngineRequest) -> int:
         total = len(request.prompt_token_ids) + request.sampling.max_new_tokens
         return pages_for(min(total, self.loaded.max_context_tokens))

@@ -14,6 +14,9 @@ import torch
 
 from zipkv.kernels.layout import PAGE_TOKENS, PageFormat
 
+from ..encode_timer import TimedEncoder
+from ..engine_stats import KernelsInUse, KVStats, decode_kernel_label, kv_stats_of
+
 
 class KVStore:
     def __init__(
@@ -31,11 +34,13 @@ class KVStore:
         if kernels not in ("auto", "triton", "torch"):
             raise ValueError(f"kernels must be auto, triton or torch, got {kernels!r}")
         from zipkv.allocator import PagePool
+        from zipkv.allocator.device import default_encoder
 
         self.fmt = fmt
         self.num_layers = num_layers
         self.device = torch.device(device)
         self.compression = compression
+        self.encoder = TimedEncoder(default_encoder(self.device), self.device)
         self.pool = PagePool(
             fmt,
             num_layers,
@@ -45,6 +50,7 @@ class KVStore:
             device=device,
             shared_pool=True,
             compression=compression,
+            encoder=self.encoder,
         )
         use_triton = kernels == "triton" or (kernels == "auto" and self.device.type == "cuda")
         if use_triton:
@@ -60,6 +66,11 @@ class KVStore:
         from zipkv.kernels import reference as ref
 
         self._gather_pages: Any = ref.gather_pages
+        self.kernels = KernelsInUse(
+            decode=decode_kernel_label(compression) if use_triton else "torch_reference",
+            encode="triton" if self.device.type == "cuda" else "torch_reference",
+            page_format=f"v{fmt.version}",
+        )
 
     # ---- sizes --------------------------------------------------------------------------------------
     @property
@@ -98,6 +109,12 @@ class KVStore:
 
     def stats(self) -> Any:
         return self.pool.stats()
+
+    def kv_stats(self) -> KVStats:
+        """The pool's state and the encoder's counts (host counters; no device wait)."""
+        return kv_stats_of(
+            self.pool.stats(), self.fmt.raw_page_bytes, self.num_layers, self.encoder.poll(), self.kernels
+        )
 
     # ---- the codec ----------------------------------------------------------------------------------
     def write(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:

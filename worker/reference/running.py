@@ -9,6 +9,7 @@ import torch
 from zipkv.kernels.layout import PAGE_TOKENS
 
 from ..engine import EngineRequest
+from ..engine_stats import RequestTimings, now_ns
 
 
 @dataclass
@@ -22,6 +23,34 @@ class Running:
     computed_tokens: int = 0  # tokens whose KV is stored
     full_pages: int = 0  # leading pages already marked full
     first_token_s: float | None = None
+    # wall-clock ns for the request's spans (engine_stats.RequestTimings); 0 = not reached
+    queued_ns: int = 0
+    admitted_ns: int = 0
+    admission_done_ns: int = 0
+    prefill_start_ns: int = 0
+    prefill_end_ns: int = 0
+    prefill_batch_requests: int = 0
+    headroom_tokens: int = 0  # free tokens when it was admitted
+    reserved_tokens: int = 0  # its worst case, reserved at admission
+
+    def timings(self) -> RequestTimings:
+        """Its spans' times, at its finish; after the prefill's first token it decodes one per step."""
+        decoded = max(len(self.output) - 1, 0)
+        return RequestTimings(
+            queued_ns=self.queued_ns,
+            admitted_ns=self.admitted_ns,
+            admission_done_ns=self.admission_done_ns,
+            prefill_start_ns=self.prefill_start_ns,
+            prefill_end_ns=self.prefill_end_ns,
+            finished_ns=now_ns(),
+            prefill_tokens=len(self.request.prompt_token_ids) if self.prefill_end_ns else 0,
+            prefix_hit_tokens=0,  # the reference engine has no prefix cache
+            prefill_batch_requests=self.prefill_batch_requests,
+            decode_tokens=decoded,
+            decode_steps=decoded,
+            reserved_tokens=self.reserved_tokens,
+            headroom_tokens=self.headroom_tokens,
+        )
 
     @property
     def tokens(self) -> list[int]:

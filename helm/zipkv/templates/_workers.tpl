@@ -24,6 +24,8 @@ ZIPKV_REPORT_TOKEN from the Secret through the pod environment, which Ray's work
   "cpus_per_replica" (int .Values.workers.cpusPerReplica)
   "max_running_requests" (int .Values.workers.maxRunningRequests)
   "compression" .Values.workers.compression
+  "metrics_port" (int .Values.workers.metrics.port)
+  "metrics_ports" (include "zipkv.workers.replicasPerPod" . | int)
 -}}
 {{- toYaml (mustMergeOverwrite $args (deepCopy .Values.workers.extraArgs)) -}}
 {{- end -}}

@@ -1,0 +1,93 @@
+"""The docs' pictures render from the committed JSON by one command, and the kernel plot keeps up with
+results it has not seen: a new implementation name or a new variant field gets its own line."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+
+from plots import admission_figure, decode_figure, decode_series, render_all
+
+REPO = Path(__file__).resolve().parents[2]
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+def test_one_command_renders_every_picture_from_the_committed_results(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "bench/plots.py", "--out", str(tmp_path)],
+        cwd=REPO, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    names = {p.name for p in tmp_path.glob("*.png")}
+    decode = {f"{p.stem}.png" for p in (REPO / "bench" / "results").glob("decode_attention*.json")}
+    assert names == decode | {"sglang_e2e.png", "admission.png", "trace_timeline.png"}
+    for path in tmp_path.glob("*.png"):
+        data = path.read_bytes()
+        assert data.startswith(PNG) and len(data) > 20_000, path
+    # The docs link the committed pictures this command writes.
+    for name in ("decode_attention.png", "sglang_e2e.png", "admission.png", "trace_timeline.png"):
+        assert (REPO / "docs" / "img" / name).is_file(), name
+
+
+def row(impl: str, batch: int, context: int, us: float, **extra: object) -> dict[str, object]:
+    return {"batch": batch, "context": context, "impl": impl, "median_us": us, **extra}
+
+
+def test_new_implementations_and_variants_get_their_own_lines() -> None:
+    rows = [
+        row("flashinfer_tc", 32, 4096, 140.0, compressible_fraction=None),
+        row("flashinfer_tc", 32, 8192, 257.0, compressible_fraction=None),
+        row("zipkv", 32, 4096, 148.0, compressible_fraction=0.9425),
+        row("zipkv", 32, 4096, 160.0, compressible_fraction=0.0),  # an extreme: not the realistic line
+        row("zipkv", 32, 8192, 271.0, compressible_fraction=0.9426),
+        row("zipkv", 32, 8192, 230.0, compressible_fraction=0.9425, kernel="v3"),  # a new variant field
+        row("zipkv_paired", 32, 8192, 240.0, compressible_fraction=0.9424),  # a new implementation
+        row("mystery_impl", 32, 8192, 300.0),  # no fraction at all
+    ]
+    series = decode_series(rows)
+    assert series["zipkv (~94% compressible)"] == {32: {4096: 148.0, 8192: 271.0}}
+    assert series["zipkv kernel=v3 (~94% compressible)"] == {32: {8192: 230.0}}
+    assert series["zipkv_paired (~94% compressible)"] == {32: {8192: 240.0}}
+    assert series["mystery_impl"] == {32: {8192: 300.0}}
+    fig = decode_figure({"rows": rows, "device": "test"}, "synthetic")
+    labels = set(fig.legends[0].get_texts()[i].get_text() for i in range(len(fig.legends[0].get_texts())))
+    assert {
+        "zipkv kernel=v3 (~94% compressible)",
+        "zipkv_paired (~94% compressible)",
+        "mystery_impl",
+    } <= labels
+    speed = fig.axes[len(fig.axes) // 2].get_lines()  # the speed-vs-FlashInfer panel
+    assert any(abs(line.get_ydata()[-1] - 257.0 / 230.0) < 1e-9 for line in speed)
+
+
+def test_a_results_folder_with_new_files_renders_them_too(tmp_path: Path) -> None:
+    results = tmp_path / "results"
+    results.mkdir()
+    new = {"device": "GPU", "rows": [row("zipkv", 8, 1024, 20.0, compressible_fraction=0.94)]}
+    (results / "decode_attention_next.json").write_text(json.dumps(new))
+    written = render_all(tmp_path / "img", results)
+    assert [p.name for p in written] == ["decode_attention_next.png"]
+
+
+@pytest.mark.parametrize(
+    "name", ["decode_attention.png", "sglang_e2e.png", "admission.png", "trace_timeline.png"]
+)
+def test_benchmarks_and_observability_docs_link_the_pictures(name: str) -> None:
+    docs = (REPO / "docs" / "benchmarks.md").read_text() + (REPO / "docs" / "observability.md").read_text()
+    assert f"img/{name}" in docs
+
+
+def test_admission_plot_reads_files_with_and_without_page_format_versions() -> None:
+    old = [{"layer_fractions": "uniform", "compression": c, "shared_pool": p, "max_concurrent_requests": n}
+           for c, p, n in ((False, False, 46), (True, False, 57), (True, True, 57))]  # fmt: skip
+    new = [{**r, "format_version": v} for v in (2, 3) for r in old]
+    for rows, bars in ((old, 2), (new, 4)):
+        ax = admission_figure({"rows": rows}, None).axes[0]
+        labels = ax.get_legend_handles_labels()[1]
+        assert "uncompressed: 46" in labels and len(labels) == bars + 1, labels

@@ -1,0 +1,102 @@
+"""What the SGLang adapter adds for traces and metrics (no sglang import here; CPU-tested).
+
+Traces: the adapter's own spans come from what the parent process sees (submit, first token, finish,
+SGLang's `cached_tokens`). Inside the scheduler, SGLang's own request tracing (`enable_trace`) records
+its stages from host timestamps it already takes; the adapter turns it on when OTLP export is on and
+hands it the worker span's context (`external_trace_header`), at `SGLANG_TRACE_LEVEL` 2 unless the
+operator set one: level 3 adds a `decode_loop` span per decode step, i.e. per token.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import logging
+import os
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from .engine_stats import KernelsInUse, RequestTimings, decode_kernel_label, now_ns
+from .telemetry import otlp_endpoint
+
+log = logging.getLogger("zipkv.worker.sglang")
+TRACE_LEVEL_ENV = "SGLANG_TRACE_LEVEL"
+TRACE_LEVEL = "2"  # request_process, prefill_waiting, prefill_forward, decode_forward; no per-step spans
+
+
+def tracing_kwargs(env: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """`sglang.Engine` arguments that export SGLang's scheduler spans where the worker's go."""
+    endpoint = otlp_endpoint(env)
+    if not endpoint:
+        return {}
+    if not sglang_can_trace():
+        log.warning(
+            "SGLang's scheduler spans are off: its tracing needs opentelemetry-exporter-otlp-proto-http "
+            "(pip install 'zipkv[sglang]'); the worker's own spans are exported"
+        )
+        return {}
+    return {"enable_trace": True, "otlp_traces_endpoint": endpoint}
+
+
+def sglang_can_trace() -> bool:
+    """SGLang's tracing imports the OTLP HTTP exporter too and refuses to start without it."""
+    try:
+        return importlib.util.find_spec("opentelemetry.exporter.otlp.proto.http") is not None
+    except ModuleNotFoundError:
+        return False
+
+
+def scheduler_env(env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """Variables the scheduler process must inherit when SGLang traces (its trace level)."""
+    env = os.environ if env is None else env
+    if not otlp_endpoint(env) or env.get(TRACE_LEVEL_ENV):
+        return {}
+    return {TRACE_LEVEL_ENV: TRACE_LEVEL}
+
+
+@contextlib.contextmanager
+def scheduler_environ(variables: dict[str, str]) -> Iterator[None]:
+    """`variables` and `scheduler_env()` set while SGLang spawns its processes (they inherit them),
+    restored after."""
+    variables = {**variables, **scheduler_env()}
+    before = {k: os.environ.get(k) for k in variables}
+    os.environ.update(variables)
+    try:
+        yield
+    finally:
+        for k, v in before.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def kernels_in_use(compression: bool, env: Mapping[str, str] | None = None) -> KernelsInUse:
+    """The kernels the scheduler runs, from the same settings it reads (docs/sglang.md)."""
+    from zipkv.kernels.extend_attention import EXTEND_KERNEL_ENV
+    from zipkv.kernels.layout import FORMAT_VERSION
+
+    env = os.environ if env is None else env
+    return KernelsInUse(
+        decode=decode_kernel_label(compression, env),
+        encode="triton" if compression else "none",
+        extend=env.get(EXTEND_KERNEL_ENV, "restore"),
+        page_format=f"v{FORMAT_VERSION}",
+    )
+
+
+def request_timings(
+    queued_ns: int, first_token_ns: int, prompt_tokens: int, cached_tokens: int, completion_tokens: int
+) -> RequestTimings:
+    """A finished request as the adapter saw it. SGLang admits inside its scheduler, so no admission
+    time is known here (its prefill span then covers the queue wait too); one token per decode step."""
+    decoded = max(completion_tokens - 1, 0)
+    return RequestTimings(
+        queued_ns=queued_ns,
+        prefill_end_ns=first_token_ns,
+        finished_ns=now_ns(),
+        prefill_tokens=max(prompt_tokens - cached_tokens, 0) if first_token_ns else 0,
+        prefix_hit_tokens=cached_tokens,
+        decode_tokens=decoded,
+        decode_steps=decoded,
+    )
