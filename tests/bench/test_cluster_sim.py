@@ -128,3 +128,29 @@ def test_run_now_refuses_a_coroutine_that_suspends() -> None:
     assert run_now(returns()) == 2
     with pytest.raises(RuntimeError, match="suspended"):
         run_now(waits())
+
+
+def test_the_validation_compares_like_with_like() -> None:
+    # A "measured" file whose rows are the simulation's own predictions: every error must come out 0, so a
+    # mismatch between what the GPU sweep ran and what the validation replays would show here.
+    from sim_validation import QUANTITIES, _predicted, compare
+
+    models, _ = calibrated_models()
+    measured: dict[str, object] = {
+        "date": "test",
+        "workload": {"max_context_tokens": 131072, "requests": 20, "offset": 10},
+        "systems": {
+            "sglang_gateway": {"options": {"max_running": 64, "sglang_args": {"chunked_prefill_size": 8192}}}
+        },
+        "rows": [],
+    }
+    rows = []
+    for rate in (0.5, 1.0):
+        p = _predicted("sglang_gateway", rate, measured, models)
+        rows.append(
+            {"system": "sglang_gateway", "slo": "strict", "rate_rps": rate, **{q: p[q] for q in QUANTITIES}}
+        )
+    measured["rows"] = rows
+    report = compare(measured)
+    assert report["within"] == "8/8"
+    assert all(r[q]["error"] == 0.0 for r in report["rows"] for q in QUANTITIES)
