@@ -9,18 +9,22 @@ Filters (a worker is a candidate only if all hold):
 
 Predictions (documented formulas of the reported state; units in the names):
     stored_bytes_per_token = kv_bytes_per_token * compression_ratio        (compressed KV bytes)
-    used_bytes   = (total_tokens - free_tokens) * stored_bytes_per_token    (read every decode step)
     step_ms      = itl_ms; a worker with no measurement yet (a new replica) steps at
                    min(placement.idle_itl_ms, the smallest itl_ms measured among the candidates): an
                    idle replica of the model is no slower than its fastest peer, else it would never
                    be picked over a warm peer that measured faster than the idle prior
-    ms_per_byte  = itl_ms / used_bytes when both are > 0, else decode_ms_per_gib / 2**30
     added_bytes  = (prompt_tokens + max_new_tokens / 2) * stored_bytes_per_token   (mean context of the
                    new request over its life)
-    tpot_ms      = step_ms + added_bytes * ms_per_byte     decode is memory-bound: the step grows with
-                                                           the compressed bytes it reads
-    ttft_ms      = step_ms + (queued_prefill_tokens + prompt_tokens) * prefill_ms_per_token
-    (ms_per_byte from the measurement folds the step's fixed cost in, which over-predicts: the safe side.)
+    tpot_ms      = step_ms + added_bytes * decode_ms_per_gib / 2**30
+                   decode is memory-bound: the measured step plus the new request's compressed bytes at
+                   the configured read cost (the marginal cost of a byte; an earlier itl_ms / used_bytes
+                   slope folded the step's fixed cost into every byte, so a lightly loaded worker looked
+                   slowest for a long prompt and placement sent it to busy workers instead)
+    ttft_ms      = step_ms + (queued_prefill_tokens + reserved_tokens + prompt_tokens) * prefill_ms_per_token
+                   reserved_tokens: what this router placed there that the report cannot have seen yet;
+                   those prompts are still to prefill (their outputs are counted too: the safe side).
+                   Without it a burst of arrivals within one report interval all saw the same queue
+                   and piled long prompts on one worker (bench/cluster_sim.py measured both)
 
 Scorers, each in [0, 1]:
     headroom  (free_tokens - reserved_tokens - need_tokens) / total_tokens
@@ -93,14 +97,10 @@ def predict_ms(
     ratio = view.compression_ratio if view.compression_ratio > 0 else 1.0
     stored_bpt = view.kv_bytes_per_token * ratio
     step_ms = view.itl_ms if view.itl_ms > 0 else (unmeasured_itl_ms or cfg.idle_itl_ms)
-    used_bytes = (view.total_tokens - view.free_tokens) * stored_bpt
-    if view.itl_ms > 0 and used_bytes > 0:
-        ms_per_byte = view.itl_ms / used_bytes
-    else:
-        ms_per_byte = cfg.decode_ms_per_gib / GIB
     added_bytes = (req.prompt_tokens + req.max_new_tokens / 2) * stored_bpt
-    tpot_ms = step_ms + added_bytes * ms_per_byte
-    ttft_ms = step_ms + (view.queued_prefill_tokens + req.prompt_tokens) * req.prefill_ms_per_token
+    tpot_ms = step_ms + added_bytes * cfg.decode_ms_per_gib / GIB
+    pending_tokens = view.queued_prefill_tokens + view.reserved_tokens + req.prompt_tokens
+    ttft_ms = step_ms + pending_tokens * req.prefill_ms_per_token
     return ttft_ms, tpot_ms
 
 

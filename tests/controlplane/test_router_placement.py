@@ -74,16 +74,55 @@ def test_filters(worker: WorkerView, dropped_for: str | None) -> None:
 
 
 def test_predictions_follow_the_documented_formulas() -> None:
-    # kv_bytes_per_token 1000 at ratio 0.5 -> 500 stored bytes per token.
-    # used = (20000 - 10000) tokens * 500 = 5e6 bytes; ms_per_byte = itl 20 / 5e6 = 4e-6.
-    # added = (prompt 100 + 100 / 2) * 500 = 75_000 bytes -> tpot = 20 + 75_000 * 4e-6 = 20.3 ms.
-    # ttft = 20 + (queued_prefill 400 + 100) * 0.5 = 270 ms.
+    # kv_bytes_per_token 2**20 at ratio 0.5 -> 2**19 stored bytes per token.
+    # added = (prompt 100 + 100 / 2) * 2**19 bytes = 75 MiB -> tpot = 20 + 75 * 0.25 / 1024 = 20.0183 ms.
+    # ttft = 20 + (queued_prefill 400 + reserved 600 + prompt 100) * 0.5 = 570 ms.
     w = view(
-        "a", 10_000, itl_ms=20.0, kv_bytes_per_token=1000, compression_ratio=0.5, queued_prefill_tokens=400
+        "a",
+        10_000,
+        itl_ms=20.0,
+        kv_bytes_per_token=1 << 20,
+        compression_ratio=0.5,
+        queued_prefill_tokens=400,
+        reserved_tokens=600,
     )
     ttft, tpot = predict_ms(w, req(), CFG)
-    assert ttft == pytest.approx(270.0)
-    assert tpot == pytest.approx(20.3)
+    assert ttft == pytest.approx(570.0)
+    assert tpot == pytest.approx(20.0 + 75 * 0.25 / 1024)
+
+
+# A long prompt (4000 + 200 new, TPOT SLO 25 ms, TTFT SLO 2000 ms, prefill 0.05 ms/token), kv 1000 B/token:
+#   light: total 20_000, free 19_000 (1e6 bytes used), itl 6 ms; headroom (19000-4200)/20000 = .74
+#   busy:  total 100_000, free 80_000 (2e7 bytes used), itl 18 ms; headroom (80000-4200)/100000 = .758
+#   added bytes = (4000 + 100) * 1000 = 4.1e6. ttft: light 6 + 4000*.05 = 206 (slack .897), busy 218 (.891).
+# tpot = step + 4.1e6 * 0.25 / 2**30: light 6.00095 (slack .76), busy 18.00095 (slack .28)
+#   -> light (.74 + .76 + .5) / 2.5 = .80, busy (.758 + .28 + .5) / 2.5 = .615.
+# (Dividing the step by the bytes in use, as placement once did, predicted light at 6 + 4.1e6*6/1e6 = 30.6,
+#  slack 0, and sent the prompt to the busy worker: .496 against .556.)
+def test_a_long_prompt_goes_to_the_fast_worker_not_the_busy_one() -> None:
+    light = view("light", 19_000, total=20_000, itl_ms=6.0, kv_bytes_per_token=1000)
+    busy = view("busy", 80_000, total=100_000, itl_ms=18.0, kv_bytes_per_token=1000)
+    long_prompt = RequestShape("m", 4000, 200, 2000.0, 25.0, prefill_ms_per_token=0.05)
+    d = place(snap(busy, light), long_prompt, CFG, NOW)
+    assert [c.worker.worker_id for c in d.ranked] == ["light", "busy"]
+    assert d.ranked[0].score == pytest.approx(0.80, abs=2e-3)
+    assert d.ranked[1].score == pytest.approx(0.615, abs=2e-3)
+
+
+# need 200, TTFT SLO 1000 ms, prefill 0.5 ms/token, both itl 10 ms (tpot slack .9 against 100 ms).
+#   a: free 20_000 of 40_000 with 8_000 reserved by this router and not yet in a report:
+#      headroom (20000-8000-200)/40000 = .295; ttft 10 + (8000 + 100) * .5 = 4060 -> slack 0 -> .318
+#   b: free 11_000, nothing reserved: headroom .27; ttft 10 + 100*.5 = 60 -> slo .9 -> (.27+.9+.5)/2.5 = .668
+# (Without the reserved prompts in the queue, a predicted 60 ms too and won on headroom, .678: every request
+#  of a burst within one report interval went to the same worker.)
+def test_prompts_placed_since_the_last_report_count_as_queued_prefill() -> None:
+    a = view("a", 20_000, total=40_000, itl_ms=10.0, reserved_tokens=8_000)
+    b = view("b", 11_000, total=40_000, itl_ms=10.0)
+    d = place(snap(a, b), req(), CFG, NOW)
+    assert [c.worker.worker_id for c in d.ranked] == ["b", "a"]
+    assert d.ranked[0].score == pytest.approx(0.668, abs=1e-3)
+    assert d.ranked[1].score == pytest.approx(0.318, abs=1e-3)
+    assert d.ranked[1].ttft_ms == pytest.approx(4060.0)
 
 
 def test_compressed_bytes_drive_the_prior() -> None:
@@ -99,11 +138,11 @@ def test_compressed_bytes_drive_the_prior() -> None:
 
 
 def test_slo_slack_beats_raw_headroom() -> None:
-    # need 200. A: itl 20, used 10_000 tokens, ratio .5, kv 1000 -> tpot 20.3, ttft 20 + 100*.5 = 70.
-    #   headroom (10000-200)/20000 = .49; slo min(.93, .797) = .797; queue 1 -> (.49+.797+.5)/2.5 = .7148
-    # B: itl 90, used 2000 tokens -> ms_per_byte 90/1e6 = 9e-5, tpot 90 + 75_000*9e-5 = 96.75;
-    #   ttft 90 + (400+100)*.5 = 340; headroom (18000-200)/20000 = .89; slo min(.66, .0325) = .0325;
-    #   queue 1/(1+3) = .25 -> (.89 + .0325 + .125)/2.5 = .419
+    # need 200; kv 1000 B/token at ratio .5: added (100 + 50) * 500 = 75_000 bytes, 75_000 * .25 / 2**30 ms.
+    # A: itl 20 -> tpot 20.00002, ttft 20 + 100*.5 = 70.
+    #   headroom (10000-200)/20000 = .49; slo min(.93, .8) = .8; queue 1 -> (.49+.8+.5)/2.5 = .716
+    # B: itl 90 -> tpot 90.00002; ttft 90 + (400+100)*.5 = 340; headroom (18000-200)/20000 = .89;
+    #   slo min(.66, .1) = .1; queue 1/(1+3) = .25 -> (.89 + .1 + .125)/2.5 = .446
     a = view("a", 10_000, itl_ms=20.0, kv_bytes_per_token=1000, compression_ratio=0.5)
     b = view(
         "b",
@@ -116,8 +155,8 @@ def test_slo_slack_beats_raw_headroom() -> None:
     )
     d = place(snap(b, a), req(), CFG, NOW)
     assert [c.worker.worker_id for c in d.ranked] == ["a", "b"]
-    assert d.ranked[0].score == pytest.approx(0.7148, abs=1e-4)
-    assert d.ranked[1].score == pytest.approx(0.419, abs=1e-4)
+    assert d.ranked[0].score == pytest.approx(0.716, abs=1e-4)
+    assert d.ranked[1].score == pytest.approx(0.446, abs=1e-4)
     assert not d.coarse
 
 

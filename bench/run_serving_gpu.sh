@@ -1,0 +1,82 @@
+#!/bin/bash
+# Serving under SLO on one H200: each system behind its OpenAI endpoint, the Mooncake trace swept over rates by
+# SGLang 0.5.17's bench_serving (bench/serving_run.py -> serving_sweep.py). One device call per system, made
+# back to back inside the machine's warm window (30 s), because the carried packages do not fit one call:
+#   call 1: carry .carry/sglang/parts .carry/llama31_8b   SYSTEMS=sglang_gateway bash bench/run_serving_gpu.sh
+#           (extracts SGLang into /tmp/site; SGLang's server directly: one worker, and sglang-router 0.3.2
+#           refuses token-id prompts on /v1/completions, bench/serving_systems.py says more)
+#   call 2: carry .carry/ray .carry/llama31_8b            SYSTEMS=zipkv bash bench/run_serving_gpu.sh
+#   call 3: carry .carry/ray .carry/llama31_8b            SYSTEMS=zipkv_uncompressed bash bench/run_serving_gpu.sh
+# .carry/sglang/parts: shared device recipe build_sglang_carry.sh; .carry/ray: scripts/build_ray_carry.sh;
+# .carry/llama31_8b/config.json: a copy of bench/configs/llama31_8b.json. Each call writes $OUT/serving/SYSTEM/
+# (rate_R.json per rate, system.json, server logs); then, here: copy every call's serving/ folder into one
+# folder and `python bench/serving_goodput.py --in FOLDER --device "..." --command "..."` writes
+# bench/results/serving_goodput.json and .png (and `python bench/sim_validation.py` compares the simulation).
+#
+# Env: SYSTEMS (comma-separated), RATES (req/s, default 0.5,1,2,3), REQUESTS per rate (48, the trace's first
+# 48 from OFFSET 0: mean input 11.9k tokens, 15 s of trace), KV_BUDGET_MIB (48576 = 388,608 raw tokens of
+# Llama-3.1-8B, the e2e bench's budget, for every system), MAX_RUNNING (64), SGLANG_ARGS (JSON, the same for
+# every system), DEADLINE_S (560 per call), ENGINE=reference (the tiny model on a CPU: the same path, for a
+# dry run of the zipkv systems; SGLang's server needs the GPU).
+# Expected per call: SGLang up in ~40 s warm (~190 s of JIT cold, the first call), zipkv ~90 s; the sweep
+# ~5 min (arrivals span 47 / rate s per rate, plus the drain).
+set -u
+T0=$(date +%s)
+OUT=${OUT:?set OUT to a folder for the records and logs}
+SYSTEMS=${SYSTEMS:?set SYSTEMS: zipkv, zipkv_uncompressed and/or sglang_gateway}
+ENGINE=${ENGINE:-sglang}
+step() { echo "[run_serving_gpu $(( $(date +%s) - T0 ))s] $*"; }
+PYPATH=""
+if [ "$ENGINE" = sglang ]; then
+  if [ ! -f /tmp/site/.zipkv_extracted ]; then
+    [ -f .carry/sglang/parts/site.tar.xz ] || { echo "FAILED: no /tmp/site and no .carry/sglang/parts: carry it (call 1)"; exit 1; }
+    step "extracting SGLang into /tmp/site"
+    mkdir -p /tmp/site && tar -C /tmp/site -xJf .carry/sglang/parts/site.tar.xz && touch /tmp/site/.zipkv_extracted
+  fi
+  if [[ "$SYSTEMS" == *zipkv* ]]; then
+    if ! python3 -c "import ray.serve" 2>/dev/null && [ ! -d /tmp/raysite/ray ]; then
+      [ -f .carry/ray/site.tar.xz ] || { echo "FAILED: no Ray: carry .carry/ray (scripts/build_ray_carry.sh)"; exit 1; }
+      step "extracting Ray into /tmp/raysite"
+      mkdir -p /tmp/raysite && timeout 60 tar -C /tmp/raysite -xJf .carry/ray/site.tar.xz
+    fi
+    [ -d /tmp/raysite/ray ] && PYPATH=/tmp/raysite
+  fi
+  PYPATH=${PYPATH:+$PYPATH:}/tmp/site
+  export CUDA_HOME=/usr/local/cuda PATH=/usr/local/cuda/bin:$PATH FLASHINFER_WORKSPACE_BASE=/tmp/fiws \
+    FLASHINFER_CUDA_ARCH_LIST=9.0a MAX_JOBS=16 TVM_FFI_CACHE_DIR=/tmp/tvmffi HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
+  MODEL=${MODEL:-.carry/llama31_8b}
+  [ -f "$MODEL/config.json" ] || { echo "FAILED: $MODEL/config.json missing: carry .carry/llama31_8b"; exit 1; }
+  CONTEXT=131072
+  # Radix cache on, chunked prefill at SGLang's H200 default (8192), decode CUDA graphs to batch 64; the same
+  # for SGLang's server (as flags) and for zipkv's replica (as sglang.Engine arguments).
+  SGLANG_ARGS=${SGLANG_ARGS:-'{"load_format": "dummy", "mem_fraction_static": 0.85, "chunked_prefill_size": 8192, "cuda_graph_max_bs_decode": 64, "sampling_backend": "pytorch", "grammar_backend": "none", "disable_radix_cache": false, "disable_prefill_cuda_graph": true, "log_level": "info", "random_seed": 0}'}
+  KV=${KV_BUDGET_MIB:-48576}
+  python3 -m pip install -q --no-deps --no-build-isolation -e . >"$OUT/pip.log" 2>&1 || tail -5 "$OUT/pip.log"
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/device.txt"
+else
+  MODEL=${MODEL:-}; CONTEXT=${CONTEXT:-1024}; SGLANG_ARGS=${SGLANG_ARGS:-'{}'}; KV=${KV_BUDGET_MIB:-64}
+  # Off the GPU machine: SGLang's wheel source (scripts/setup.sh unzips it) gives bench_serving.
+  PYPATH=$(pwd)/.cache/sglang-0.5.17
+  echo "$(uname -m) CPU (dry run, ENGINE=reference)" >"$OUT/device.txt"
+fi
+export PYTHONPATH=${PYPATH}${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 RAY_USAGE_STATS_ENABLED=0 GRPC_VERBOSITY=ERROR
+RC=0
+IFS=',' read -ra LIST <<<"$SYSTEMS"
+for SYSTEM in "${LIST[@]}"; do
+  LEFT=$(( ${DEADLINE_S:-560} - ($(date +%s) - T0) ))
+  [ "$LEFT" -gt 60 ] || { step "no time left for $SYSTEM"; RC=1; break; }
+  step "$SYSTEM: starting (deadline ${LEFT}s)"
+  timeout -k 15 "$LEFT" python3 bench/serving_run.py --system "$SYSTEM" --engine "$ENGINE" --model "$MODEL" \
+    --kv-budget-mib "$KV" --max-running "${MAX_RUNNING:-64}" --max-context-tokens "$CONTEXT" \
+    --sglang-args "$SGLANG_ARGS" --rates "${RATES:-0.5,1,2,3}" --requests "${REQUESTS:-48}" --offset "${OFFSET:-0}" \
+    --ready-s "${READY_S:-400}" --deadline-s "$LEFT" --out-dir "$OUT/serving" || RC=$?
+  step "$SYSTEM: done (rc $RC)"
+done
+# Replica logs (zipkv): SGLang's own log lines inside the Ray worker.
+for f in $(grep -l "ServeReplica:zipkv" /tmp/ray/session_latest/logs/worker-*.err 2>/dev/null); do tail -n 300 "$f"; done \
+  >"$OUT/serving/replica_process.log" 2>/dev/null
+python3 bench/serving_goodput.py --in "$OUT/serving" --device "$(cat "$OUT/device.txt")" \
+  --command "SYSTEMS=$SYSTEMS RATES=${RATES:-0.5,1,2,3} REQUESTS=${REQUESTS:-48} bash bench/run_serving_gpu.sh" \
+  --out "$OUT/serving_goodput.json" | tail -4
+step "total (rc $RC)"
+exit $RC

@@ -1,0 +1,130 @@
+"""The serving sweep's table: bench/results/serving_goodput.json (+ serving_goodput.png) from the per-request
+records bench/serving_sweep.py wrote (DIR/SYSTEM/rate_R.json, SGLang bench_serving's measurements).
+
+    python bench/serving_goodput.py --in $OUT/serving --device "$(nvidia-smi ...)" --command "..." \\
+        --out bench/results/serving_goodput.json
+
+Rows: one per system, SLO and rate, with `system`, `slo`, `rate_rps`, `goodput_rps`, `ttft_p50_s`,
+`ttft_p99_s`, `itl_p50_ms`, `itl_p99_ms`, `output_tokens_per_s`, `knee_rps` (serving_metrics.py defines
+each) and the counts behind them; `in_flight` per system and rate: requests sent and not yet finished,
+sampled every second from the client's own start and latency of each request. `headline`: zipkv's goodput at
+its knee over sglang_gateway's at its knee, per SLO.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+from pathlib import Path
+from typing import Any
+
+from serving_metrics import SLOS, Outcome, mean_itl_ms, rate_row, with_knees
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def outcomes(records: list[dict[str, Any] | None]) -> tuple[list[Outcome], list[float]]:
+    """Per request an Outcome, and every inter-chunk gap in ms (bench_serving's ITLs)."""
+    outs: list[Outcome] = []
+    gaps: list[float] = []
+    for r in records:
+        if r is None or not r["ok"]:
+            outs.append(Outcome(ok=False, shed=bool(r and r["shed"])))
+            continue
+        itl = mean_itl_ms(r["ttft_s"], r["itl_s"], r["output_tokens"])
+        outs.append(Outcome(ok=True, ttft_s=r["ttft_s"], mean_itl_ms=itl, output_tokens=r["output_tokens"]))
+        gaps.extend(1000.0 * g for g in r["itl_s"])
+    return outs, gaps
+
+
+def in_flight(records: list[dict[str, Any] | None], step_s: float = 1.0) -> list[int]:
+    spans = [(r["start_s"], r["start_s"] + r["latency_s"]) for r in records if r is not None]
+    end = max((b for _, b in spans), default=0.0)
+    return [sum(a <= k * step_s < b for a, b in spans) for k in range(int(end / step_s) + 1)]
+
+
+def rows_for(rate_file: dict[str, Any]) -> list[dict[str, object]]:
+    outs, gaps = outcomes(rate_file["requests"])
+    duration = float(rate_file.get("duration_s") or rate_file["wall_s"])
+    return [
+        {"system": rate_file["system"], **rate_row(outs, float(rate_file["rate_rps"]), duration, slo, gaps)}
+        for slo in SLOS
+    ]
+
+
+def headline(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for slo in SLOS:
+        at = {r["system"]: r["goodput_at_knee_rps"] for r in rows if r["slo"] == slo.name}
+        z, s = at.get("zipkv"), at.get("sglang_gateway")
+        out[slo.name] = {
+            "zipkv_goodput_at_knee_rps": z,
+            "sglang_gateway_goodput_at_knee_rps": s,
+            "zipkv_over_sglang_gateway": round(z / s, 3) if z and s else None,
+        }
+    return out
+
+
+def build(in_dir: Path, device: str, command: str) -> dict[str, Any]:
+    rows: list[dict[str, object]] = []
+    flight: dict[str, dict[str, list[int]]] = {}
+    systems: dict[str, Any] = {}
+    client = None
+    workload = None
+    for path in sorted(in_dir.glob("*/rate_*.json")):
+        rec = json.loads(path.read_text())
+        rows += rows_for(rec)
+        flight.setdefault(rec["system"], {})[f"{rec['rate_rps']:g}"] = in_flight(rec["requests"])
+        client, workload = rec["client"], rec["workload"]
+    for path in sorted(in_dir.glob("*/system.json")):
+        rec = json.loads(path.read_text())
+        systems[rec["system"]] = {
+            k: rec.get(k) for k in ("note", "startup_s", "options", "sweep_rc", "wall_s")
+        }
+    if not rows:
+        raise SystemExit(
+            f"no rate records under {in_dir} (expected SYSTEM/rate_R.json from serving_sweep.py)"
+        )
+    keyed = with_knees(rows, ("system", "slo"))
+    keyed.sort(key=lambda r: (str(r["system"]), str(r["slo"]), float(r["rate_rps"])))  # type: ignore[arg-type]
+    return {
+        "device": device,
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "command": command,
+        "client": client,
+        "workload": workload,
+        "slos": [{"name": s.name, "ttft_s": s.ttft_s, "mean_itl_ms": s.mean_itl_ms} for s in SLOS],
+        "systems": systems,
+        "headline": headline(keyed),  # type: ignore[arg-type]
+        "rows": keyed,
+        "in_flight_per_s": flight,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python bench/serving_goodput.py", description=__doc__.split("\n")[0])
+    p.add_argument("--in", dest="in_dir", type=Path, required=True, help="serving_sweep.py's --out-dir")
+    p.add_argument("--device", required=True)
+    p.add_argument("--command", required=True)
+    p.add_argument("--out", type=Path, default=RESULTS / "serving_goodput.json")
+    p.add_argument("--plot", type=Path, default=None, help="default: the --out path with .png")
+    args = p.parse_args(argv)
+    report = build(args.in_dir, args.device, args.command)
+    args.out.write_text(json.dumps(report, indent=1) + "\n")
+    from serving_plots import plot_serving
+
+    plot = args.plot or args.out.with_suffix(".png")
+    plot_serving(report["rows"], plot, f"Serving under SLO, Mooncake trace ({args.device})")
+    for r in report["rows"]:
+        print(
+            json.dumps(
+                {k: r[k] for k in ("system", "slo", "rate_rps", "goodput_rps", "attainment", "knee_rps")}
+            )
+        )
+    print(json.dumps(report["headline"]))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

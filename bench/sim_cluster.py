@@ -1,0 +1,121 @@
+"""One simulated run: a pool of workers, one placement policy, the trace at one rate (SimPy).
+
+`simulate` replays the arrivals, asks the policy for a worker per request (or sheds it), runs every worker's
+engine (sim_worker.py) until the last request is done and returns one `Outcome` per request with the
+inter-token gaps: the inputs of serving_metrics.rate_row, as a GPU run's bench_serving records are.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import simpy
+from serving_metrics import Outcome, Slo
+from sim_policies import BASELINES, Policy
+from sim_worker import GapHistogram, SimRequest, SimWorker, WorkerSpec
+from sim_zipkv_router import ZipkvRouter
+from trace_workload import TraceRequest
+
+from zipkv.controlplane.config import PlacementConfig
+
+
+@dataclass(frozen=True, slots=True)
+class SimResult:
+    outcomes: list[Outcome]
+    gap_ms: list[float]
+    gap_weights: list[float]
+    duration_s: float  # first arrival to last completion
+    peak_running: int  # over the pool
+    per_worker_requests: list[int]
+
+
+def outcome(r: SimRequest) -> Outcome:
+    if r.shed or math.isnan(r.done_s):
+        return Outcome(ok=False, shed=r.shed)
+    out = r.tr.output_tokens
+    itl_ms = 0.0 if out <= 1 else 1000.0 * (r.done_s - r.first_token_s) / (out - 1)
+    return Outcome(ok=True, ttft_s=r.first_token_s - r.arrival_s, mean_itl_ms=itl_ms, output_tokens=out)
+
+
+def make_policy(
+    name: str,
+    env: Any,
+    workers: list[SimWorker],
+    slo: Slo,
+    prefill_ms_per_token: float,
+    decode_ms_per_gib: float | None = None,
+) -> Policy:
+    if name == "zipkv":
+        cfg = (
+            PlacementConfig()
+            if decode_ms_per_gib is None
+            else PlacementConfig(decode_ms_per_gib=decode_ms_per_gib)
+        )
+        return ZipkvRouter(env, workers, slo, prefill_ms_per_token, cfg)
+    if name not in BASELINES:
+        raise ValueError(f"unknown policy {name!r}: one of zipkv, {', '.join(BASELINES)}")
+    return BASELINES[name](workers)
+
+
+def simulate(
+    pool: list[WorkerSpec],
+    policy_name: str,
+    requests: list[TraceRequest],
+    arrivals_s: list[float],
+    slo: Slo,
+    prefill_ms_per_token: float,
+    progress: Callable[[str], None] | None = None,
+    decode_ms_per_gib: float | None = None,
+) -> SimResult:
+    env = simpy.Environment()
+    gaps = GapHistogram()
+    sims = [SimRequest(i, tr, t) for i, (tr, t) in enumerate(zip(requests, arrivals_s, strict=True))]
+    left = [len(sims)]
+    all_done = env.event()
+    policy_box: list[Policy] = []
+
+    def first_token(r: SimRequest) -> None:
+        policy_box[0].first_token(r)
+
+    def done(r: SimRequest) -> None:
+        policy_box[0].done(r)
+        left[0] -= 1
+        if left[0] == 0:
+            all_done.succeed()
+
+    workers = [SimWorker(env, i, spec, first_token, done, gaps) for i, spec in enumerate(pool)]
+    policy_box.append(make_policy(policy_name, env, workers, slo, prefill_ms_per_token, decode_ms_per_gib))
+    counts = [0] * len(workers)
+    peak = [0]
+
+    def arrivals() -> Any:
+        for k, r in enumerate(sims):
+            if r.arrival_s > env.now:
+                yield env.timeout(r.arrival_s - env.now)
+            i = policy_box[0].choose(r, env.now)
+            if i is None:
+                r.shed = True
+                done(r)
+            else:
+                counts[i] += 1
+                workers[i].submit(r)
+            if k % 64 == 0:
+                peak[0] = max(peak[0], sum(w.running for w in workers))
+                if progress and k % 4096 == 0:
+                    progress(f"{policy_name}: {k}/{len(sims)} requests placed at t={env.now:.0f} s")
+
+    env.process(arrivals())
+    env.run(until=all_done)
+    values, weights = gaps.values_weights()
+    end = max((r.done_s for r in sims if not math.isnan(r.done_s)), default=0.0)
+    return SimResult(
+        outcomes=[outcome(r) for r in sims],
+        gap_ms=values,
+        gap_weights=weights,
+        duration_s=end - sims[0].arrival_s,
+        peak_running=peak[0],
+        per_worker_requests=counts,
+    )

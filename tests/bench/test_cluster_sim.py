@@ -1,0 +1,156 @@
+"""The cluster simulation's parts: KV memory with a prefix cache, the fitted step model against the H200 runs,
+the policies' arithmetic, and a whole run through the router's own placement code."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import sys
+from pathlib import Path
+
+import pytest
+import simpy
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+
+from serving_metrics import SLOS
+from sim_calibrate import calibrated_models, replay_table, spec_for
+from sim_cluster import simulate
+from sim_kv_cache import KvCache
+from sim_policies import KvQueueCap, LeastLoad, RoundRobin, raw_utilisation
+from sim_worker import GapHistogram, SimRequest, SimWorker
+from sim_zipkv_router import run_now
+from step_model import decode_points, fit_decode
+from trace_workload import TraceRequest, arrivals_s, load_trace
+
+
+def tr(i: int, inp: int, out: int, blocks: tuple[int, ...]) -> TraceRequest:
+    return TraceRequest(i, 0.0, inp, out, blocks, False)
+
+
+def test_shared_prefixes_are_held_once_and_reused() -> None:
+    kv = KvCache(4000)
+    a, b = tr(0, 1100, 100, (1, 2, 3)), tr(1, 1536, 100, (1, 2, 4))
+    assert kv.admit(a) == 1100 and kv.used_tokens == 1100 + 100
+    assert kv.need_tokens(b) == 512 + 100  # blocks 1 and 2 are pinned by a: only block 4 and the output
+    assert kv.admit(b) == 1536 - 1024  # the cached prefix is not prefilled again
+    assert kv.pinned_tokens == 512 * 2 + 76 + 512
+    kv.release(a)
+    assert kv.pinned_tokens == 512 * 3 and kv.cached_tokens == 76 and kv.free_tokens == 4000 - 1536 - 100
+    kv.release(b)
+    assert kv.used_tokens == 0 and kv.free_tokens == 4000
+    # Everything is cached now; a request sharing block 1 reuses it.
+    assert kv.cached_prefix(tr(2, 700, 1, (1, 9))) == (1, 512)
+
+
+def test_eviction_drops_the_least_recent_leaves_first() -> None:
+    kv = KvCache(2048)
+    kv.admit(old := tr(0, 1024, 1, (1, 2)))
+    kv.release(old)
+    kv.admit(new := tr(1, 1024, 1, (3, 4)))
+    kv.release(new)
+    kv.admit(tr(2, 1023, 1, (5, 6)))  # 1023 + 1 pinned: the oldest blocks, leaf (2) first, go
+    assert kv.cached_prefix(tr(3, 1024, 1, (3, 4))) == (2, 1024)
+    assert kv.cached_prefix(tr(4, 1024, 1, (1, 2))) == (0, 0)
+    assert kv.used_tokens + kv.cached_tokens <= kv.capacity_tokens
+
+
+def test_the_decode_fit_is_close_to_every_measurement() -> None:
+    models, table = fit_decode(decode_points())
+    assert len(table) == 7
+    for row in table:  # within 6% of each measured step (the largest is 5.3%), out of sample within 10%
+        assert abs(row["residual_ms"]) <= 0.06 * row["measured_ms"], row
+        assert abs(row["leave_one_out_ms"] - row["measured_ms"]) <= 0.10 * row["measured_ms"], row
+    assert 3.0 < models["sglang"].fixed_ms < 7.0  # ~16 GB of weights at ~4 TB/s
+
+
+def test_the_simulated_worker_replays_the_measured_runs() -> None:
+    models, _ = calibrated_models()
+    rows = replay_table(models)
+    assert {r["system"] for r in rows} == {"sglang", "zipkv_uncompressed", "zipkv"}
+    for r in rows:
+        if r["workload"] == "offline_8192x256":  # fitted on its mean TTFT; the rest is predicted
+            assert abs(r["wall_s"]["error"]) < 0.03 and abs(r["ttft_s_max"]["error"]) < 0.03, r
+            assert abs(r["max_running_requests"]["error"]) <= 1 / 45, r  # 45 (58 for zipkv, 59 simulated)
+        else:
+            assert abs(r["wall_s"]["error"]) < 0.06, r
+
+
+def _workers(n: int, budget: int = 10_000) -> tuple[simpy.Environment, list[SimWorker]]:
+    models, _ = fit_decode(decode_points())
+    env = simpy.Environment()
+    spec = spec_for("sglang", models["sglang"])
+    small = type(spec)(
+        **{**{f: getattr(spec, f) for f in spec.__dataclass_fields__}, "budget_tokens": budget}
+    )
+    ws = [SimWorker(env, i, small, lambda r: None, lambda r: None, GapHistogram()) for i in range(n)]
+    return env, ws
+
+
+def test_least_load_and_the_saturation_filter_follow_their_formulas() -> None:
+    env, ws = _workers(2)
+    ws[0].submit(SimRequest(0, tr(0, 8000, 200, tuple(range(16))), 0.0))
+    env.run(until=1e-6)  # the worker admits it and starts its prefill
+    # raw k = (8000 + 200) / (10000 * 45/46) = .838; pending = the 8000 prompt tokens still prefilling.
+    k = 8200 / (10_000 * 45 / 46)
+    assert raw_utilisation(ws[0]) == pytest.approx(k)
+    expect = 8000 / ws[0].tokens_per_s + 0.15 * k / (1 - k)
+    assert LeastLoad(ws).score_s(ws[0]) == pytest.approx(expect)
+    new = SimRequest(1, tr(1, 100, 10, (99,)), 0.0)
+    assert LeastLoad(ws).choose(new, 0.0) == 1  # the idle worker scores 0
+    assert KvQueueCap(ws).choose(new, 0.0) == 1  # worker 0 is over k = 0.8
+    ws[1].submit(SimRequest(2, tr(2, 8000, 200, tuple(range(100, 116))), 0.0))
+    env.run(until=2e-6)
+    assert KvQueueCap(ws).choose(new, 0.0) is None  # both saturated: shed
+    rr = RoundRobin(ws)
+    assert [rr.choose(new, 0.0) for _ in range(3)] == [0, 1, 0]
+
+
+def test_a_run_through_the_routers_placement_accounts_for_every_request() -> None:
+    models, _ = calibrated_models()
+    reqs = load_trace(limit=80)
+    pool = [spec_for("zipkv", models["zipkv"])] * 2
+    res = simulate(pool, "zipkv", reqs, arrivals_s(reqs, 2.0), SLOS[0], 0.03)
+    assert len(res.outcomes) == 80 and sum(res.per_worker_requests) + sum(o.shed for o in res.outcomes) == 80
+    assert all(o.ok for o in res.outcomes if not o.shed)
+    assert all(o.ttft_s > 0 and math.isfinite(o.mean_itl_ms) for o in res.outcomes if o.ok)
+    assert sum(res.gap_weights) > 0 and min(res.gap_ms) > 0
+
+
+def test_run_now_refuses_a_coroutine_that_suspends() -> None:
+    async def waits() -> int:
+        await asyncio.sleep(0)
+        return 1
+
+    async def returns() -> int:
+        return 2
+
+    assert run_now(returns()) == 2
+    with pytest.raises(RuntimeError, match="suspended"):
+        run_now(waits())
+
+
+def test_the_validation_compares_like_with_like() -> None:
+    # A "measured" file whose rows are the simulation's own predictions: every error must come out 0, so a
+    # mismatch between what the GPU sweep ran and what the validation replays would show here.
+    from sim_validation import QUANTITIES, _predicted, compare
+
+    models, _ = calibrated_models()
+    measured: dict[str, object] = {
+        "date": "test",
+        "workload": {"max_context_tokens": 131072, "requests": 20, "offset": 10},
+        "systems": {
+            "sglang_gateway": {"options": {"max_running": 64, "sglang_args": {"chunked_prefill_size": 8192}}}
+        },
+        "rows": [],
+    }
+    rows = []
+    for rate in (0.5, 1.0):
+        p = _predicted("sglang_gateway", rate, measured, models)
+        rows.append(
+            {"system": "sglang_gateway", "slo": "strict", "rate_rps": rate, **{q: p[q] for q in QUANTITIES}}
+        )
+    measured["rows"] = rows
+    report = compare(measured)
+    assert report["within"] == "8/8"
+    assert all(r[q]["error"] == 0.0 for r in report["rows"] for q in QUANTITIES)

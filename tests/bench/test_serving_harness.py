@@ -1,0 +1,70 @@
+"""The GPU serving sweep's harness, off the GPU: the id tokenizer on both sides, SGLang's server flags
+against SGLang 0.5.17's own ServerArgs, and the arguments the client takes from bench_serving's parser."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+from zipkv.controlplane.tokenizer import HFTokenizer, IncrementalDetokenizer
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+
+from id_tokenizer import build
+from serving_systems import sglang_server_cmd
+
+ROOT = Path(__file__).resolve().parents[2]
+
+SGLANG_SRC = Path(os.environ.get("ZIPKV_SGLANG_SRC", ROOT / ".cache" / "sglang-0.5.17"))
+
+
+def _script_sglang_args() -> dict[str, object]:
+    text = (ROOT / "bench" / "run_serving_gpu.sh").read_text()
+    m = re.search(r"SGLANG_ARGS=\$\{SGLANG_ARGS:-'(\{.*?\})'\}", text)
+    assert m, "run_serving_gpu.sh no longer sets its default SGLANG_ARGS"
+    return dict(json.loads(m.group(1)))
+
+
+def test_every_generated_token_renders_as_one_word(tmp_path: Path) -> None:
+    tok = HFTokenizer(build(259, tmp_path / "tok"))
+    assert tok.vocab_size == 259 and tok.eos_token_id is None  # no special ids: EOS never ends a stream
+    detok = IncrementalDetokenizer(tok)
+    assert [detok.push([i]) for i in (0, 256, 257, 258, 7)] == ["t0", " t256", " t257", " t258", " t7"]
+
+
+def test_sglang_server_flags_are_sglang_0_5_17_server_args(tmp_path: Path) -> None:
+    source = SGLANG_SRC / "sglang" / "srt" / "server_args.py"
+    if not source.is_file():
+        pytest.skip(f"no SGLang 0.5.17 source at {SGLANG_SRC} (scripts/setup.sh unzips it)")
+    fields = set(re.findall(r"^    (\w+): ", source.read_text(), flags=re.M))
+    opts = {"model": "m", "tokenizer": "t", "budget_tokens": 388608, "max_running": 64,
+            "sglang_args": _script_sglang_args()}  # fmt: skip
+    cmd = sglang_server_cmd(opts, 30000)
+    flags = [a[2:].replace("-", "_") for a in cmd if a.startswith("--")]
+    assert "disable_radix_cache" not in flags  # false: the radix cache stays on
+    assert {"chunked_prefill_size", "cuda_graph_max_bs_decode", "max_total_tokens", "load_format"} <= set(
+        flags
+    )
+    unknown = [f for f in flags if f not in fields]
+    assert not unknown, f"not SGLang 0.5.17 server arguments: {unknown}"
+    assert cmd[cmd.index("--max-total-tokens") + 1] == "388608"
+
+
+def test_the_client_takes_bench_servings_own_arguments(tmp_path: Path) -> None:
+    if not (SGLANG_SRC / "sglang" / "benchmark" / "serving.py").is_file():
+        pytest.skip(f"no SGLang 0.5.17 source at {SGLANG_SRC}")
+    sys.path.insert(0, str(SGLANG_SRC))
+    try:
+        from serving_client import bench_args, import_bench_serving
+
+        serving, _ = import_bench_serving()
+        args = bench_args(serving, "http://127.0.0.1:1", "llama", str(tmp_path), tmp_path / "x.jsonl")
+    finally:
+        sys.path.remove(str(SGLANG_SRC))
+    assert (args.backend, args.warmup_requests, args.temperature) == ("sglang-oai", 0, 0.0)
+    assert args.disable_ignore_eos is False and args.disable_stream is False  # ignore_eos on, streamed
