@@ -103,6 +103,18 @@ def opcode_counts(sass: str) -> dict[str, int]:
     return dict(sorted(counts.items(), key=lambda kv: -kv[1]))
 
 
+def loop_local_accesses(sass: str) -> int:
+    """LDL/STL (spills) inside the main loop: between the target of the last backward branch and it. A
+    spill outside the loop (a value kept across it) costs two accesses per program, not per tile."""
+    insts = [(int(a, 16), txt) for a, txt in re.findall(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);", sass)]
+    loop = (0, -1)
+    for addr, txt in insts:
+        m = re.search(r"BRA (?:`?\(?)?0x([0-9a-f]+)", txt)
+        if m and int(m.group(1), 16) < addr:
+            loop = (int(m.group(1), 16), addr)
+    return sum(1 for addr, txt in insts if loop[0] <= addr <= loop[1] and re.search(r"\b(LDL|STL)", txt))
+
+
 def report(head_dim: int, pages: int, stages: int, compressed: bool = True) -> dict[str, object]:
     kernel = compile_hopper(head_dim, pages, stages, compressed=compressed)
     sass = sass_of(kernel.asm["cubin"])
@@ -115,6 +127,7 @@ def report(head_dim: int, pages: int, stages: int, compressed: bool = True) -> d
         "shared_bytes": kernel.metadata.shared,
         **usage(kernel.asm["cubin"]),
         "sass_instructions": sum(opcode_counts(sass).values()),
+        "loop_local_accesses": loop_local_accesses(sass),
         "sass_ops": opcode_counts(sass),
         "ptx_cp_async": len(re.findall(r"cp\.async\.c[ag]", ptx)),
         "ptx_ldmatrix": len(re.findall(r"ldmatrix", ptx)),

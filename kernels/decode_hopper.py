@@ -38,7 +38,7 @@ from triton.experimental.gluon.language.nvidia.ampere import async_copy
 
 from . import decode_hopper_layouts as views
 from .decode_hopper_restore import attend, tile_operands
-from .decode_hopper_ring import _PT, KIND_BITS, NUM_WARPS, issue_tile, tile_info
+from .decode_hopper_ring import _PT, KIND_BITS, NUM_WARPS, issue_tile, tile_ids, tile_info
 from .decode_merge import _merge_kernel
 from .decode_plan import DecodePlan
 from .layout import PAGE_TOKENS
@@ -130,15 +130,21 @@ def _decode_hopper_kernel(
         m_k = ttgl.allocate_shared_memory(ttgl.uint8, [STAGES, NP, D // 8], plain2)
         m_v = ttgl.allocate_shared_memory(ttgl.uint8, [STAGES, NP, D // 8], plain2)
 
-        # Tiles 0 .. STAGES-2 in flight before the loop; `kinds` packs each in-flight tile's read path.
+        # Tiles 0 .. STAGES-2 in flight before the loop; `kinds` packs each in-flight tile's read path. Page
+        # ids run two tiles ahead of the copies, the loads they steer one tile ahead.
         kinds = 0
         for s0 in ttgl.static_range(STAGES - 1):
             slot0 = (a_k.index(s0), b_k.index(s0), a_v.index(s0), b_v.index(s0), m_k.index(s0), m_v.index(s0))
-            info0 = tile_info(tables, first + s0 * N, H, D, NP)
-            kind0 = issue_tile(slot0, heap_ptr, tables, first + s0 * N, info0, H, D, NP, GATHER_ALL)
+            tok_s0 = first + s0 * N
+            info0 = tile_info(tables, tok_s0, tile_ids(tables, tok_s0, D, NP), H, D, NP)
+            kind0 = issue_tile(slot0, heap_ptr, tables, tok_s0, info0, H, D, NP, GATHER_ALL)
             kinds = kinds | (kind0 << (KIND_BITS * s0))
             async_copy.commit_group()
-        valid_n, loc_n, raw_n, mk_n, mv_n, pm_n = tile_info(tables, first + (STAGES - 1) * N, H, D, NP)
+        tok_n = first + (STAGES - 1) * N
+        valid_n, raw_n, loc_n, mk_n, mv_n, pm_n = tile_info(
+            tables, tok_n, tile_ids(tables, tok_n, D, NP), H, D, NP
+        )
+        ide_n, idp_n, idm_n = tile_ids(tables, tok_n + N, D, NP)
 
         m_i = ttgl.full([_M], float("-inf"), ttgl.float32, layout=row_l)
         l_acc = ttgl.zeros([_M, N], ttgl.float32, layout=mma)
@@ -158,11 +164,15 @@ def _decode_hopper_kernel(
                 m_k.index(sl),
                 m_v.index(sl),
             )
-            info_n = (valid_n, loc_n, raw_n, mk_n, mv_n, pm_n)
+            info_n = (valid_n, raw_n, loc_n, mk_n, mv_n, pm_n)
             kind_n = issue_tile(slot_n, heap_ptr, tables, first + nxt * N, info_n, H, D, NP, GATHER_ALL)
             kinds = kinds | (kind_n << (KIND_BITS * (STAGES - 1)))
             async_copy.commit_group()
-            valid_n, loc_n, raw_n, mk_n, mv_n, pm_n = tile_info(tables, first + (nxt + 1) * N, H, D, NP)
+            tok_n = first + (nxt + 1) * N
+            valid_n, raw_n, loc_n, mk_n, mv_n, pm_n = tile_info(
+                tables, tok_n, (ide_n, idp_n, idm_n), H, D, NP
+            )
+            ide_n, idp_n, idm_n = tile_ids(tables, tok_n + N, D, NP)
 
             cs = i % STAGES
             tok0 = first + i * N

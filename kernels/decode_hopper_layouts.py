@@ -29,10 +29,17 @@ def log2(x: int) -> int:
 
 
 def swizzle_chunk(token: int, head_dim: int) -> int:
-    """XOR applied to the 16-byte chunk index of row ``token`` of a [16][D/2] u16 plane."""
+    """XOR applied to the 16-byte chunk index of row ``token`` of a [16][D/2] u16 plane.
+
+    Any 8 consecutive rows get distinct values (ldmatrix reads 8 rows). With rows of 128 bytes or more,
+    rows t and t + 8 also differ in bit 1: the pre-pass stores rows t, t+4, t+8, t+12 of four blocks in
+    one instruction, which then fall on disjoint banks."""
     chunks = head_dim // 16  # 16-byte chunks per row (D bytes)
     rows_per_line = max(1, 8 // chunks)  # rows sharing one 128-byte line of banks
-    return (token // rows_per_line) % min(chunks, 8)
+    swz = (token // rows_per_line) % min(chunks, 8)
+    if chunks >= 8:
+        swz ^= (token // 8) % 2 * 2
+    return swz
 
 
 def lo_offset(page: int, token: int, pair: int, head_dim: int) -> int:

@@ -16,19 +16,23 @@ from __future__ import annotations
 from triton.experimental import gluon
 from triton.experimental.gluon import language as ttgl
 from triton.experimental.gluon.language.nvidia.ampere import mma_v2
+from triton.runtime.jit import constexpr_function
 
-from .decode_hopper_ring import _NW, _PT, CODED, GATHER, PATCHED, RAW
+from .decode_hopper_ring import _NW, _PT, CODED, GATHER, NUM_WARPS, RAW
 
-# $0,$1: bf16 pairs of channels p (elements 0,1 / 2,3); $2,$3: of channels p + D/2; $4,$5: lo-plane
-# elements (lo(p) | lo(p + D/2) << 8) 0,1 / 2,3; $6,$7: high-byte-pair elements, same order.
+# $0: the bf16 pair of channels p (elements 0, 1), $1: of channels p + D/2, from $2 (A's elements 0, 1) and
+# $3 (B's) by the selectors $4 and $6. Coded tiles: A holds lo-plane pairs (lo(p) | lo(p + D/2) << 8), B
+# high-byte pairs, and the selectors interleave them; raw tiles: A and B hold the bf16 of channels p and
+# p + D/2 and the selectors copy them. One path for both, so the operands never merge from two branches
+# (the compiler would unpack and repack every 16-bit half).
 _INTERLEAVE = ttgl.constexpr("""
 {
-prmt.b32 $0, $4, $6, 0x6240;
-prmt.b32 $1, $5, $7, 0x6240;
-prmt.b32 $2, $4, $6, 0x7351;
-prmt.b32 $3, $5, $7, 0x7351;
+prmt.b32 $0, $2, $3, $4;
+prmt.b32 $1, $2, $3, $6;
 }
 """)
+CODED_SEL = ttgl.constexpr((0x6240, 0x7351))
+RAW_SEL = ttgl.constexpr((0x3210, 0x7654))
 # $0, $1: high-byte pairs of pairs (j0, j1) and (j2, j3) of a block from its code word's bytes $2 (channels
 # p) and $3 (channels p + D/2).
 _PAIR_BYTES = ttgl.constexpr("""
@@ -39,15 +43,25 @@ prmt.b32 $1, $2, $3, 0x7362;
 """)
 
 
+@constexpr_function
+def prepass_layout(D, NP):  # type: ignore[no-untyped-def]
+    """[NP, D/8 blocks, 16 tokens, 2 words]: four tokens per thread, lanes along tokens then blocks, so a
+    load of code words reads two whole blocks per 8 lanes and a store of high-byte pairs writes rows
+    t, t+4, t+8, t+12 of four blocks, on disjoint banks under the lo plane's swizzle."""
+    del D
+    wp = min(NP, NUM_WARPS)
+    return ttgl.BlockedLayout([1, 1, 4, 2], [1, 8, 4, 1], [wp, NUM_WARPS // wp, 1, 1], [3, 2, 1, 0])
+
+
 @gluon.jit
-def _interleave(lo, hi):
+def _interleave(lo, hi, sel_a, sel_b):
     return ttgl.inline_asm_elementwise(
         _INTERLEAVE,
-        "=r,=r,=r,=r,r,r,r,r",
-        [lo, hi],
+        "=r,=r,r,r,r,r,r,r",
+        [lo, hi, sel_a, sel_b],
         dtype=(ttgl.bfloat16, ttgl.bfloat16),
         is_pure=True,
-        pack=4,
+        pack=2,
     )
 
 
@@ -95,17 +109,13 @@ def _store_hi_pairs(b_buf, hi_a, hi_b, HW: ttgl.constexpr, D: ttgl.constexpr, NP
 
 
 @gluon.jit
-def _coded_operands(a_buf, b_buf, view: ttgl.constexpr, shape: ttgl.constexpr, op_l: ttgl.constexpr):
+def _operands(a_buf, b_buf, sel, view: ttgl.constexpr, shape: ttgl.constexpr, op_l: ttgl.constexpr):
+    """(channels < D/2, channels >= D/2) bf16 operands from A and B (``sel``: CODED_SEL or RAW_SEL's values)."""
     lo = a_buf._reinterpret(ttgl.uint16, shape, view).load(op_l)
     hi = b_buf._reinterpret(ttgl.uint16, shape, view).load(op_l)
-    return _interleave(lo, hi)
-
-
-@gluon.jit
-def _raw_operands(a_buf, b_buf, view: ttgl.constexpr, shape: ttgl.constexpr, op_l: ttgl.constexpr):
-    x_a = a_buf._reinterpret(ttgl.bfloat16, shape, view).load(op_l)
-    x_b = b_buf._reinterpret(ttgl.bfloat16, shape, view).load(op_l)
-    return x_a, x_b
+    sel_a = ttgl.full(shape, sel[0], ttgl.uint32, layout=op_l)
+    sel_b = ttgl.full(shape, sel[1], ttgl.uint32, layout=op_l)
+    return _interleave(lo, hi, sel_a, sel_b)
 
 
 @gluon.jit
@@ -210,27 +220,20 @@ def tile_operands(kind, slot, glob, tables, tok0, OP_K: ttgl.constexpr, OP_V: tt
     head = tables[5]
     N: ttgl.constexpr = NP * _PT
     HALF: ttgl.constexpr = D // 2
-    wp: ttgl.constexpr = NP if NP < _NW else _NW
     mma: ttgl.constexpr = ttgl.NVMMADistributedLayout(
         version=[2, 0], warps_per_cta=[1, _NW], instr_shape=[16, 8]
     )
     b_l: ttgl.constexpr = ttgl.DotOperandLayout(operand_index=1, parent=mma, k_width=2)
-    pre_l: ttgl.constexpr = ttgl.BlockedLayout(
-        [1, 1, 4, 2], [1, 8, 4, 1], [wp, _NW // wp, 1, 1], [3, 2, 1, 0]
-    )
+    pre_l: ttgl.constexpr = prepass_layout(D, NP)
     st_l: ttgl.constexpr = ttgl.BlockedLayout([1, 4], [4, 8], [_NW, 1], [1, 0])  # one page-head [16, D/2]
     if kind == GATHER:  # a partial or mixed tile: nothing was copied; stage it from global memory
         _stage_tile(a_k, b_k, glob, tables, tok0, head, st_l, PG1, H, D, NP)
         _stage_tile(a_v, b_v, glob, tables, tok0, H + head, st_l, PG1, H, D, NP)
         ttgl.thread_barrier()
-    if kind == CODED:
-        _prepass(b_k, m_k, b_v, m_v, pre_l, CW, HW, D, NP, False)
-    if kind == PATCHED:
+    if kind == CODED:  # raw blocks (a sixth of tiles hold none, on real KV) keep their code slot and patch
         _prepass(b_k, m_k, b_v, m_v, pre_l, CW, HW, D, NP, True)
-    if kind == RAW:
-        ka, kb = _raw_operands(a_k, b_k, OP_K, [HALF, N], b_l)
-        va, vb = _raw_operands(a_v, b_v, OP_V, [N, HALF], b_l)
-    else:
-        ka, kb = _coded_operands(a_k, b_k, OP_K, [HALF, N], b_l)
-        va, vb = _coded_operands(a_v, b_v, OP_V, [N, HALF], b_l)
+    raw = kind == RAW
+    sel = (ttgl.where(raw, RAW_SEL[0], CODED_SEL[0]), ttgl.where(raw, RAW_SEL[1], CODED_SEL[1]))
+    ka, kb = _operands(a_k, b_k, sel, OP_K, [HALF, N], b_l)
+    va, vb = _operands(a_v, b_v, sel, OP_V, [N, HALF], b_l)
     return ka, kb, va, vb
