@@ -110,7 +110,7 @@ def _store_hi_pairs(b_buf, hi_a, hi_b, HW: ttgl.constexpr, D: ttgl.constexpr, NP
 
 @gluon.jit
 def _operands(a_buf, b_buf, sel, view: ttgl.constexpr, shape: ttgl.constexpr, op_l: ttgl.constexpr):
-    """(channels < D/2, channels >= D/2) bf16 operands from A and B (``sel``: CODED_SEL or RAW_SEL's values)."""
+    """(channels < D/2, channels >= D/2) bf16 operands from A and B (``sel``: CODED_SEL's or RAW_SEL's)."""
     lo = a_buf._reinterpret(ttgl.uint16, shape, view).load(op_l)
     hi = b_buf._reinterpret(ttgl.uint16, shape, view).load(op_l)
     sel_a = ttgl.full(shape, sel[0], ttgl.uint32, layout=op_l)

@@ -96,7 +96,7 @@ def _copy_b(dst, page_ptr, ph, marks, cp_l: ttgl.constexpr, H: ttgl.constexpr, D
 
 @gluon.jit
 def _copy_raw(a_dst, b_dst, page_ptr, ph, cp_l: ttgl.constexpr, D: ttgl.constexpr):
-    """A, B [NP, D chunks, 16 B] <- a raw page-head's channels < D/2 and >= D/2, swizzled like the lo plane."""
+    """A, B [NP, D chunks, 16 B] <- a raw page-head's channels < D/2 and >= D/2, swizzled as the lo plane."""
     c, b = _chunks(D, cp_l)
     t = c // (D // 16)
     off = ph * (32 * D) + t * (2 * D) + ((c % (D // 16)) ^ _swz(t, D)) * 16
