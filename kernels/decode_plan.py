@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -47,10 +48,14 @@ PREFETCH: dict[int, bool] = {64: False, 128: False, 256: False}
 # becomes the default: ``block_n:warps:stages:twin_stages:ctas_per_sm:prefetch`` (the bench's --configs).
 KERNEL_CONFIG_ENV = "ZIPKV_DECODE_KERNEL"
 # Which kernel a plan runs: "portable" (the plain-Triton kernel, decode_attention.py: any GPU and the
-# interpreter) or "hopper" (the Gluon kernel for sm_90 over page format v3, decode_hopper.py). The Hopper
-# kernel is opt-in until it is faster than the portable one (docs/benchmarks.md has both).
+# interpreter), "hopper" (the Gluon kernel for sm_90 over page format v3, decode_hopper.py), or "auto" (the
+# default): the Hopper kernel where it can run (v3 pages on an sm_90 GPU, where it is the faster one,
+# docs/benchmarks.md), the portable one elsewhere.
 DECODE_IMPL_ENV = "ZIPKV_DECODE_IMPL"
-DECODE_IMPLS = ("portable", "hopper")
+DECODE_IMPLS = ("auto", "portable", "hopper")
+# The page format a serving pool writes (2 or 3); by default v3 on sm_90, where the Hopper kernel reads it,
+# and layout.FORMAT_VERSION elsewhere (the portable kernel reads v2 faster than v3).
+PAGE_FORMAT_ENV = "ZIPKV_PAGE_FORMAT"
 # The Hopper kernel's shape, measured on the H200: 64-token tiles, 4 warps, a 2-stage ring; its registers
 # (~210) and shared memory (68 KB) leave two programs per SM.
 HOPPER_CONFIG: tuple[int, int, int, int, int, bool] = (64, 4, 2, 2, 2, False)
@@ -190,17 +195,37 @@ def plan_decode(
     )
 
 
+def is_sm90(device: torch.device) -> bool:
+    return device.type == "cuda" and torch.cuda.get_device_capability(device) == (9, 0)
+
+
+def serving_format_version(device: torch.device, env: Mapping[str, str] | None = None) -> int:
+    """The page format a serving pool on ``device`` writes (``$ZIPKV_PAGE_FORMAT``, see above)."""
+    from .layout import FORMAT_VERSION
+
+    env = os.environ if env is None else env
+    asked = env.get(PAGE_FORMAT_ENV, "")
+    if asked:
+        if asked not in ("2", "3"):
+            raise ValueError(f"{PAGE_FORMAT_ENV}={asked!r}: choose 2 or 3 (docs/format.md)")
+        return int(asked)
+    return 3 if is_sm90(device) else FORMAT_VERSION
+
+
 def decode_impl(impl: str | None, fmt: PageFormat, device: torch.device) -> str:
     """The kernel a plan runs, checked: ValueError saying what to change when it cannot run here."""
-    impl = impl or os.environ.get(DECODE_IMPL_ENV, "") or "portable"
+    impl = impl or os.environ.get(DECODE_IMPL_ENV, "") or "auto"
     if impl not in DECODE_IMPLS:
         raise ValueError(f"{DECODE_IMPL_ENV}={impl!r}: choose one of {', '.join(DECODE_IMPLS)}")
+    if impl == "auto":
+        return "hopper" if fmt.version >= 3 and is_sm90(device) else "portable"
     if impl == "hopper":
         if fmt.version < 3:
             raise ValueError(
                 f"the hopper decode kernel reads page format v3; this pool stores v{fmt.version}"
+                f" (set {PAGE_FORMAT_ENV}=3)"
             )
-        if device.type != "cuda" or torch.cuda.get_device_capability(device) != (9, 0):
+        if not is_sm90(device):
             raise ValueError(
                 f"the hopper decode kernel needs an sm_90 GPU (H100/H200); the KV is on {device}"
             )

@@ -46,13 +46,17 @@ class RequestTimings:
     headroom_tokens: int = 0  # free KV tokens (under compression) when it was admitted (0 = not known)
 
 
-def decode_kernel_label(compression: bool, env: Mapping[str, str] | None = None) -> str:
-    """The fused decode kernel a plan runs (`$ZIPKV_DECODE_IMPL`: portable Triton or the Hopper kernel),
-    with its shape override (`$ZIPKV_DECODE_KERNEL`) when set; the twin when nothing is compressed."""
+def decode_kernel_label(
+    compression: bool, env: Mapping[str, str] | None = None, impl: str | None = None
+) -> str:
+    """The fused decode kernel a plan runs (``impl``, else `$ZIPKV_DECODE_IMPL`: portable Triton or the
+    Hopper kernel), with its shape override (`$ZIPKV_DECODE_KERNEL`) when set; the twin when nothing is
+    compressed."""
     from zipkv.kernels.decode_plan import DECODE_IMPL_ENV, KERNEL_CONFIG_ENV
 
     env = os.environ if env is None else env
-    label = "hopper_fused" if env.get(DECODE_IMPL_ENV) == "hopper" else "triton_fused"
+    impl = impl or env.get(DECODE_IMPL_ENV)
+    label = "hopper_fused" if impl == "hopper" else "triton_fused"
     if not compression:
         label += "_uncompressed_twin"
     return label + (f"[{env[KERNEL_CONFIG_ENV]}]" if env.get(KERNEL_CONFIG_ENV) else "")

@@ -149,7 +149,10 @@ class SGLangEngine:
         # The scheduler process publishes its pool's stats here for the replica's /metrics; it inherits
         # the board's name (and SGLang's trace level) from this process's environment when spawned.
         self._board = KVStatsBoard.create()
-        self._kernels = kernels_in_use(settings.compression)
+        import torch
+
+        device = "cuda" if torch.cuda.is_available() else "cpu"  # the scheduler's GPU is the parent's
+        self._kernels = kernels_in_use(settings.compression, device=device)
         # Built on a thread that outlives it (see owner_thread.py): never on a helper that returns, and not
         # inside a running loop (a Ray Serve constructor's), which sglang.Engine would adopt.
         self._owner = OwnerThread("zipkv-sglang-owner")

@@ -75,6 +75,7 @@ def _classes() -> dict[str, type]:
 
     from zipkv.allocator import PagePool
     from zipkv.allocator.device import default_encoder
+    from zipkv.kernels.decode_plan import serving_format_version
     from zipkv.kernels.layout import PageFormat
 
     from .encode_timer import TimedEncoder
@@ -97,7 +98,9 @@ def _classes() -> dict[str, type]:
             end_layer: int | None,
             compression: bool,
         ) -> None:
-            self.fmt = PageFormat(head_dim=head_dim, num_kv_heads=head_num)
+            # v3 on sm_90, where the Hopper decode kernel reads it (kernels/decode_plan.py)
+            version = serving_format_version(torch.device(device))
+            self.fmt = PageFormat(head_dim=head_dim, num_kv_heads=head_num, version=version)
             self.budget_bytes = budget_bytes_for_tokens(raw_tokens, self.fmt, layer_num)
             max_pages = virtual_pages_for_budget(self.budget_bytes, self.fmt, layer_num, compression)
             super().__init__(

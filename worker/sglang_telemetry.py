@@ -71,17 +71,26 @@ def scheduler_environ(variables: dict[str, str]) -> Iterator[None]:
                 os.environ[k] = v
 
 
-def kernels_in_use(compression: bool, env: Mapping[str, str] | None = None) -> KernelsInUse:
-    """The kernels the scheduler runs, from the same settings it reads (docs/sglang.md)."""
+def kernels_in_use(
+    compression: bool, env: Mapping[str, str] | None = None, device: str = "cpu"
+) -> KernelsInUse:
+    """The kernels the scheduler runs on ``device``, from the same settings it reads (docs/sglang.md)."""
+    import torch
+
+    from zipkv.kernels.decode_plan import DECODE_IMPL_ENV, decode_impl, serving_format_version
     from zipkv.kernels.extend_attention import EXTEND_KERNEL_ENV
-    from zipkv.kernels.layout import FORMAT_VERSION
+    from zipkv.kernels.layout import PageFormat
 
     env = os.environ if env is None else env
+    where = torch.device(device)
+    version = serving_format_version(where, env)
+    fmt = PageFormat(head_dim=128, num_kv_heads=8, version=version)  # the impl depends on the version only
+    impl = env.get(DECODE_IMPL_ENV) or decode_impl("auto", fmt, where)
     return KernelsInUse(
-        decode=decode_kernel_label(compression, env),
+        decode=decode_kernel_label(compression, env, impl),
         encode="triton" if compression else "none",
         extend=env.get(EXTEND_KERNEL_ENV, "restore"),
-        page_format=f"v{FORMAT_VERSION}",
+        page_format=f"v{version}",
     )
 
 

@@ -66,5 +66,25 @@ def test_the_hopper_kernel_is_chosen_only_where_it_runs(monkeypatch: pytest.Monk
     with pytest.raises(ValueError, match="v3"):
         plan_decode(ids, indptr, lens, PageFormat(head_dim=128, num_kv_heads=2), 8, impl="hopper")
     monkeypatch.setenv(DECODE_IMPL_ENV, "hoper")
-    with pytest.raises(ValueError, match="choose one of portable, hopper"):
+    with pytest.raises(ValueError, match="choose one of auto, portable, hopper"):
         plan_decode(ids, indptr, lens, v3, 8)
+
+
+def test_auto_picks_the_hopper_kernel_for_v3_pages_on_sm90_and_the_pool_writes_v3_there(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from zipkv.kernels import decode_plan as dp
+    from zipkv.kernels.layout import FORMAT_VERSION
+
+    cpu, gpu = torch.device("cpu"), torch.device("cuda")
+    v2, v3 = (PageFormat(head_dim=128, num_kv_heads=2, version=v) for v in (2, 3))
+    assert dp.decode_impl(None, v3, cpu) == "portable" and dp.serving_format_version(cpu, {}) == FORMAT_VERSION
+    monkeypatch.setattr(dp, "is_sm90", lambda device: device.type == "cuda")  # as on an H200
+    assert dp.decode_impl("auto", v3, gpu) == "hopper"
+    assert dp.decode_impl("auto", v2, gpu) == "portable"  # the Hopper kernel reads v3 only
+    assert dp.decode_impl("portable", v3, gpu) == "portable"  # asked for: honoured
+    assert dp.serving_format_version(gpu, {}) == 3
+    assert dp.serving_format_version(gpu, {dp.PAGE_FORMAT_ENV: "2"}) == 2
+    assert dp.serving_format_version(cpu, {dp.PAGE_FORMAT_ENV: "3"}) == 3
+    with pytest.raises(ValueError, match="choose 2 or 3"):
+        dp.serving_format_version(gpu, {dp.PAGE_FORMAT_ENV: "1"})
