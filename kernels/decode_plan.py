@@ -57,7 +57,7 @@ DECODE_IMPLS = ("auto", "portable", "hopper")
 # and layout.FORMAT_VERSION elsewhere (the portable kernel reads v2 faster than v3).
 PAGE_FORMAT_ENV = "ZIPKV_PAGE_FORMAT"
 # The Hopper kernel's shape, measured on the H200: 64-token tiles, 4 warps, a 2-stage ring; its registers
-# (~210) and shared memory (68 KB) leave two programs per SM.
+# (~225) and shared memory (68 KB) leave two programs per SM.
 HOPPER_CONFIG: tuple[int, int, int, int, int, bool] = (64, 4, 2, 2, 2, False)
 MAX_SPLITS = 128
 MIN_SPLIT_TILES = 2  # a split reads at least this many tiles, so its fixed cost stays small
