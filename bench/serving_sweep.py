@@ -23,6 +23,13 @@ from trace_workload import LLAMA3_CONTEXT_TOKENS, LLAMA3_PLAIN_VOCAB, arrivals_s
 WARMUP_SALT = 10_000
 
 
+def starts_in_time(elapsed_s: float, span_s: float, drain_s: float, deadline_s: float) -> bool:
+    """Whether a rate whose arrivals span `span_s` ends before `deadline_s` (0: no deadline): it starts at
+    `elapsed_s` and drains like the slowest rate so far (`drain_s`: its wall time past its arrivals).
+    Counting only the span started a rate the caller's timeout then killed midway, losing its record."""
+    return deadline_s <= 0 or elapsed_s + span_s + drain_s <= deadline_s
+
+
 def _parse(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python bench/serving_sweep.py", description=__doc__.split("\n")[0])
     p.add_argument("--system", required=True, help="zipkv | zipkv_uncompressed | sglang_gateway")
@@ -62,10 +69,15 @@ def main(argv: list[str] | None = None) -> int:
             f"{len(rows)} ok in {time.monotonic() - t0:.0f} s",
             flush=True,
         )
+    drain_s = 0.0
     for k, rate in enumerate(args.rates):
         expected_s = (len(reqs) - 1) / rate
-        if args.deadline_s and time.monotonic() - t0 + expected_s > args.deadline_s:
-            print(f"[serving_sweep {args.system}] skipping {rate} req/s: past --deadline-s", flush=True)
+        if not starts_in_time(time.monotonic() - t0, expected_s, drain_s, args.deadline_s):
+            print(
+                f"[serving_sweep {args.system}] skipping {rate} req/s: {expected_s:.0f} s of arrivals + "
+                f"{drain_s:.0f} s of drain would end past --deadline-s",
+                flush=True,
+            )
             continue
         rows = dataset_rows(serving, reqs, arrivals_s(reqs, rate), args.plain_vocab, salt=k + 1)
         started = time.monotonic()
@@ -83,6 +95,7 @@ def main(argv: list[str] | None = None) -> int:
             "requests": got["requests"],
         }
         (out / f"rate_{rate:g}.json").write_text(json.dumps(record) + "\n")
+        drain_s = max(drain_s, record["wall_s"] - expected_s)
         ok = sum(bool(r and r["ok"]) for r in got["requests"])
         print(
             f"[serving_sweep {args.system}] {rate:g} req/s: {ok}/{len(rows)} completed, {record['wall_s']} s",
