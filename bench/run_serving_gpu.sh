@@ -17,8 +17,9 @@
 # 48 from OFFSET 0: mean input 11.9k tokens, 15 s of trace), KV_BUDGET_MIB (48576 = 388,608 raw tokens of
 # Llama-3.1-8B, the e2e bench's budget, for every system), MAX_RUNNING (64), SGLANG_ARGS (JSON, the same for
 # every system), DEADLINE_S (560 per call, shared evenly by the call's systems), ENGINE=reference (the tiny
-# model on a CPU: the same path, for a dry run of the zipkv systems, RATES 0.5,1 and 8 REQUESTS unless set:
-# the CPU model steps at ~0.4 s; SGLang's server needs the GPU).
+# model on a CPU: the same path, for a dry run of the zipkv systems; unless set, RATES 0.5,1, 12 REQUESTS and
+# 600 s per system: the CPU model steps at ~0.4 s, a replica takes up to 3 min to start on a busy 2-core
+# machine, and the trace's first 10 share one timestamp, a rate needs two; SGLang's server needs the GPU).
 # Expected per call: SGLang up in ~40 s warm (~190 s of JIT cold, the first call), zipkv ~90 s; the sweep
 # ~5 min (arrivals span 47 / rate s per rate, plus the drain).
 set -u
@@ -27,7 +28,10 @@ OUT=${OUT:?set OUT to a folder for the records and logs}
 SYSTEMS=${SYSTEMS:?set SYSTEMS: zipkv, zipkv_uncompressed and/or sglang_gateway}
 ENGINE=${ENGINE:-sglang}
 step() { echo "[run_serving_gpu $(( $(date +%s) - T0 ))s] $*"; }
-if [ "$ENGINE" = reference ]; then RATES=${RATES:-0.5,1}; REQUESTS=${REQUESTS:-8}; fi
+IFS=',' read -ra LIST <<<"$SYSTEMS"
+if [ "$ENGINE" = reference ]; then  # no device call to fit: 600 s per system
+  RATES=${RATES:-0.5,1}; REQUESTS=${REQUESTS:-12}; DEADLINE_S=${DEADLINE_S:-$(( 600 * ${#LIST[@]} ))}
+fi
 RATES=${RATES:-0.5,1,2,3}; REQUESTS=${REQUESTS:-48}; DEADLINE_S=${DEADLINE_S:-560}
 PYPATH=""
 if [ "$ENGINE" = sglang ]; then
@@ -64,7 +68,6 @@ else
 fi
 export PYTHONPATH=${PYPATH}${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 RAY_USAGE_STATS_ENABLED=0 GRPC_VERBOSITY=ERROR
 RC=0
-IFS=',' read -ra LIST <<<"$SYSTEMS"
 K=0
 for SYSTEM in "${LIST[@]}"; do
   # This system's share of what is left: the rest split evenly over it and the systems after it.
