@@ -104,7 +104,13 @@ def run_job(job: dict[str, Any]) -> list[dict[str, object]]:
     for slo in slos:
         row = rate_row(res.outcomes, rate, res.duration_s, slo, res.gap_ms, res.gap_weights)
         rows.append(
-            {**head, **row, "per_worker_rps": job["per_worker_rps"], "peak_running": res.peak_running}
+            {
+                **head,
+                **row,
+                "per_worker_rps": job["per_worker_rps"],
+                "peak_running": res.peak_running,
+                "prefix_hit_fraction": round(res.prefix_hit_fraction, 4),
+            }
         )
     print(
         f"[cluster_sim] {job['pool']:12s} N={job['workers']:2d} {job['policy']:14s} {rate:6.2f} rps "

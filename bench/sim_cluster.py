@@ -30,6 +30,7 @@ class SimResult:
     duration_s: float  # first arrival to last completion
     peak_running: int  # over the pool
     per_worker_requests: list[int]
+    prefix_hit_fraction: float  # admitted prompt tokens served from the workers' prefix caches
 
 
 def outcome(r: SimRequest) -> Outcome:
@@ -126,4 +127,6 @@ def simulate(
         duration_s=end - sims[0].arrival_s,
         peak_running=peak[0],
         per_worker_requests=counts,
+        prefix_hit_fraction=sum(w.prefix_hit_tokens for w in workers)
+        / max(sum(w.admitted_prompt_tokens for w in workers), 1),
     )
