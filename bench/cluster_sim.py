@@ -1,9 +1,14 @@
 """Placement at cluster scale: the Mooncake trace on N simulated H200 workers under each policy.
 
-    python bench/cluster_sim.py                      # -> bench/results/cluster_sim.json + cluster_sim.png
-    python bench/cluster_sim.py --workers 8 --requests 1000 --jobs 2   # smaller
+    python bench/cluster_sim.py --jobs 2             # -> bench/results/cluster_sim.json + cluster_sim.png
+    python bench/cluster_sim.py --workers 8 --hetero-workers 8 --requests 1000 --jobs 2   # smaller
 
-Pools (each N workers, Llama-3.1-8B, the measured KV budget of 388,608 raw tokens per worker unless said):
+The trace is sampled: requests --offset .. --offset + --requests (4,000 of 12,031 by default, the first
+1,302 s of the hour), so that the whole sweep runs in about half an hour on two cores; the JSON's `trace`
+says which. Each simulation prints a progress line (done / total, elapsed, an estimate of what is left).
+
+Pools (each N workers, the mixed ones only at the --hetero-workers sizes; Llama-3.1-8B, the measured KV
+budget of 388,608 raw tokens per worker unless said):
     zipkv         zipkv workers, KV compressed at the measured ratio (0.7618 of raw bytes)
     sglang        SGLang's own FlashInfer workers, uncompressed
     mixed_ratio   half zipkv (0.7618), half zipkv with compression off (1.0): a fleet mid-rollout
@@ -29,7 +34,7 @@ from typing import Any
 
 from serving_metrics import SLOS, rate_row
 from sim_calibrate import compression_ratio, spec_for
-from sim_cluster import simulate
+from sim_cluster import ZIPKV_POLICIES, ZIPKV_SHED_WAIT_OVER_TTFT, simulate
 from sim_policies import BASELINES
 from sim_report import build_report
 from sim_worker import WorkerSpec
@@ -38,8 +43,9 @@ from trace_workload import LLAMA3_CONTEXT_TOKENS, arrivals_s, load_trace, summar
 
 RESULTS = Path(__file__).resolve().parent / "results"
 POOLS = ("zipkv", "sglang", "mixed_ratio", "mixed_budget")
-POLICIES = (*BASELINES, "zipkv")
-PER_WORKER_RPS = (0.25, 0.5, 0.625, 0.75, 0.875, 1.0, 1.25, 1.5, 2.0)
+HETERO_POOLS = ("mixed_ratio", "mixed_budget")
+POLICIES = (*BASELINES, *ZIPKV_POLICIES)
+PER_WORKER_RPS = (0.25, 0.5, 0.75, 0.875, 1.0, 1.125, 1.25, 1.5, 2.0)
 
 
 def pool_specs(pool: str, n: int, models: dict[str, StepModel]) -> list[WorkerSpec]:
@@ -98,7 +104,13 @@ def run_job(job: dict[str, Any]) -> list[dict[str, object]]:
     for slo in slos:
         row = rate_row(res.outcomes, rate, res.duration_s, slo, res.gap_ms, res.gap_weights)
         rows.append(
-            {**head, **row, "per_worker_rps": job["per_worker_rps"], "peak_running": res.peak_running}
+            {
+                **head,
+                **row,
+                "per_worker_rps": job["per_worker_rps"],
+                "peak_running": res.peak_running,
+                "prefix_hit_fraction": round(res.prefix_hit_fraction, 4),
+            }
         )
     print(
         f"[cluster_sim] {job['pool']:12s} N={job['workers']:2d} {job['policy']:14s} {rate:6.2f} rps "
@@ -108,12 +120,45 @@ def run_job(job: dict[str, Any]) -> list[dict[str, object]]:
     return rows
 
 
+def run_all(todo: list[dict[str, Any]], n_jobs: int) -> list[dict[str, object]]:
+    """Every job's rows, in the order of `todo`; a progress line per finished simulation."""
+    t0 = time.monotonic()
+    parts: list[list[dict[str, object]]] = [[] for _ in todo]
+    ctx = multiprocessing.get_context("spawn")
+    with ctx.Pool(n_jobs) if n_jobs > 1 else _Inline() as pool:
+        for k, (i, part) in enumerate(pool.imap_unordered(_indexed, list(enumerate(todo))), 1):
+            parts[i] = part
+            el_s = time.monotonic() - t0
+            left_s = el_s / k * (len(todo) - k)
+            print(f"[cluster_sim] {k}/{len(todo)} done, {el_s:.0f} s in, ~{left_s:.0f} s left", flush=True)
+    return [r for part in parts for r in part]
+
+
+def _indexed(item: tuple[int, dict[str, Any]]) -> tuple[int, list[dict[str, object]]]:
+    return item[0], run_job(item[1])
+
+
+class _Inline:
+    """multiprocessing.Pool's imap_unordered in this process (--jobs 1)."""
+
+    def __enter__(self) -> _Inline:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+    def imap_unordered(self, fn: Any, items: list[Any]) -> Any:
+        return map(fn, items)
+
+
 def jobs(args: argparse.Namespace, models: dict[str, StepModel]) -> list[dict[str, Any]]:
     out = []
     for n in args.workers:
         for pool in args.pools:
+            if pool in HETERO_POOLS and n not in args.hetero_workers:
+                continue
             for policy in args.policies:
-                for slo in [s.name for s in SLOS] if policy == "zipkv" else [None]:
+                for slo in [s.name for s in SLOS] if policy in ZIPKV_POLICIES else [None]:
                     for per in args.per_worker_rps:
                         out.append(
                             {
@@ -133,7 +178,9 @@ def jobs(args: argparse.Namespace, models: dict[str, StepModel]) -> list[dict[st
 def _parse(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python bench/cluster_sim.py", description=__doc__.split("\n")[0])
     floats = lambda s: tuple(float(x) for x in s.split(","))
-    p.add_argument("--workers", type=lambda s: tuple(int(x) for x in s.split(",")), default=(8, 32))
+    ints = lambda s: tuple(int(x) for x in s.split(","))
+    p.add_argument("--workers", type=ints, default=(4, 8, 16, 32))
+    p.add_argument("--hetero-workers", type=ints, default=(8, 32), help="sizes of the mixed pools")
     p.add_argument("--pools", type=lambda s: tuple(s.split(",")), default=POOLS)
     p.add_argument("--policies", type=lambda s: tuple(s.split(",")), default=POLICIES)
     p.add_argument("--per-worker-rps", type=floats, default=PER_WORKER_RPS, help="offered load per worker")
@@ -153,11 +200,7 @@ def main(argv: list[str] | None = None) -> int:
     models, decode_table = calibrated_models()
     todo = jobs(args, models)
     print(f"[cluster_sim] {len(todo)} simulations, {args.jobs} at a time", flush=True)
-    if args.jobs > 1:
-        with multiprocessing.get_context("spawn").Pool(args.jobs) as pool:
-            rows = [r for part in pool.map(run_job, todo, chunksize=1) for r in part]
-    else:
-        rows = [r for job in todo for r in run_job(job)]
+    rows = run_all(todo, args.jobs)
     reqs = load_trace(LLAMA3_CONTEXT_TOKENS, args.requests, args.offset)
     meta = {
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
@@ -165,19 +208,26 @@ def main(argv: list[str] | None = None) -> int:
         "machine": f"{platform.machine()} CPU, Python {platform.python_version()}",
         "versions": _versions(),
         "wall_s": round(time.monotonic() - t0, 1),
-        "trace": {"offset": args.offset, **summary(reqs), "cap": f"context {LLAMA3_CONTEXT_TOKENS} tokens"},
+        "trace": {
+            "sampled": f"requests {args.offset}..{args.offset + len(reqs) - 1} of the trace's 12,031",
+            "offset": args.offset,
+            **summary(reqs),
+            "cap": f"context {LLAMA3_CONTEXT_TOKENS} tokens (none capped at Llama-3.1-8B's context)",
+        },
         "slos": [{"name": s.name, "ttft_s": s.ttft_s, "mean_itl_ms": s.mean_itl_ms} for s in SLOS],
         "pools": {p: [s.name for s in pool_specs(p, 2, models)] for p in args.pools},
         "router_config": {
             "prefill_ms_per_token": round(router_prefill_ms_per_token(models), 5),
             "decode_ms_per_gib": round(router_decode_ms_per_gib(models), 4),
+            "shed_wait_over_ttft": {"zipkv": ZIPKV_SHED_WAIT_OVER_TTFT, "zipkv_no_shed": 0.0},
+            "report_interval_ms": 200,
         },
     }
     report = build_report(meta, models, decode_table, replay_table(models), rows)
     args.out.write_text(json.dumps(report, indent=1) + "\n")
     from serving_plots import plot_cluster
 
-    plot_cluster(report["rows"], args.plot)
+    plot_cluster(report["rows"], args.plot, workers=[n for n in (8, 32) if n in args.workers] or args.workers)
     for line in report["summary"]:
         print(json.dumps(line))
     print(f"[cluster_sim] wrote {args.out} and {args.plot} in {time.monotonic() - t0:.0f} s")

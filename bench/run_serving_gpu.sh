@@ -16,8 +16,10 @@
 # Env: SYSTEMS (comma-separated), RATES (req/s, default 0.5,1,2,3), REQUESTS per rate (48, the trace's first
 # 48 from OFFSET 0: mean input 11.9k tokens, 15 s of trace), KV_BUDGET_MIB (48576 = 388,608 raw tokens of
 # Llama-3.1-8B, the e2e bench's budget, for every system), MAX_RUNNING (64), SGLANG_ARGS (JSON, the same for
-# every system), DEADLINE_S (560 per call), ENGINE=reference (the tiny model on a CPU: the same path, for a
-# dry run of the zipkv systems; SGLang's server needs the GPU).
+# every system), DEADLINE_S (560 per call, shared evenly by the call's systems), ENGINE=reference (the tiny
+# model on a CPU: the same path, for a dry run of the zipkv systems; unless set, RATES 0.5,1, 12 REQUESTS and
+# 600 s per system: the CPU model steps at ~0.4 s, a replica takes up to 3 min to start on a busy 2-core
+# machine, and the trace's first 10 share one timestamp, a rate needs two; SGLang's server needs the GPU).
 # Expected per call: SGLang up in ~40 s warm (~190 s of JIT cold, the first call), zipkv ~90 s; the sweep
 # ~5 min (arrivals span 47 / rate s per rate, plus the drain).
 set -u
@@ -26,6 +28,11 @@ OUT=${OUT:?set OUT to a folder for the records and logs}
 SYSTEMS=${SYSTEMS:?set SYSTEMS: zipkv, zipkv_uncompressed and/or sglang_gateway}
 ENGINE=${ENGINE:-sglang}
 step() { echo "[run_serving_gpu $(( $(date +%s) - T0 ))s] $*"; }
+IFS=',' read -ra LIST <<<"$SYSTEMS"
+if [ "$ENGINE" = reference ]; then  # no device call to fit: 600 s per system
+  RATES=${RATES:-0.5,1}; REQUESTS=${REQUESTS:-12}; DEADLINE_S=${DEADLINE_S:-$(( 600 * ${#LIST[@]} ))}
+fi
+RATES=${RATES:-0.5,1,2,3}; REQUESTS=${REQUESTS:-48}; DEADLINE_S=${DEADLINE_S:-560}
 PYPATH=""
 if [ "$ENGINE" = sglang ]; then
   if [ ! -f /tmp/site/.zipkv_extracted ]; then
@@ -61,14 +68,15 @@ else
 fi
 export PYTHONPATH=${PYPATH}${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 RAY_USAGE_STATS_ENABLED=0 GRPC_VERBOSITY=ERROR
 RC=0
-IFS=',' read -ra LIST <<<"$SYSTEMS"
+K=0
 for SYSTEM in "${LIST[@]}"; do
-  LEFT=$(( ${DEADLINE_S:-560} - ($(date +%s) - T0) ))
+  # This system's share of what is left: the rest split evenly over it and the systems after it.
+  LEFT=$(( (DEADLINE_S - ($(date +%s) - T0)) / (${#LIST[@]} - K) )); K=$((K + 1))
   [ "$LEFT" -gt 60 ] || { step "no time left for $SYSTEM"; RC=1; break; }
   step "$SYSTEM: starting (deadline ${LEFT}s)"
   timeout -k 15 "$LEFT" python3 bench/serving_run.py --system "$SYSTEM" --engine "$ENGINE" --model "$MODEL" \
     --kv-budget-mib "$KV" --max-running "${MAX_RUNNING:-64}" --max-context-tokens "$CONTEXT" \
-    --sglang-args "$SGLANG_ARGS" --rates "${RATES:-0.5,1,2,3}" --requests "${REQUESTS:-48}" --offset "${OFFSET:-0}" \
+    --sglang-args "$SGLANG_ARGS" --rates "$RATES" --requests "$REQUESTS" --offset "${OFFSET:-0}" \
     --ready-s "${READY_S:-400}" --deadline-s "$LEFT" --out-dir "$OUT/serving" || RC=$?
   step "$SYSTEM: done (rc $RC)"
 done
@@ -76,7 +84,7 @@ done
 for f in $(grep -l "ServeReplica:zipkv" /tmp/ray/session_latest/logs/worker-*.err 2>/dev/null); do tail -n 300 "$f"; done \
   >"$OUT/serving/replica_process.log" 2>/dev/null
 python3 bench/serving_goodput.py --in "$OUT/serving" --device "$(cat "$OUT/device.txt")" \
-  --command "SYSTEMS=$SYSTEMS RATES=${RATES:-0.5,1,2,3} REQUESTS=${REQUESTS:-48} bash bench/run_serving_gpu.sh" \
+  --command "$([ "$ENGINE" = reference ] && echo "ENGINE=reference ")SYSTEMS=$SYSTEMS RATES=$RATES REQUESTS=$REQUESTS bash bench/run_serving_gpu.sh" \
   --out "$OUT/serving_goodput.json" | tail -4
 step "total (rc $RC)"
 exit $RC

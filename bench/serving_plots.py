@@ -20,8 +20,10 @@ def _lines(ax: Any, rows: Sequence[dict[str, Any]], label_key: str, y: str) -> N
             ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", ms=3, label=label)
 
 
-def plot_cluster(rows: Sequence[dict[str, Any]], path: Path) -> None:
-    """Goodput against offered load: a panel per (workers, SLO) and pool, a line per policy."""
+def plot_cluster(rows: Sequence[dict[str, Any]], path: Path, workers: Sequence[int] | None = None) -> None:
+    """Goodput against offered load: a panel per (workers, SLO) and pool, a line per policy (only the
+    pool sizes in `workers` when given)."""
+    rows = [r for r in rows if workers is None or r["workers"] in workers]
     pools = sorted({r["pool"] for r in rows})
     cases = sorted({(r["workers"], r["slo"]) for r in rows}, key=lambda c: (c[0], c[1] != "strict"))
     fig, axes = plt.subplots(

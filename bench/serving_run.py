@@ -24,6 +24,7 @@ from typing import Any
 from id_tokenizer import build as build_tokenizer
 from serving_systems import start
 from step_model import KV_BYTES_PER_TOKEN
+from trace_workload import load_trace, native_rate_rps
 
 HERE = Path(__file__).resolve().parent
 TINY_VOCAB = 259  # the built-in tiny model's (controlplane/tokenizer.py ByteTokenizer)
@@ -60,6 +61,8 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.monotonic()
     out = args.out_dir / args.system
     out.mkdir(parents=True, exist_ok=True)
+    # A window the sweep cannot scale to a rate (all at one trace time) fails now, not after the start-up.
+    native_rate_rps(load_trace(args.max_context_tokens, args.requests, args.offset))
     vocab = _vocab(args.model)
     tok = build_tokenizer(vocab, args.out_dir / "id_tokenizer")
     opts: dict[str, Any] = {

@@ -23,6 +23,13 @@ from trace_workload import LLAMA3_CONTEXT_TOKENS, LLAMA3_PLAIN_VOCAB, arrivals_s
 WARMUP_SALT = 10_000
 
 
+def starts_in_time(elapsed_s: float, span_s: float, drain_s: float, deadline_s: float) -> bool:
+    """Whether a rate whose arrivals span `span_s` ends before `deadline_s` (0: no deadline): it starts at
+    `elapsed_s` and drains like the slowest rate so far (`drain_s`: its wall time past its arrivals).
+    Counting only the span started a rate the caller's timeout then killed midway, losing its record."""
+    return deadline_s <= 0 or elapsed_s + span_s + drain_s <= deadline_s
+
+
 def _parse(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python bench/serving_sweep.py", description=__doc__.split("\n")[0])
     p.add_argument("--system", required=True, help="zipkv | zipkv_uncompressed | sglang_gateway")
@@ -49,6 +56,9 @@ def main(argv: list[str] | None = None) -> int:
     reqs = load_trace(args.max_context_tokens, args.requests, args.offset)
     workload = {**summary(reqs), "offset": args.offset, "max_context_tokens": args.max_context_tokens}
     bargs = bench_args(serving, args.base_url, args.model, args.tokenizer, out / "bench_serving.jsonl")
+    # The drain a rate is expected to take: the slowest wall time past the arrivals of the rates so far;
+    # before the first, the warm-up's (an over-estimate where it compiles kernels, replaced once a rate ran).
+    drain_s, measured = 0.0, False
     if args.warmup_requests > 0:
         warm = reqs[: args.warmup_requests]
         rows = dataset_rows(
@@ -56,7 +66,9 @@ def main(argv: list[str] | None = None) -> int:
         )
         for row in rows:
             row.output_len = min(row.output_len, 16)
+        started = time.monotonic()
         got = run_rate(serving, bargs, rows)
+        drain_s = time.monotonic() - started - 0.25 * (len(warm) - 1)
         print(
             f"[serving_sweep {args.system}] warm-up: {sum(bool(r and r['ok']) for r in got['requests'])}/"
             f"{len(rows)} ok in {time.monotonic() - t0:.0f} s",
@@ -64,8 +76,12 @@ def main(argv: list[str] | None = None) -> int:
         )
     for k, rate in enumerate(args.rates):
         expected_s = (len(reqs) - 1) / rate
-        if args.deadline_s and time.monotonic() - t0 + expected_s > args.deadline_s:
-            print(f"[serving_sweep {args.system}] skipping {rate} req/s: past --deadline-s", flush=True)
+        if not starts_in_time(time.monotonic() - t0, expected_s, drain_s, args.deadline_s):
+            print(
+                f"[serving_sweep {args.system}] skipping {rate} req/s: {expected_s:.0f} s of arrivals + "
+                f"{drain_s:.0f} s of drain would end past --deadline-s",
+                flush=True,
+            )
             continue
         rows = dataset_rows(serving, reqs, arrivals_s(reqs, rate), args.plain_vocab, salt=k + 1)
         started = time.monotonic()
@@ -83,6 +99,8 @@ def main(argv: list[str] | None = None) -> int:
             "requests": got["requests"],
         }
         (out / f"rate_{rate:g}.json").write_text(json.dumps(record) + "\n")
+        drain_s = max(drain_s if measured else 0.0, record["wall_s"] - expected_s)
+        measured = True
         ok = sum(bool(r and r["ok"]) for r in got["requests"])
         print(
             f"[serving_sweep {args.system}] {rate:g} req/s: {ok}/{len(rows)} completed, {record['wall_s']} s",

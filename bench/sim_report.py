@@ -2,7 +2,8 @@
 
 Per (pool, workers, SLO) the summary gives each policy's knee (rate of peak goodput), goodput there, the
 highest rate it sustains at 90% attainment and where it starts shedding (>= 1% of requests refused), and
-zipkv's placement against the best other policy. `stacks` compares the two deployments a team would choose
+zipkv's placement against the best other policy (zipkv's own variants, e.g. `zipkv_no_shed`, are not
+"other"). `stacks` compares the two deployments a team would choose
 between: zipkv workers behind zipkv's router against SGLang's workers behind the best baseline policy and
 behind sglang-router's default (cache_aware).
 """
@@ -42,7 +43,7 @@ def summarise(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
             for p in sorted({r["policy"] for r in mine})
         }
         entry: dict[str, Any] = {"pool": pool, "workers": n, "slo": slo, "policies": policies}
-        others = {p: v for p, v in policies.items() if p != "zipkv"}
+        others = {p: v for p, v in policies.items() if not p.startswith("zipkv")}
         if "zipkv" in policies and others:
             best = max(others, key=lambda p: others[p]["goodput_at_knee_rps"] or 0.0)
             z, b = policies["zipkv"]["goodput_at_knee_rps"], others[best]["goodput_at_knee_rps"]
@@ -62,7 +63,8 @@ def stacks(summary: list[dict[str, Any]]) -> list[dict[str, Any]]:
         )
         if other is None:
             continue
-        best = max(other["policies"], key=lambda p: other["policies"][p]["goodput_at_knee_rps"] or 0.0)
+        baselines = [p for p in other["policies"] if not p.startswith("zipkv")]  # what SGLang ships with
+        best = max(baselines, key=lambda p: other["policies"][p]["goodput_at_knee_rps"] or 0.0)
         z = s["policies"]["zipkv"]["goodput_at_knee_rps"]
         row = {
             "workers": s["workers"],

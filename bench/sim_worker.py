@@ -98,6 +98,8 @@ class SimWorker:
         self._itl_sum_ms = 0.0
         self._waiting_tokens = 0
         self._finish_step_sum = 0  # over running requests: remaining tokens = sum - running x steps
+        self.admitted_prompt_tokens = 0
+        self.prefix_hit_tokens = 0  # of those, served from the prefix cache (not prefilled)
         self.tokens_per_s = spec.step.prefill_tokens_per_s  # smoothed work rate (prefill + decode tokens)
         self._wake = env.event()
         env.process(self._loop())
@@ -161,6 +163,8 @@ class SimWorker:
             self.waiting.popleft()
             self._waiting_tokens -= head.tr.input_tokens
             left = max(self.cache.admit(head.tr), 1)  # a whole-prompt cache hit still computes one token
+            self.admitted_prompt_tokens += head.tr.input_tokens
+            self.prefix_hit_tokens += head.tr.input_tokens - left
             head.prefill_left, head.prefilled = left, head.tr.input_tokens - left
             self.prefilling.append(head)
             n = min(left, budget)

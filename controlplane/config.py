@@ -89,6 +89,12 @@ class PlacementConfig(Strict):
     # Priors used when a worker has no measurement yet (idle): decode step and HBM bandwidth.
     idle_itl_ms: float = Field(default=10.0, gt=0)
     decode_ms_per_gib: float = Field(default=0.25, gt=0, description="ms to read 1 GiB of KV (H200 ~4 TB/s)")
+    shed_wait_over_ttft: float = Field(
+        default=0.0,
+        ge=0,
+        description="drop a worker whose predicted prefill wait exceeds this x the request's TTFT target "
+        "(0 = off): past the knee a late request only delays the ones behind it",
+    )
 
     @model_validator(mode="after")
     def _check(self) -> PlacementConfig:

@@ -6,6 +6,11 @@ Filters (a worker is a candidate only if all hold):
     context   prompt_tokens + max_new_tokens <= view.max_context_tokens (when the worker reports one)
     budget    need_tokens <= total_tokens (else `too_large`: it would never fit, even on an idle worker)
     fits      need_tokens = prompt_tokens + max_new_tokens <= free_tokens - reserved_tokens
+    wait      when placement.shed_wait_over_ttft = f > 0: wait_ms <= f * slo_ttft_ms (else `slo_wait`),
+              wait_ms = (queued_prefill_tokens + reserved_tokens) * prefill_ms_per_token, the prefill
+              queued ahead of the request. Past the knee every worker's queue is longer than the target:
+              a request placed anyway misses it and delays the ones behind it, so refusing it (503) keeps
+              the goodput at the knee (bench/cluster_sim.py measured it; off by default)
 
 Predictions (documented formulas of the reported state; units in the names):
     stored_bytes_per_token = kv_bytes_per_token * compression_ratio        (compressed KV bytes)
@@ -104,11 +109,17 @@ def predict_ms(
     return ttft_ms, tpot_ms
 
 
+def prefill_wait_ms(view: WorkerView, req: RequestShape) -> float:
+    """The prefill queued ahead of `req` on `view`: reported queue plus unseen reservations (module doc)."""
+    return (view.queued_prefill_tokens + view.reserved_tokens) * req.prefill_ms_per_token
+
+
 def _filter(
     snap: Snapshot, req: RequestShape, cfg: PlacementConfig, now_s: float
 ) -> tuple[list[WorkerView], dict[str, int]]:
     expire_s = cfg.expire_after_ms / 1000.0
     need = req.need_tokens
+    max_wait_ms = cfg.shed_wait_over_ttft * req.slo_ttft_ms if cfg.shed_wait_over_ttft > 0 else None
     kept: list[WorkerView] = []
     dropped: dict[str, int] = {}
     for v in snap.workers:
@@ -124,6 +135,8 @@ def _filter(
             reason = "too_large"  # more than the worker's whole KV budget: waiting cannot help
         elif v.free_tokens - v.reserved_tokens < need:
             reason = "headroom"
+        elif max_wait_ms is not None and prefill_wait_ms(v, req) > max_wait_ms:
+            reason = "slo_wait"
         else:
             kept.append(v)
             continue

@@ -106,6 +106,17 @@ def test_least_load_and_the_saturation_filter_follow_their_formulas() -> None:
     assert [rr.choose(new, 0.0) for _ in range(3)] == [0, 1, 0]
 
 
+def test_the_worker_counts_prompt_tokens_served_from_its_prefix_cache() -> None:
+    env, ws = _workers(1)
+    ws[0].submit(SimRequest(0, tr(0, 1100, 4, (1, 2, 3)), 0.0))
+    env.run(until=1.0)  # done: its blocks stay cached
+    ws[0].submit(SimRequest(1, tr(1, 1536, 4, (1, 2, 4)), 1.0))  # shares blocks 1 and 2 (1024 tokens)
+    ws[0].submit(SimRequest(2, tr(2, 600, 4, (7, 8)), 1.0))  # shares nothing
+    env.run(until=2.0)
+    assert ws[0].admitted_prompt_tokens == 1100 + 1536 + 600
+    assert ws[0].prefix_hit_tokens == 1024
+
+
 def test_a_run_through_the_routers_placement_accounts_for_every_request() -> None:
     models, _ = calibrated_models()
     reqs = load_trace(limit=80)
@@ -115,6 +126,7 @@ def test_a_run_through_the_routers_placement_accounts_for_every_request() -> Non
     assert all(o.ok for o in res.outcomes if not o.shed)
     assert all(o.ttft_s > 0 and math.isfinite(o.mean_itl_ms) for o in res.outcomes if o.ok)
     assert sum(res.gap_weights) > 0 and min(res.gap_ms) > 0
+    assert 0.0 <= res.prefix_hit_fraction < 1.0
 
 
 def test_run_now_refuses_a_coroutine_that_suspends() -> None:

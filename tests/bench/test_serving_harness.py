@@ -16,6 +16,7 @@ from zipkv.controlplane.tokenizer import HFTokenizer, IncrementalDetokenizer
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 
 from id_tokenizer import build
+from serving_sweep import starts_in_time
 from serving_systems import sglang_server_cmd
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -68,3 +69,19 @@ def test_the_client_takes_bench_servings_own_arguments(tmp_path: Path) -> None:
         sys.path.remove(str(SGLANG_SRC))
     assert (args.backend, args.warmup_requests, args.temperature) == ("sglang-oai", 0, 0.0)
     assert args.disable_ignore_eos is False and args.disable_stream is False  # ignore_eos on, streamed
+
+
+@pytest.mark.parametrize(
+    ("elapsed_s", "span_s", "drain_s", "deadline_s", "starts"),
+    [
+        (100.0, 94.0, 0.0, 0.0, True),  # no deadline
+        (100.0, 94.0, 0.0, 200.0, True),  # the first rate: no drain measured yet, 194 <= 200
+        (100.0, 94.0, 10.0, 200.0, False),  # 204 > 200: the last rate drained for 10 s
+        (400.0, 16.0, 40.0, 456.0, True),  # exactly at the deadline
+        (400.0, 16.0, 40.1, 456.0, False),
+    ],
+)
+def test_a_rate_starts_only_if_its_arrivals_and_drain_end_in_time(
+    elapsed_s: float, span_s: float, drain_s: float, deadline_s: float, starts: bool
+) -> None:
+    assert starts_in_time(elapsed_s, span_s, drain_s, deadline_s) is starts
