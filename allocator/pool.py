@@ -1,8 +1,9 @@
 """PagePool: one device heap for every page of every layer, with a page table the kernels read.
 
-DESIGN.md section 5: (1) new pages are allocated at raw size; (2) compressed pages move and ``page_loc``
-maps the stable page id to the current place; (3) per-layer space plus a shared pool of empty chunks,
-returned only when no read is in flight (fences); (4) ``new_pages_fit()`` after reservations.
+The allocator's four rules (docs/design.md): (1) new pages are allocated at raw size; (2) compressed
+pages move and ``page_loc`` maps the stable page id to the current place; (3) per-layer space plus a
+shared pool of empty chunks, returned only when no read is in flight (fences);
+(4) ``new_pages_fit()`` after reservations.
 
 Device tensors (fixed addresses for the pool's life, updated in place, so CUDA graphs can replay):
   heap      uint8 [budget_bytes, rounded down to a unit]      every page, raw or compressed

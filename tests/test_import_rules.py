@@ -1,4 +1,4 @@
-"""DESIGN.md section 1 import rules, enforced two ways: a static scan of every import statement (also
+"""The import rules of docs/design.md, enforced two ways: a static scan of every import statement (also
 those inside functions) and a real import in a fresh interpreter that then inspects sys.modules.
 
 - controlplane never imports torch, triton, sglang, ray (nor transformers, which may pull torch) and

@@ -1,4 +1,4 @@
-"""The allocator's rules on the host bookkeeping (DESIGN.md section 5), one behaviour per test.
+"""The allocator's four rules (docs/design.md) on the host bookkeeping, one behaviour per test.
 
 Sizes handed to the ledger here are stored sizes in 256-byte units, chosen to exercise the bookkeeping
 (any size from 1 unit to a raw page is valid input); tests with real compressed pages are in
