@@ -112,9 +112,9 @@ class LocalStack:
         """Before anything starts: a GGUF model becomes a Hugging Face folder (once, cached), and the
         context is resolved and checked against the KV budget (raises ValueError saying what to change)."""
         from .checkpoint import model_shape, read_config
+        from .engine_factory import checked_context
         from .gguf_import import resolve_model_path
         from .reference.model import tiny_config
-        from .settings import checked_context
 
         o = self.options
         if o.model_path:

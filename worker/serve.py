@@ -26,8 +26,9 @@ from typing import Any
 
 from ray import serve
 
+from .engine_factory import build_engine
 from .runtime import WorkerRuntime
-from .settings import CREDENTIAL_ENV, WorkerSettings, build_engine
+from .settings import CREDENTIAL_ENV, WorkerSettings
 
 log = logging.getLogger("zipkv.worker")
 DEPLOYMENT_NAME = "zipkv-worker"

@@ -1,8 +1,8 @@
 """`SGLangEngine`: the worker's Engine interface over an in-process ``sglang.Engine`` (GPU).
 
-Selected by ``WorkerSettings(engine="sglang")`` (worker/settings.py -> worker/sglang_engine.py). SGLang runs
-its scheduler in a spawned process; zipkv's pool, allocator and attention backend are installed there by the
-plugin (`zipkv.worker.sglang_plugin`), or, when zipkv is not installed as a distribution, by the Engine
+Selected by ``WorkerSettings(engine="sglang")`` (worker/engine_factory.py -> worker/sglang_engine.py). SGLang
+runs its scheduler in a spawned process; zipkv's pool, allocator and attention backend are installed there by
+the plugin (`zipkv.worker.sglang_plugin`), or, when zipkv is not installed as a distribution, by the Engine
 subclass from `sglang_seams.engine_class`. ``compression`` picks the backend: ``zipkv`` or its uncompressed
 twin ``zipkv_uncompressed`` (same pool and kernel, no page compressed).
 

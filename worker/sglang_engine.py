@@ -1,15 +1,15 @@
-"""The SGLang engine switch. The SGLang integration itself is built separately (GPU only); here only the
-clear error when it cannot run on this machine."""
+"""The SGLang engine switch: the SGLang engine where it can run (CUDA, the one supported SGLang
+version), else a clear error saying why."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from .sglang_version import SGLANG_VERSION, UnsupportedSGLang, check_sglang_version
+
 if TYPE_CHECKING:
     from .engine import Engine
     from .settings import WorkerSettings
-
-SGLANG_VERSION = "0.5.17"
 
 
 class EngineUnavailable(RuntimeError):
@@ -25,18 +25,11 @@ def build_sglang_engine(settings: WorkerSettings) -> Engine:
             "use engine 'reference' (the default) here"
         )
     try:
-        import sglang
-    except ImportError as exc:
-        raise EngineUnavailable(
-            f"engine 'sglang' is not available on this machine: needs CUDA and sglang=={SGLANG_VERSION} "
-            f"(pip install 'zipkv[sglang]'): {exc}"
-        ) from None
-    if getattr(sglang, "__version__", "") != SGLANG_VERSION:
-        raise EngineUnavailable(
-            f"engine 'sglang' needs sglang=={SGLANG_VERSION}, found {getattr(sglang, '__version__', '?')}"
-        )
+        check_sglang_version()
+    except UnsupportedSGLang as exc:
+        raise EngineUnavailable(f"engine 'sglang' is not available on this machine: {exc}") from None
     try:
-        from .sglang_adapter import SGLangEngine  # type: ignore[import-not-found]
+        from .sglang_adapter import SGLangEngine
     except ImportError as exc:
-        raise EngineUnavailable(f"engine 'sglang': this build has no SGLang adapter yet ({exc})") from None
-    return SGLangEngine(settings)  # type: ignore[no-any-return]
+        raise EngineUnavailable(f"engine 'sglang' cannot load its SGLang integration: {exc}") from None
+    return SGLangEngine(settings)

@@ -20,15 +20,24 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
+from zipkv.allocator import PagePool
 from zipkv.kernels.layout import PAGE_TOKENS, PageFormat
-
-if TYPE_CHECKING:
-    from .sglang_pool import ZipkvAllocator
 
 RECLAIM_ROUNDS = 6
 RECLAIM_LIVE_FRACTION = 0.99  # under pressure, compact any chunk whose dead bytes could make room
+
+
+class Reclaimer(Protocol):
+    """What reclaiming needs of zipkv's SGLang allocator (sglang_pool.ZipkvAllocator)."""
+
+    @property
+    def pool(self) -> PagePool: ...
+
+    def pages_fit(self) -> int: ...
+
+    def drain(self, block: bool) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -53,7 +62,7 @@ def overcount_tokens(evictable_tokens: int, fmt: PageFormat) -> int:
     return -(-pages * (share_den - share_num) // share_den) * PAGE_TOKENS
 
 
-def reclaim(alloc: ZipkvAllocator, cache: PrefixCache, need_pages: int) -> bool:
+def reclaim(alloc: Reclaimer, cache: PrefixCache, need_pages: int) -> bool:
     """Make room for ``need_pages`` new pages from the prefix cache; True once they fit."""
     share_num, share_den = min_stored_share(alloc.pool.fmt)
     for _ in range(RECLAIM_ROUNDS):
@@ -70,7 +79,7 @@ def reclaim(alloc: ZipkvAllocator, cache: PrefixCache, need_pages: int) -> bool:
     return alloc.pages_fit() >= need_pages
 
 
-def _compact(alloc: ZipkvAllocator) -> int:
+def _compact(alloc: Reclaimer) -> int:
     """Compact all layers until a pass moves nothing (a pass moves a bounded number of pages), waiting
     for the device after each pass; returns the pages moved."""
     layers = int(alloc.pool.page_loc.shape[0])

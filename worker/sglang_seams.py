@@ -27,8 +27,9 @@ from .kv_stats_board import KVStatsBoard
 from .sglang_admission import AdmissionLatch
 from .sglang_reclaim import PrefixCache
 from .sglang_seam_table import SEAMS as SEAMS
-from .sglang_seam_table import SGLANG_VERSION
 from .sglang_seam_table import Seam as Seam
+from .sglang_version import SGLANG_VERSION as SGLANG_VERSION
+from .sglang_version import check_sglang_version
 
 log = logging.getLogger("zipkv.worker.sglang")
 
@@ -369,9 +370,8 @@ def run_scheduler_process(*args: Any, **kwargs: Any) -> Any:
     """SGLang's scheduler entry with zipkv installed first (for `engine_class`, without the entry point)."""
     from sglang.srt.managers.scheduler import run_scheduler_process as run
 
-    from .sglang_plugin import register
-
-    register()
+    check_sglang_version()
+    install()
     return run(*args, **kwargs)
 
 
@@ -379,9 +379,8 @@ def engine_class() -> type:
     """``sglang.Engine`` whose scheduler process installs zipkv even when the plugin is not installed."""
     from sglang.srt.entrypoints.engine import Engine
 
-    from .sglang_plugin import register
-
-    register()
+    check_sglang_version()
+    install()
     return type(
         "ZipkvSGLangEngine", (Engine,), {"run_scheduler_process_func": staticmethod(run_scheduler_process)}
     )

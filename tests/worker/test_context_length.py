@@ -13,8 +13,9 @@ from smollm2 import smollm2_gguf
 
 from zipkv.worker.checkpoint import model_shape, read_config, resolve_context
 from zipkv.worker.cli import parser
+from zipkv.worker.engine_factory import build_engine
 from zipkv.worker.local_stack import LocalStack, StackOptions
-from zipkv.worker.settings import WorkerSettings, build_engine
+from zipkv.worker.settings import WorkerSettings
 
 
 def _stack(argv: list[str]) -> LocalStack:

@@ -14,8 +14,9 @@ from worker_helpers import RecordingControlPlane, collect
 
 from zipkv.protos import zipkv_pb2 as pb
 from zipkv.protos import zipkv_pb2_grpc as pb_grpc
+from zipkv.worker.engine_factory import build_engine
 from zipkv.worker.runtime import WorkerRuntime
-from zipkv.worker.settings import WorkerSettings, build_engine
+from zipkv.worker.settings import WorkerSettings
 
 Worker = tuple[WorkerRuntime, RecordingControlPlane]
 

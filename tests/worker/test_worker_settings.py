@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from zipkv.worker.engine_factory import build_engine
 from zipkv.worker.serve import app_builder, settings_from_args
-from zipkv.worker.settings import WorkerSettings, build_engine, resolve_device
+from zipkv.worker.settings import WorkerSettings, resolve_device
 from zipkv.worker.sglang_engine import EngineUnavailable
 
 
