@@ -22,8 +22,8 @@ from typing import Any
 import torch
 
 from zipkv.worker.engine import EngineRequest, FinishReason, SamplingOptions
-from zipkv.worker.reference.engine import ReferenceEngine, ReferenceEngineConfig
-from zipkv.worker.reference.model import TINY_BOS, LoadedModel, load_model
+from zipkv.worker.engines.reference.engine import ReferenceEngine, ReferenceEngineConfig
+from zipkv.worker.engines.reference.model import TINY_BOS, LoadedModel, load_model
 
 
 def burst(n: int, prompt_tokens: int, max_new: int) -> list[EngineRequest]:

@@ -1,6 +1,6 @@
 """zipkv's placement in the cluster simulation: the router's own code, imported, on simulated reports.
 
-Each worker reports every `report_interval_ms` what a zipkv worker reports (worker/sglang_adapter.py
+Each worker reports every `report_interval_ms` what a zipkv worker reports (worker/engines/sglang/engine.py
 `capacity()`: free tokens after the outputs still owed, total, compression ratio, running and queued
 requests, queued prefill tokens, the mean of its last 64 TTFTs and last ~256 inter-token gaps). The
 router's `MemoryStore` (controlplane/state.py) holds the views and the reservations, `place`

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
-from .engine_stats import KVStats, RequestTimings
+from zipkv.worker.engine_stats import KVStats, RequestTimings
 
 
 class FinishReason(enum.Enum):

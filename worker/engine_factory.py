@@ -6,22 +6,22 @@ import dataclasses
 import os
 from typing import Any
 
-from .checkpoint import ModelShape, check_kv_budget, model_shape, resolve_context
-from .engine import Engine
-from .settings import WorkerSettings, resolve_device
+from zipkv.worker.checkpoint import ModelShape, check_kv_budget, model_shape, resolve_context
+from zipkv.worker.engine import Engine
+from zipkv.worker.settings import WorkerSettings, resolve_device
 
 
 def build_engine(settings: WorkerSettings) -> Engine:
     """The configured engine, loaded and ready to step."""
     if settings.engine == "sglang":
-        from .sglang_engine import build_sglang_engine
+        from zipkv.worker.engines.sglang.availability import build_sglang_engine
 
         return build_sglang_engine(settings)
     import torch
 
-    from .gguf_import import resolve_model_path
-    from .reference.engine import ReferenceEngine, ReferenceEngineConfig
-    from .reference.model import load_model
+    from zipkv.worker.engines.reference.engine import ReferenceEngine, ReferenceEngineConfig
+    from zipkv.worker.engines.reference.gguf_import import resolve_model_path
+    from zipkv.worker.engines.reference.model import load_model
 
     torch.set_num_threads(settings.torch_threads)
     device = resolve_device(settings.device)
@@ -55,8 +55,7 @@ def checked_context(
     """The context a reference-engine worker serves (the model's, or ``asked_tokens`` within it), checked
     at start-up against what an idle KV budget holds; raises ValueError saying what to change."""
     from zipkv.kernels.layout import FORMAT_VERSION, PageFormat
-
-    from .reference.kvstore import idle_capacity_tokens
+    from zipkv.worker.engines.reference.kvstore import idle_capacity_tokens
 
     context = resolve_context(shape, asked_tokens or None)
     version = FORMAT_VERSION if format_version is None else format_version

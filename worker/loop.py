@@ -15,8 +15,8 @@ import threading
 import time
 from dataclasses import dataclass
 
-from .engine import Engine, EngineCapacity, EngineEvent, EngineRequest, FinishReason
-from .engine_stats import KVStats
+from zipkv.worker.engine import Engine, EngineCapacity, EngineEvent, EngineRequest, FinishReason
+from zipkv.worker.engine_stats import KVStats
 
 log = logging.getLogger("zipkv.worker")
 KV_STATS_EVERY_S = 0.25  # the KV pool's stats (for /metrics) are read on the engine thread this often

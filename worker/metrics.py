@@ -17,8 +17,8 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from .engine import EngineCapacity, EngineEvent
-from .engine_stats import ENCODE_MS_BUCKETS, KVStats
+from zipkv.worker.engine import EngineCapacity, EngineEvent
+from zipkv.worker.engine_stats import ENCODE_MS_BUCKETS, KVStats
 
 log = logging.getLogger("zipkv.worker")
 _LATENCY_MS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 30000, 60000)

@@ -20,8 +20,7 @@ import grpc
 from zipkv.controlplane.grpc_auth import TlsFiles, open_channel
 from zipkv.protos import zipkv_pb2 as pb
 from zipkv.protos import zipkv_pb2_grpc as pb_grpc
-
-from .engine import EngineCapacity
+from zipkv.worker.engine import EngineCapacity
 
 log = logging.getLogger("zipkv.worker")
 

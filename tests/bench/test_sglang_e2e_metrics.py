@@ -31,8 +31,8 @@ from sglang_e2e_metrics import (
 from zipkv.allocator import PagePool
 from zipkv.kernels import reference
 from zipkv.kernels.layout import PAGE_TOKENS, PageFormat
-from zipkv.worker import sglang_pool
-from zipkv.worker.sglang_slots import budget_bytes_for_tokens, virtual_pages_for_budget
+from zipkv.worker.engines.sglang import allocator as sglang_pool
+from zipkv.worker.engines.sglang.slots import budget_bytes_for_tokens, virtual_pages_for_budget
 
 # SGLang's Triton backend, offline_8192x256 at 46 * 8448 tokens: 45 running, then the 19 left.
 TRITON_LOG = """\

@@ -14,7 +14,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from router_harness import MODEL, Stack, stack
 
-from zipkv.controlplane.scripted_worker import Script
+from zipkv.testing.scripted_worker import Script
 
 BODY = {"model": MODEL, "prompt": "x", "max_tokens": 4}
 

@@ -13,7 +13,7 @@ import openai
 import pytest
 from router_harness import MODEL, Stack, stack
 
-from zipkv.controlplane.scripted_worker import Script
+from zipkv.testing.scripted_worker import Script
 
 
 @pytest.fixture(scope="module")

@@ -12,8 +12,8 @@ import httpx
 import pytest
 from router_harness import TOKEN, stack
 
-from zipkv.controlplane.scripted_worker import ScriptedWorker
 from zipkv.controlplane.state import MemoryStore, WorkerView
+from zipkv.testing.scripted_worker import ScriptedWorker
 
 
 def test_reports_need_the_shared_token() -> None:

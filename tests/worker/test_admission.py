@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from zipkv.worker.engine import EngineRequest, FinishReason, SamplingOptions
-from zipkv.worker.reference.engine import ReferenceEngine, ReferenceEngineConfig
-from zipkv.worker.reference.model import TINY_BOS, LoadedModel, build_model, load_model, tiny_config
+from zipkv.worker.engines.reference.engine import ReferenceEngine, ReferenceEngineConfig
+from zipkv.worker.engines.reference.model import TINY_BOS, LoadedModel, build_model, load_model, tiny_config
 
 
 def _burst(n: int) -> list[EngineRequest]:

@@ -12,9 +12,9 @@ import pytest
 import torch
 
 from zipkv.worker.engine import EngineCapacity, EngineRequest, SamplingOptions
+from zipkv.worker.engines.reference.engine import ReferenceEngine, ReferenceEngineConfig
+from zipkv.worker.engines.reference.model import TINY_BOS, load_model
 from zipkv.worker.loop import EngineLoop, wait_until
-from zipkv.worker.reference.engine import ReferenceEngine, ReferenceEngineConfig
-from zipkv.worker.reference.model import TINY_BOS, load_model
 
 
 class HeldForward:

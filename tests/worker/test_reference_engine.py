@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from zipkv.worker.engine import EngineRequest, FinishReason, RequestRejected, SamplingOptions
-from zipkv.worker.reference.engine import ReferenceEngine, ReferenceEngineConfig
-from zipkv.worker.reference.model import TINY_BOS, TINY_EOS, LoadedModel, load_model
+from zipkv.worker.engines.reference.engine import ReferenceEngine, ReferenceEngineConfig
+from zipkv.worker.engines.reference.model import TINY_BOS, TINY_EOS, LoadedModel, load_model
 
 
 @pytest.fixture(scope="module")

@@ -16,13 +16,10 @@ from typing import ClassVar
 
 import pytest
 
-from zipkv.worker import sglang_telemetry
 from zipkv.worker.engine import EngineRequest, FinishReason, SamplingOptions
 from zipkv.worker.engine_stats import EncodeCounts, KVStats, now_ns
-from zipkv.worker.kv_stats_board import KVStatsBoard
-from zipkv.worker.owner_thread import OwnerThread
-from zipkv.worker.settings import WorkerSettings
-from zipkv.worker.sglang_adapter import (
+from zipkv.worker.engines.sglang import telemetry as sglang_telemetry
+from zipkv.worker.engines.sglang.engine import (
     WARMUP_PROMPT_TOKENS,
     SGLangEngine,
     _Running,
@@ -30,7 +27,10 @@ from zipkv.worker.sglang_adapter import (
     engine_kwargs,
     kv_bytes_per_token,
 )
-from zipkv.worker.sglang_telemetry import kernels_in_use, scheduler_env
+from zipkv.worker.engines.sglang.kv_stats_board import KVStatsBoard
+from zipkv.worker.engines.sglang.owner_thread import OwnerThread
+from zipkv.worker.engines.sglang.telemetry import kernels_in_use, scheduler_env
+from zipkv.worker.settings import WorkerSettings
 
 LLAMA_8B = {
     "num_attention_heads": 32,
@@ -196,7 +196,7 @@ class _StandInEngine:
 def test_engine_is_built_and_warmed_on_its_owner_thread_before_it_serves(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from zipkv.worker import sglang_seams
+    from zipkv.worker.engines.sglang import seams as sglang_seams
 
     (tmp_path / "config.json").write_text(json.dumps(LLAMA_8B))
     settings = WorkerSettings(engine="sglang", model_path=str(tmp_path), kv_budget_bytes=1 << 30)

@@ -15,8 +15,8 @@ import torch
 from test_sglang_pool import FMT, FMT_V3, fill, make
 
 from zipkv.kernels.layout import PAGE_TOKENS, PageFormat
-from zipkv.worker.sglang_pool import ZipkvAllocator
-from zipkv.worker.sglang_reclaim import PrefixCache, overcount_tokens
+from zipkv.worker.engines.sglang.allocator import ZipkvAllocator
+from zipkv.worker.engines.sglang.reclaim import PrefixCache, overcount_tokens
 
 
 class LruPrefixCache:

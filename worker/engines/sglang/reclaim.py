@@ -13,7 +13,7 @@ Two parts, both active only while a radix cache is wired in (`PrefixCache`):
   promises more than evicting can give (a quarter of the evictable tokens, whole pages);
 - `reclaim`: when an allocation finds no room, evict more of the cache, let the pool apply the frees and
   compact, wait for the device, and look again; a few rounds, then give up (the allocation fails as before).
-No sglang import: sglang_seams.py wires a `PrefixCache` over the scheduler's tree cache.
+No sglang import: seams.py wires a `PrefixCache` over the scheduler's tree cache.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ RECLAIM_LIVE_FRACTION = 0.99  # under pressure, compact any chunk whose dead byt
 
 
 class Reclaimer(Protocol):
-    """What reclaiming needs of zipkv's SGLang allocator (sglang_pool.ZipkvAllocator)."""
+    """What reclaiming needs of zipkv's SGLang allocator (allocator.ZipkvAllocator)."""
 
     @property
     def pool(self) -> PagePool: ...

@@ -2,16 +2,16 @@
 
 SGLang runs every ``sglang.srt.plugins`` entry point in the launching process and again at the top of every
 scheduler process (which is *spawned*, so patches made in the parent are lost there). `register` installs
-zipkv's attention backends, KV pool, allocator and idle memory check (`zipkv.worker.sglang_seams`); it is
-idempotent and refuses any SGLang but the one version whose internals it was written against.
+zipkv's attention backends, KV pool, allocator and idle memory check (`zipkv.worker.engines.sglang.seams`); it
+is idempotent and refuses any SGLang but the one version whose internals it was written against.
 """
 
 from __future__ import annotations
 
 import logging
 
-from .sglang_version import UnsupportedSGLang as UnsupportedSGLang
-from .sglang_version import check_sglang_version
+from zipkv.worker.engines.sglang.version import UnsupportedSGLang as UnsupportedSGLang
+from zipkv.worker.engines.sglang.version import check_sglang_version
 
 log = logging.getLogger("zipkv.worker.sglang")
 
@@ -23,8 +23,8 @@ def register() -> None:
     if _registered:
         return
     version = check_sglang_version()
-    from . import sglang_seams
+    from zipkv.worker.engines.sglang import seams
 
-    sglang_seams.install()
+    seams.install()
     _registered.append(version)
     log.info("zipkv SGLang plugin registered (sglang %s)", version)

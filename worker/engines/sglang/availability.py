@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from .sglang_version import SGLANG_VERSION, UnsupportedSGLang, check_sglang_version
+from zipkv.worker.engines.sglang.version import SGLANG_VERSION, UnsupportedSGLang, check_sglang_version
 
 if TYPE_CHECKING:
-    from .engine import Engine
-    from .settings import WorkerSettings
+    from zipkv.worker.engine import Engine
+    from zipkv.worker.settings import WorkerSettings
 
 
 class EngineUnavailable(RuntimeError):
@@ -29,7 +29,7 @@ def build_sglang_engine(settings: WorkerSettings) -> Engine:
     except UnsupportedSGLang as exc:
         raise EngineUnavailable(f"engine 'sglang' is not available on this machine: {exc}") from None
     try:
-        from .sglang_adapter import SGLangEngine
+        from zipkv.worker.engines.sglang.engine import SGLangEngine
     except ImportError as exc:
         raise EngineUnavailable(f"engine 'sglang' cannot load its SGLang integration: {exc}") from None
     return SGLangEngine(settings)

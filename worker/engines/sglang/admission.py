@@ -9,7 +9,7 @@ requests with room for about six more, and 13 waiting, for the whole decode phas
 
 :class:`AdmissionLatch` releases the latch when the pool's live ``available_size()`` has grown since the
 last time the latch was seen set; SGLang then runs its own admission check again (and sets the latch again
-if the request still does not fit). Pure bookkeeping over duck-typed objects; sglang_seams.py installs it
+if the request still does not fit). Pure bookkeeping over duck-typed objects; seams.py installs it
 around ``Scheduler.get_new_batch_prefill``.
 """
 

@@ -1,10 +1,11 @@
 """`SGLangEngine`: the worker's Engine interface over an in-process ``sglang.Engine`` (GPU).
 
-Selected by ``WorkerSettings(engine="sglang")`` (worker/engine_factory.py -> worker/sglang_engine.py). SGLang
-runs its scheduler in a spawned process; zipkv's pool, allocator and attention backend are installed there by
-the plugin (`zipkv.worker.sglang_plugin`), or, when zipkv is not installed as a distribution, by the Engine
-subclass from `sglang_seams.engine_class`. ``compression`` picks the backend: ``zipkv`` or its uncompressed
-twin ``zipkv_uncompressed`` (same pool and kernel, no page compressed).
+Selected by ``WorkerSettings(engine="sglang")`` (worker/engine_factory.py ->
+worker/engines/sglang/availability.py). SGLang runs its scheduler in a spawned process; zipkv's pool,
+allocator and attention backend are installed there by the plugin (`zipkv.worker.engines.sglang.plugin`), or,
+when zipkv is not installed as a distribution, by the Engine subclass from `seams.engine_class`.
+``compression`` picks the backend: ``zipkv`` or its uncompressed twin ``zipkv_uncompressed`` (same pool and
+kernel, no page compressed).
 
 Threading: one thread drives `step`; each request is an asyncio task on SGLang's own event loop that turns
 SGLang's stream into `EngineEvent`s; `step` runs that loop for a moment and returns what arrived.
@@ -22,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from .engine import (
+from zipkv.worker.engine import (
     EngineCapacity,
     EngineEvent,
     EngineRequest,
@@ -30,11 +31,16 @@ from .engine import (
     RequestRejected,
     SamplingOptions,
 )
-from .engine_stats import KVStats, now_ns
-from .kv_stats_board import KVStatsBoard
-from .owner_thread import OwnerThread
-from .settings import WorkerSettings
-from .sglang_telemetry import kernels_in_use, request_timings, scheduler_environ, tracing_kwargs
+from zipkv.worker.engine_stats import KVStats, now_ns
+from zipkv.worker.engines.sglang.kv_stats_board import KVStatsBoard
+from zipkv.worker.engines.sglang.owner_thread import OwnerThread
+from zipkv.worker.engines.sglang.telemetry import (
+    kernels_in_use,
+    request_timings,
+    scheduler_environ,
+    tracing_kwargs,
+)
+from zipkv.worker.settings import WorkerSettings
 
 # The warm-up request: three pages of prompt (the prefill fills two, so the encoder runs) and a few decode
 # steps, so the first user request does not pay the kernels' first compilation (769 ms against 111 ms for
@@ -87,7 +93,7 @@ def engine_kwargs(settings: WorkerSettings, model_path: str, **overrides: Any) -
         "skip_tokenizer_init": True,  # the router tokenizes; the worker sees token ids
         "log_level": "warning",
         "random_seed": 0,
-        **tracing_kwargs(),  # SGLang's scheduler spans join the worker's trace (sglang_telemetry.py)
+        **tracing_kwargs(),  # SGLang's scheduler spans join the worker's trace (telemetry.py)
     }
     kwargs.update(settings.sglang_kwargs())
     kwargs.update(overrides)
@@ -137,9 +143,9 @@ class SGLangEngine:
     def __init__(self, settings: WorkerSettings, **engine_overrides: Any) -> None:
         if settings.model_path is None:
             raise ValueError("engine 'sglang' needs model_path: a local model folder (config.json at least)")
-        from . import sglang_seams
+        from zipkv.worker.engines.sglang import seams
 
-        self._seams = sglang_seams
+        self._seams = seams
         self.model_name = settings.model_name or os.path.basename(os.path.normpath(settings.model_path))
         self._kv_bytes_per_token = kv_bytes_per_token(settings.model_path)
         self._context_tokens = settings.max_context_tokens or int(
@@ -155,14 +161,14 @@ class SGLangEngine:
         self._owner = OwnerThread("zipkv-sglang-owner")
         try:
             with scheduler_environ(self._board.env()):
-                self._eng = self._owner.call(lambda: sglang_seams.engine_class()(**kwargs))
+                self._eng = self._owner.call(lambda: seams.engine_class()(**kwargs))
             warm_s = self._owner.call(lambda: warm_up(self._eng))
         except BaseException:
             self._owner.close()
             self._board.close()
             raise
         log.info("sglang engine warm in %.1f s (two %d-token requests)", warm_s, WARMUP_PROMPT_TOKENS)
-        self._loop: asyncio.AbstractEventLoop = sglang_seams.event_loop(self._eng)
+        self._loop: asyncio.AbstractEventLoop = seams.event_loop(self._eng)
         self._running: dict[str, _Running] = {}
         self._events: list[EngineEvent] = []
         self._timings = _Timings()

@@ -1,6 +1,6 @@
 """zipkv's attention inside SGLang: fused decode over compressed pages, extend for the new tokens.
 
-No sglang import here: `sglang_seams` subclasses SGLang's ``AttentionBackend`` and ``KVCache``, turns each
+No sglang import here: `seams` subclasses SGLang's ``AttentionBackend`` and ``KVCache``, turns each
 ``ForwardBatch`` into a `BatchView` and calls into this module.
 
 - **Store**: new tokens go into their raw pages (``store_tokens``, the page table of the layer).
@@ -26,9 +26,8 @@ import torch
 
 from zipkv.allocator import PagePool
 from zipkv.kernels.layout import PAGE_TOKENS, PageFormat
-
-from .sglang_pool import ZipkvAllocator
-from .sglang_slots import to_device
+from zipkv.worker.engines.sglang.allocator import ZipkvAllocator
+from zipkv.worker.engines.sglang.slots import to_device
 
 if TYPE_CHECKING:  # the kernels import Triton: loaded on first use
     from zipkv.kernels.extend_attention import ExtendPlan

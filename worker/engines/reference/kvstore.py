@@ -13,9 +13,8 @@ from typing import Any
 import torch
 
 from zipkv.kernels.layout import PAGE_TOKENS, PageFormat
-
-from ..encode_timer import TimedEncoder
-from ..engine_stats import KernelsInUse, KVStats, decode_kernel_label, kv_stats_of
+from zipkv.worker.encode_timer import TimedEncoder
+from zipkv.worker.engine_stats import KernelsInUse, KVStats, decode_kernel_label, kv_stats_of
 
 
 class KVStore:

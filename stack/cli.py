@@ -14,7 +14,7 @@ from typing import Any
 
 
 def _up(args: argparse.Namespace) -> int:
-    from .local_stack import LocalStack, StackOptions
+    from zipkv.stack.local_stack import LocalStack, StackOptions
 
     try:
         options = StackOptions(
@@ -55,7 +55,7 @@ def _up(args: argparse.Namespace) -> int:
     if stop.is_set():
         stack.stop()
         return 130
-    from .local_observability import where_to_look
+    from zipkv.stack.local_observability import where_to_look
 
     url = stack.base_urls[0]
     print(
@@ -107,7 +107,7 @@ def status_rows(workers: list[dict[str, Any]], now_s: float) -> list[list[str]]:
 
 
 def _status(args: argparse.Namespace) -> int:
-    from .local_stack import STATE_DIR, http_get
+    from zipkv.stack.local_stack import STATE_DIR, http_get
 
     path = Path(STATE_DIR) / f"status-{args.port}.json"
     url = f"http://127.0.0.1:{args.port}"

@@ -21,14 +21,13 @@ from dataclasses import dataclass
 import torch
 
 from zipkv.kernels.layout import FORMAT_VERSION, PAGE_TOKENS, PageFormat
-
-from ..engine import EngineCapacity, EngineEvent, EngineRequest, FinishReason, RequestRejected
-from ..engine_stats import KVStats, now_ns
-from .kvstore import KVStore
-from .model import LoadedModel
-from .paged import SeqSlice, StepBatch
-from .running import Running, ewma, pages_for
-from .sampling import make_generator, sample_next
+from zipkv.worker.engine import EngineCapacity, EngineEvent, EngineRequest, FinishReason, RequestRejected
+from zipkv.worker.engine_stats import KVStats, now_ns
+from zipkv.worker.engines.reference.attention import SeqSlice, StepBatch
+from zipkv.worker.engines.reference.kvstore import KVStore
+from zipkv.worker.engines.reference.model import LoadedModel
+from zipkv.worker.engines.reference.running import Running, ewma, pages_for
+from zipkv.worker.engines.reference.sampling import make_generator, sample_next
 
 
 @dataclass(frozen=True)

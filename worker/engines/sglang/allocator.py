@@ -6,12 +6,12 @@ more page ids than raw pages fit in the byte budget (compressed pages take less)
 more tokens than an uncompressed pool of the same bytes could hold.
 
 `ZipkvAllocator` is the allocator logic (SGLang's paged-allocator surface: ``alloc``, ``alloc_extend``,
-``alloc_decode``, ``free``, ``free_segment``, ``available_size``); `sglang_seams` mixes it into SGLang's
+``alloc_decode``, ``free``, ``free_segment``, ``available_size``); `seams` mixes it into SGLang's
 allocator base class. Rules that keep it sync-free on the scheduling path:
 
 - New page ids come from the host (``PagePool.allocate``); the per-token slots are computed on the device.
 - Which pages a step fills and which pages SGLang frees are only known on the device (SGLang passes slot
-  tensors). They are copied to pinned host memory without a sync (sglang_readback.py) and applied, in
+  tensors). They are copied to pinned host memory without a sync (readback.py) and applied, in
   order, once their copy has landed (a `torch.cuda.Event` query; on the CPU, at once). Until then capacity
   is under-counted, never over-counted.
 - A page that filled during forward step N is marked full only when step N+1 starts (`compress_step`, on the
@@ -30,11 +30,10 @@ import torch
 
 from zipkv.allocator import OutOfPages, PagePool
 from zipkv.kernels.layout import PAGE_TOKENS
-
-from .kv_stats_board import PUBLISH_EVERY_STEPS, KVStatsBoard
-from .sglang_readback import Readback, copy_to_host
-from .sglang_reclaim import PrefixCache, overcount_tokens, reclaim
-from .sglang_slots import decode_slots, extend_slots, plan_extend, to_device
+from zipkv.worker.engines.sglang.kv_stats_board import PUBLISH_EVERY_STEPS, KVStatsBoard
+from zipkv.worker.engines.sglang.readback import Readback, copy_to_host
+from zipkv.worker.engines.sglang.reclaim import PrefixCache, overcount_tokens, reclaim
+from zipkv.worker.engines.sglang.slots import decode_slots, extend_slots, plan_extend, to_device
 
 log = logging.getLogger("zipkv.worker.sglang")
 
@@ -83,7 +82,7 @@ class ZipkvAllocator:
 
     def available_size(self) -> int:
         """Tokens of new (raw) pages that fit now, under compression; live, never optimistic. With a
-        compressed radix cache, less what SGLang over-counts in its evictable tokens (sglang_reclaim.py)."""
+        compressed radix cache, less what SGLang over-counts in its evictable tokens (reclaim.py)."""
         self.drain(block=False)
         # Chunks emptied by frees return to the shared pool once their fences pass; without this poll they
         # would only come back at the next forward step, and an idle server could never admit into them.
