@@ -28,7 +28,7 @@ I64 = np.int64
 
 
 class ChunkTable:
-    _fit: int | None  # cached new_pages_fit(); None when something changed
+    _fit: int | None  # cached headroom_pages(); None when something changed
     reserved_pages: int
 
     def __init__(self, cfg: LedgerConfig, new_fence: Callable[[], Fence] = CompletedFence) -> None:

@@ -58,7 +58,7 @@ class Ledger(ChunkTable):
         self.encode_margin_pages = self.slots_per_chunk if cfg.compression else 0
         self._margin_now = 0
 
-    def new_pages_fit(self) -> int:
+    def headroom_pages(self) -> int:
         """New pages that fit in every layer after the reservations and the held margin; never optimistic."""
         if self._fit is None:
             ids_left = max(0, len(self.free_ids) - self.reserved_pages)
@@ -72,7 +72,7 @@ class Ledger(ChunkTable):
     def held_margin_pages(self) -> int:
         """The encode margin held now: what compression freed beyond compression off's room, capped at
         ``encode_margin_pages``; 0 while nothing is compressed (idle headroom equals compression off's)."""
-        self.new_pages_fit()
+        self.headroom_pages()
         return self._margin_now
 
     def _uncompressed_room(self) -> int:
@@ -90,7 +90,7 @@ class Ledger(ChunkTable):
         room = self.fits(total + self.held_margin_pages())
         if max_new_pages > old and (total > len(self.free_ids) or not room):
             raise OutOfPages(
-                f"cannot reserve {max_new_pages} pages for {request_id!r}: {self.new_pages_fit()} more fit "
+                f"cannot reserve {max_new_pages} pages for {request_id!r}: {self.headroom_pages()} more fit "
                 "after existing reservations; admit it later or with a shorter max length"
             )
         self.reservations[request_id] = max_new_pages
@@ -121,7 +121,7 @@ class Ledger(ChunkTable):
         margin = self.held_margin_pages() if n > drawn else 0  # reserved pages may use the margin
         if not self.fits(self.reserved_pages - drawn + n + margin):
             raise OutOfPages(
-                f"{n} new pages do not fit: {self.new_pages_fit()} fit after {self.reserved_pages} reserved "
+                f"{n} new pages do not fit: {self.headroom_pages()} fit after {self.reserved_pages} reserved "
                 f"(of which {drawn} are this request's); wait for running requests to finish"
             )
         short = -(-np.maximum(n - self.free_slots, 0) // self.slots_per_chunk)  # RAW chunks each layer takes

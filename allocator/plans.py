@@ -139,7 +139,7 @@ def packed_units(
 class PoolStats:
     """A snapshot of the pool. Pages count page ids (each has a page in every layer)."""
 
-    free_pages: int  # new pages that fit now, after reservations
+    headroom_pages: int  # new pages that fit now, after reservations
     used_pages: int  # live page ids
     committed_pages: int  # pages reserved for running requests, not yet allocated
     raw_pages: int  # live page ids stored uncompressed

@@ -3,7 +3,7 @@
 The allocator's four rules (docs/design.md): (1) new pages are allocated at raw size; (2) compressed
 pages move and ``page_loc`` maps the stable page id to the current place; (3) per-layer space plus a
 shared pool of empty chunks, returned only when no read is in flight (fences);
-(4) ``new_pages_fit()`` after reservations.
+(4) ``headroom_pages()`` after reservations.
 
 Device tensors (fixed addresses for the pool's life, updated in place, so CUDA graphs can replay):
   heap      uint8 [budget_bytes, rounded down to a unit]      every page, raw or compressed
@@ -138,9 +138,9 @@ class PagePool:
     def release(self, request_id: str) -> None:
         self.ledger.release(request_id)
 
-    def new_pages_fit(self) -> int:
+    def headroom_pages(self) -> int:
         """New pages that fit in every layer after reservations (conservative, never optimistic)."""
-        return self.ledger.new_pages_fit()
+        return self.ledger.headroom_pages()
 
     def poll(self) -> None:
         """Take in what finished on the device (sizes, drained chunks) without waiting; cheap."""
@@ -227,7 +227,7 @@ class PagePool:
         budget = led.cfg.num_chunks * led.cu * unit
         used = int(led.chunk_live.sum()) * unit
         return PoolStats(
-            free_pages=led.new_pages_fit(),
+            headroom_pages=led.headroom_pages(),
             used_pages=int((state != PageState.FREE).sum()),
             committed_pages=led.reserved_pages,
             raw_pages=int(((state == PageState.RAW) | (state == PageState.FULL)).sum()),

@@ -196,7 +196,8 @@ class Dispatcher:
 
     def _too_large(self, shape: RequestShape) -> DispatchError:
         largest = max(
-            (v.total_tokens for v in self.store.snapshot().workers if v.model == shape.model), default=0
+            (v.capacity.total_tokens for v in self.store.snapshot().workers if v.model == shape.model),
+            default=0,
         )
         return DispatchError(
             400,

@@ -20,6 +20,7 @@ from opentelemetry import trace
 from zipkv.controlplane import admission as adm
 from zipkv.controlplane.chat_template import NoChatTemplate
 from zipkv.controlplane.config import ModelConfig, RouterConfig
+from zipkv.controlplane.context import fits_context, model_context_tokens
 from zipkv.controlplane.dispatch import Dispatcher, DispatchError
 from zipkv.controlplane.metrics import RouterMetrics
 from zipkv.controlplane.openai_api import (
@@ -157,12 +158,7 @@ class Router:
     def context_tokens(self, model: ModelConfig) -> int:
         """The model's context: the configured one, lowered to the largest that a live worker reports
         (a request that no worker could hold is malformed, not a capacity problem)."""
-        reported = [
-            v.max_context_tokens
-            for v in self.store.snapshot().workers
-            if v.model == model.name and v.max_context_tokens > 0
-        ]
-        return min(model.max_context_tokens, max(reported)) if reported else model.max_context_tokens
+        return model_context_tokens(model.name, model.max_context_tokens, self.store.snapshot().workers)
 
     def _shape(
         self,
@@ -172,7 +168,7 @@ class Router:
         slo: tuple[float, float],
     ) -> RequestShape:
         ctx = self.context_tokens(model)
-        if n_prompt >= ctx:
+        if not fits_context(n_prompt + 1, ctx):  # room for at least one new token
             raise adm.bad_request(
                 f"prompt has {n_prompt} tokens; model {model.name!r} accepts at most {ctx - 1} "
                 f"(its context is {ctx}); shorten the prompt",
@@ -180,7 +176,7 @@ class Router:
                 "context_length_exceeded",
             )
         asked = req.requested_max_tokens() if isinstance(req, ChatRequest) else req.max_tokens
-        if asked is not None and n_prompt + asked > ctx:
+        if asked is not None and not fits_context(n_prompt + asked, ctx):
             raise adm.bad_request(
                 f"prompt ({n_prompt}) + max_tokens ({asked}) exceeds the context of {ctx} tokens; "
                 "lower max_tokens",

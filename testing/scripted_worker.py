@@ -144,7 +144,7 @@ class ScriptedWorker(pb_grpc.WorkerServicer):
             sequence=self.sequence,
             epoch=self.epoch,
             timestamp_s=time.time(),
-            free_tokens=max(self.total_tokens - committed, 0),
+            headroom_tokens=max(self.total_tokens - committed, 0),
             committed_tokens=committed,
             total_tokens=self.total_tokens,
             compression_ratio=0.7,

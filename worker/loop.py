@@ -15,7 +15,8 @@ import threading
 import time
 from dataclasses import dataclass
 
-from zipkv.worker.engine import Engine, EngineCapacity, EngineEvent, EngineRequest, FinishReason
+from zipkv.protos.capacity import Capacity
+from zipkv.worker.engine import Engine, EngineEvent, EngineRequest, FinishReason
 from zipkv.worker.engine_stats import KVStats
 
 log = logging.getLogger("zipkv.worker")
@@ -73,7 +74,7 @@ class EngineLoop:
     def abort(self, request_id: str, message: str = "aborted") -> None:
         self._inbox.put(_Abort(request_id, message))
 
-    def capacity(self) -> EngineCapacity:
+    def capacity(self) -> Capacity:
         return self._capacity
 
     def kv_stats(self) -> KVStats | None:

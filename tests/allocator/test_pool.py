@@ -96,10 +96,10 @@ def test_requests_admitted_by_capacity_all_finish(shared_pool: bool, fmt: PageFo
 
 def test_out_of_pages_is_clear_and_changes_nothing() -> None:
     pool = make_pool(layers=2, chunks=8)
-    fit = pool.new_pages_fit()
+    fit = pool.headroom_pages()
     with pytest.raises(OutOfPages, match="do not fit"):
         pool.allocate(fit + 1)
-    assert pool.new_pages_fit() == fit and pool.stats().used_pages == 0
+    assert pool.headroom_pages() == fit and pool.stats().used_pages == 0
 
 
 def test_bad_configuration_is_refused() -> None:

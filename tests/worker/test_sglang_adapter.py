@@ -148,11 +148,11 @@ def test_capacity_inside_a_serve_constructor_drives_sglangs_loop_off_the_running
     try:
         assert asyncio.run(constructor()) == 1000
         eng._loads = None
-        assert eng.capacity().free_tokens == 750  # no loop running here: driven in place
+        assert eng.capacity().headroom_tokens == 750  # no loop running here: driven in place
         # SGLang's count below zero (radix cache holding compressed pages, H200 log "#token: -2800"): the
         # headroom stays within the pool
         snapshot.num_used_tokens, eng._loads = -2800, None  # type: ignore[attr-defined]
-        assert eng.capacity().free_tokens == 1000
+        assert eng.capacity().headroom_tokens == 1000
     finally:
         eng._owner.close()
         own_loop.close()

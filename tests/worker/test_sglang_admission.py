@@ -52,6 +52,6 @@ def test_latch_stays_while_the_pool_only_shrinks_and_resets_when_sglang_clears_i
     more = _prefill(alloc, 4 * PAGE_TOKENS)  # decode growth takes room: never a reason to retry
     assert latch.release(batch, alloc) is False and batch.batch_is_full
     batch.batch_is_full = False  # a request finished: SGLang cleared it itself
-    assert latch.release(batch, alloc) is False and latch.seen_free_tokens is None
+    assert latch.release(batch, alloc) is False and latch.seen_headroom_tokens is None
     alloc.free(out)
     alloc.free(more)

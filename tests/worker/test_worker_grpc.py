@@ -73,7 +73,11 @@ def test_generate_streams_tokens_and_reports_flow(
     assert seqs == sorted(seqs) and len(set(seqs)) == len(seqs)
     last = reports[-1]
     assert last.worker_id == "w-test" and last.address == runtime.address and last.model == "zipkv-tiny"
-    assert last.free_tokens > 0 and last.total_tokens >= last.free_tokens and last.kv_bytes_per_token == 1024
+    assert (
+        last.headroom_tokens > 0
+        and last.total_tokens >= last.headroom_tokens
+        and last.kv_bytes_per_token == 1024
+    )
     assert last.max_context_tokens == 2048 and not last.draining and last.epoch > 0
 
 

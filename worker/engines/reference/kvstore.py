@@ -103,8 +103,8 @@ class KVStore:
     def release(self, request_id: str) -> None:
         self.pool.release(request_id)
 
-    def new_pages_fit(self) -> int:
-        return int(self.pool.new_pages_fit())
+    def headroom_pages(self) -> int:
+        return int(self.pool.headroom_pages())
 
     def stats(self) -> Any:
         return self.pool.stats()
@@ -162,4 +162,4 @@ def idle_capacity_tokens(
         store = KVStore(fmt, num_layers, budget_bytes, "meta", compression, chunk_bytes, "torch")
     except ValueError:  # fewer chunks than layers
         return 0
-    return store.new_pages_fit() * PAGE_TOKENS
+    return store.headroom_pages() * PAGE_TOKENS

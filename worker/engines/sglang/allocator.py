@@ -16,8 +16,8 @@ allocator base class. Rules that keep it sync-free on the scheduling path:
   is under-counted, never over-counted.
 - A page that filled during forward step N is marked full only when step N+1 starts (`compress_step`, on the
   forward stream, after step N's writes), so the encoder never reads a page before its last token is written.
-- ``available_size()`` = new raw pages that fit (`PagePool.new_pages_fit`) x 16, bounded by the free page ids:
-  live, so SGLang's admission, retraction and load metrics see compressed capacity.
+- ``available_size()`` = new raw pages that fit (`PagePool.headroom_pages`) x 16, bounded by the free page
+  ids: live, so SGLang's admission, retraction and load metrics see compressed capacity.
 """
 
 from __future__ import annotations
@@ -76,18 +76,19 @@ class ZipkvAllocator:
     def free_page_ids(self) -> int:
         return self.max_pages - 1 - self._live_pages
 
-    def pages_fit(self) -> int:
+    def headroom_pages(self) -> int:
         """New (raw) pages that fit now: pool bytes and free page ids."""
-        return min(self.pool.new_pages_fit(), self.free_page_ids())
+        return min(self.pool.headroom_pages(), self.free_page_ids())
 
     def available_size(self) -> int:
-        """Tokens of new (raw) pages that fit now, under compression; live, never optimistic. With a
-        compressed radix cache, less what SGLang over-counts in its evictable tokens (reclaim.py)."""
+        """The headroom in tokens, under SGLang's name for it: new (raw) pages that fit now, under
+        compression; live, never optimistic. With a compressed radix cache, less what SGLang over-counts in
+        its evictable tokens (reclaim.py)."""
         self.drain(block=False)
         # Chunks emptied by frees return to the shared pool once their fences pass; without this poll they
         # would only come back at the next forward step, and an idle server could never admit into them.
         self.pool.poll()
-        tokens = self.pages_fit() * PAGE_TOKENS
+        tokens = self.headroom_pages() * PAGE_TOKENS
         if self.compression and self.prefix_cache is not None:
             tokens = max(0, tokens - overcount_tokens(self.prefix_cache.evictable_tokens(), self.pool.fmt))
         return tokens
@@ -284,14 +285,14 @@ class ZipkvAllocator:
             # of compressed pages; decode_reqs: requests of the last decode batch (0 after a prefill).
             log.info(
                 "zipkv pool step=%d compressed_pages=%d raw_pages=%d encoding_pages=%d ratio=%.4f "
-                "free_pages=%d live_pages=%d compressed_blocks=%d compressed_page_blocks=%d "
+                "headroom_pages=%d live_pages=%d compressed_blocks=%d compressed_page_blocks=%d "
                 "block_fraction=%.4f decode_reqs=%d",
                 self._forward_step,
                 st.compressed_pages,
                 st.raw_pages,
                 st.encoding_pages,
                 st.compression_ratio,
-                st.free_pages,
+                st.headroom_pages,
                 self._live_pages,
                 st.compressed_blocks,
                 st.compressed_page_blocks,

@@ -23,8 +23,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from zipkv.protos.capacity import Capacity
 from zipkv.worker.engine import (
-    EngineCapacity,
     EngineEvent,
     EngineRequest,
     FinishReason,
@@ -206,7 +206,7 @@ class SGLangEngine:
     def has_work(self) -> bool:
         return bool(self._running or self._events)
 
-    def capacity(self) -> EngineCapacity:
+    def capacity(self) -> Capacity:
         loads = self._snapshot()
         total = int(getattr(loads, "max_total_num_tokens", 0))
         # SGLang's used = total - available - evictable; with the radix cache on it counts cached tokens at
@@ -216,15 +216,15 @@ class SGLangEngine:
         held = sum(len(r.request.prompt_token_ids) + r.emitted for r in self._running.values())
         committed = sum(r.request.sampling.max_new_tokens - r.emitted for r in self._running.values())
         started = [r for r in self._running.values() if r.first_token_s is None]
-        return EngineCapacity(
-            free_tokens=max(total - used - committed, 0),
+        return Capacity(
+            headroom_tokens=max(total - used - committed, 0),
             committed_tokens=committed,
             total_tokens=total,
             # Estimate: KV bytes in use (SGLang counts them in raw-token units from zipkv's live capacity)
             # per token held by running requests. 1.0 while nothing runs.
             compression_ratio=min(used / held, 1.0) if held and used else 1.0,
-            running=int(getattr(loads, "num_running_reqs", len(self._running))),
-            queued=int(getattr(loads, "num_waiting_reqs", 0)),
+            running_requests=int(getattr(loads, "num_running_reqs", len(self._running))),
+            queued_requests=int(getattr(loads, "num_waiting_reqs", 0)),
             queued_prefill_tokens=sum(len(r.request.prompt_token_ids) for r in started),
             ttft_ms=_mean(self._timings.ttft_ms),
             itl_ms=_mean(self._timings.itl_ms),

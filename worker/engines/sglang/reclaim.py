@@ -35,7 +35,7 @@ class Reclaimer(Protocol):
     @property
     def pool(self) -> PagePool: ...
 
-    def pages_fit(self) -> int: ...
+    def headroom_pages(self) -> int: ...
 
     def drain(self, block: bool) -> None: ...
 
@@ -66,7 +66,7 @@ def reclaim(alloc: Reclaimer, cache: PrefixCache, need_pages: int) -> bool:
     """Make room for ``need_pages`` new pages from the prefix cache; True once they fit."""
     share_num, share_den = min_stored_share(alloc.pool.fmt)
     for _ in range(RECLAIM_ROUNDS):
-        fit = alloc.pages_fit()
+        fit = alloc.headroom_pages()
         if fit >= need_pages:
             return True
         # evict enough that even fully compressed pages cover the shortfall
@@ -76,7 +76,7 @@ def reclaim(alloc: Reclaimer, cache: PrefixCache, need_pages: int) -> bool:
         moved = _compact(alloc)  # waits for the device: drained chunks and moves are taken in
         if evicted == 0 and moved == 0:
             break
-    return alloc.pages_fit() >= need_pages
+    return alloc.headroom_pages() >= need_pages
 
 
 def _compact(alloc: Reclaimer) -> int:
