@@ -4,6 +4,7 @@ reservation accounting of the in-memory store."""
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from typing import Any
 
@@ -12,7 +13,7 @@ import httpx
 import pytest
 from router_harness import TOKEN, stack
 
-from zipkv.controlplane.state import MemoryStore, WorkerView
+from zipkv.controlplane.state import MemoryStore, WorkerView, view_from_json, view_to_json
 from zipkv.protos.capacity import Capacity
 from zipkv.testing.scripted_worker import ScriptedWorker
 
@@ -163,3 +164,11 @@ def test_a_replayed_report_is_refused() -> None:
         assert s.send(report).accepted
         again = s.send(report)  # captured and sent again, e.g. to pin stale headroom
         assert not again.accepted and "out of order" in again.reason
+
+
+def test_the_shared_state_json_round_trips_and_reads_the_old_key() -> None:
+    view = _view(1234, 100.0)
+    assert view_from_json(view_to_json(view)) == view
+    old = json.loads(view_to_json(view))
+    old["free_tokens"] = old.pop("headroom_tokens")  # as a router from before the rename wrote it
+    assert view_from_json(json.dumps(old)).capacity.headroom_tokens == 1234
