@@ -20,6 +20,7 @@ arrived from earlier launches. Nothing here waits for the device.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -44,6 +45,16 @@ def unit_bytes_for(fmt: PageFormat) -> int:
             f"whole {unit} B units aligned to {fmt.page_alignment_bytes} B; the allocator needs them to be"
         )
     return unit
+
+
+@dataclass(frozen=True)
+class LayerPages:
+    """One layer's pages as the kernels read them: the shared heap and this layer's rows of the page table
+    and metadata (views of the pool's tensors, so they stay valid, and capture-stable, for its life)."""
+
+    heap: torch.Tensor  # uint8 [heap bytes]: every page of every layer
+    loc: torch.Tensor  # int64 [max_pages]: byte offset of each page of this layer
+    meta: torch.Tensor  # uint8 [max_pages, 2H, meta_bytes]
 
 
 class PagePool:
@@ -106,10 +117,15 @@ class PagePool:
         self._units = self.heap[: (num_chunks * chunk_units + 1) * unit].view(-1, unit)
         self._scratch_unit = num_chunks * chunk_units
         self._slice_pages = max(1, PACK_TEMP_BYTES // fmt.raw_page_bytes)
+        self._layers = [LayerPages(self.heap, self.page_loc[i], self.page_meta[i]) for i in range(num_layers)]
 
     @property
     def max_pages(self) -> int:
         return self.ledger.cfg.max_pages
+
+    def layer(self, layer: int) -> LayerPages:
+        """What the kernels read of ``layer`` (engines go through this, not the pool's tensors)."""
+        return self._layers[layer]
 
     # ---- scheduling --------------------------------------------------------------------------------
     def allocate(self, n_pages: int, request_id: str | Sequence[str] | None = None) -> list[int]:

@@ -118,13 +118,13 @@ class KVStore:
     # ---- the codec ----------------------------------------------------------------------------------
     def write(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         """Write new tokens (``k``, ``v``: bf16 ``[n, Hkv, D]``) into their raw pages."""
-        self._store_tokens(self.pool.heap, self.pool.page_loc[layer], slots, k, v, self.fmt)
+        pages = self.pool.layer(layer)
+        self._store_tokens(pages.heap, pages.loc, slots, k, v, self.fmt)
 
     def read_pages(self, layer: int, page_ids: torch.Tensor) -> torch.Tensor:
         """bf16 ``[n, 2, Hkv, 16, D]``: the pages restored, raw or compressed."""
-        return self._gather_pages(
-            self.pool.heap, self.pool.page_loc[layer], self.pool.page_meta[layer], page_ids, self.fmt
-        )
+        pages = self.pool.layer(layer)
+        return self._gather_pages(pages.heap, pages.loc, pages.meta, page_ids, self.fmt)
 
     def plan_decode(self, page_ids: list[list[int]], kv_lens: list[int], num_q_heads: int) -> Any:
         """A decode plan for one step of single-token decodes (CUDA only), reused by every layer."""
@@ -142,14 +142,9 @@ class KVStore:
         )
 
     def decode_attention(self, layer: int, plan: Any, q: torch.Tensor, sm_scale: float) -> torch.Tensor:
+        pages = self.pool.layer(layer)
         return self._decode_mod.decode_attention(
-            plan,
-            q,
-            self.pool.heap,
-            self.pool.page_loc[layer],
-            self.pool.page_meta[layer],
-            sm_scale,
-            compressed=self.compression,
+            plan, q, pages.heap, pages.loc, pages.meta, sm_scale, compressed=self.compression
         )
 
 

@@ -52,7 +52,7 @@ class ZipkvAllocator:
         self.device = torch.device(device)
         self.compression = compression
         self.page_size = PAGE_TOKENS
-        self.max_pages = int(pool.page_loc.shape[1])
+        self.max_pages = pool.max_pages
         self.size = (self.max_pages - 1) * PAGE_TOKENS  # virtual slots SGLang may address (pad excluded)
         pad = pool.allocate(1)
         if pad != [PAD_PAGE]:

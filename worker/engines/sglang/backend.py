@@ -68,7 +68,7 @@ class ZipkvAttnBackend(AttentionBackend):
         self.impl.graph_plan(view_of(forward_batch))
 
     def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int) -> None:
-        self.impl.init_graph_state(max_bs, self.token_to_kv_pool.pool.heap.device)
+        self.impl.init_graph_state(max_bs, self.token_to_kv_pool.pool.device)
 
     def get_cuda_graph_seq_len_fill_value(self) -> int:
         return 1

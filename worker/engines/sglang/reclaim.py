@@ -82,7 +82,7 @@ def reclaim(alloc: Reclaimer, cache: PrefixCache, need_pages: int) -> bool:
 def _compact(alloc: Reclaimer) -> int:
     """Compact all layers until a pass moves nothing (a pass moves a bounded number of pages), waiting
     for the device after each pass; returns the pages moved."""
-    layers = int(alloc.pool.page_loc.shape[0])
+    layers = alloc.pool.num_layers
     total = 0
     for _ in range(4):
         moved = alloc.pool.compact(max_layers=layers, live_fraction=RECLAIM_LIVE_FRACTION)
