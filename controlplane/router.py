@@ -21,7 +21,7 @@ from zipkv.controlplane import admission as adm
 from zipkv.controlplane.chat_template import NoChatTemplate
 from zipkv.controlplane.config import ModelConfig, RouterConfig
 from zipkv.controlplane.context import fits_context, model_context_tokens
-from zipkv.controlplane.dispatch import Dispatcher, DispatchError
+from zipkv.controlplane.dispatch import Dispatcher, DispatchError, Sampling
 from zipkv.controlplane.metrics import RouterMetrics
 from zipkv.controlplane.openai_api import (
     ChatRequest,
@@ -35,7 +35,6 @@ from zipkv.controlplane.relay import Outcome, Relay, RelayResponse, collect, str
 from zipkv.controlplane.state import MemoryStore, Store
 from zipkv.controlplane.telemetry import tracer
 from zipkv.controlplane.tokenizer import Tokenizer, load_tokenizer
-from zipkv.protos import zipkv_pb2 as pb
 
 log = logging.getLogger("zipkv.controlplane.router")
 
@@ -213,15 +212,7 @@ class Router:
         prompt_ids = self._prompt_ids(req, tok)
         shape = self._shape(req, model, len(prompt_ids), adm.slo_from_headers(request, self.cfg))
         stops = [] if req.ignore_eos else list(tok.stop_token_ids)  # EOS and generation_config.json's
-        sampling = pb.SamplingParams(
-            temperature=req.temperature,
-            top_p=req.top_p,
-            top_k=max(req.top_k, 0),
-            max_new_tokens=shape.max_new_tokens,
-            stop_token_ids=stops,
-            ignore_eos=req.ignore_eos,
-            seed=0 if req.seed is None else req.seed + 1,  # 0 on the wire: no seed
-        )
+        sampling = Sampling(req.temperature, req.top_p, req.top_k, tuple(stops), req.ignore_eos, req.seed)
         op = "chat" if kind == "chat" else "text_completion"
         span = self.tracer.start_span(
             f"{op} {model.name}",
