@@ -12,7 +12,7 @@ test: setup
 	ZIPKV_SGLANG_SRC=$${ZIPKV_SGLANG_SRC:-$(CURDIR)/.cache/sglang-0.5.17} $(PY) -m pytest -q
 
 lint:
-	ruff check . && ruff format --check . && mypy controlplane worker kernels allocator protos bench
+	ruff check . && ruff format --check . && mypy controlplane worker kernels allocator protos stack testing bench
 
 protos:
 	$(PY) -m zipkv.protos.generate

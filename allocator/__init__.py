@@ -1,4 +1,4 @@
-"""zipkv.allocator: the cross-layer pooled page allocator (DESIGN.md section 5).
+"""zipkv.allocator: the cross-layer pooled page allocator (docs/design.md, the allocator's four rules).
 
 ``PagePool`` owns the device heap and page tables; ``Ledger`` is its host-side bookkeeping (no torch);
 ``capacity.pages_fit`` is the capacity arithmetic. See docs/allocator.md.

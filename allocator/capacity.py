@@ -1,4 +1,4 @@
-"""Capacity arithmetic: how many new pages fit in every layer (DESIGN.md section 5, rule 4).
+"""Capacity arithmetic: how many new pages fit in every layer (docs/design.md, the allocator's rule 4).
 
 Pure integer arithmetic over *units* (any unit: the pool uses 256-byte units, the seed's worked example
 uses its own). Every new page costs ``raw_page_units`` in every layer (rule 1: new pages are allocated

@@ -14,13 +14,21 @@ from collections.abc import Callable
 import numpy as np
 
 from zipkv.allocator import capacity
-from zipkv.allocator.plans import ChunkKind, CompletedFence, Fence, LedgerConfig, OutOfPages, unique_sorted
+from zipkv.allocator.plans import (
+    ChunkKind,
+    CompletedFence,
+    Fence,
+    LedgerConfig,
+    OutOfPages,
+    RegionLayout,
+    unique_sorted,
+)
 
 I64 = np.int64
 
 
 class ChunkTable:
-    _fit: int | None  # cached new_pages_fit(); None when something changed
+    _fit: int | None  # cached headroom_pages(); None when something changed
     reserved_pages: int
 
     def __init__(self, cfg: LedgerConfig, new_fence: Callable[[], Fence] = CompletedFence) -> None:
@@ -67,7 +75,7 @@ class ChunkTable:
             units = units + np.array([len(e) for e in self.private_empty], dtype=I64) * self.cu
         return units
 
-    def _fits(self, total_pages: int, free_units: np.ndarray | None = None, pool: int | None = None) -> bool:
+    def fits(self, total_pages: int, free_units: np.ndarray | None = None, pool: int | None = None) -> bool:
         return capacity.fits(
             self.free_units() if free_units is None else free_units,
             total_pages,
@@ -167,7 +175,7 @@ class ChunkTable:
             # A RAW chunk's free slots count as capacity now and again once it has drained, but not while
             # it drains: keep it (empty, in its layer) if that gap would break a reservation.
             lost = np.bincount(owners[raw], minlength=self.cfg.num_layers) * self.cu
-            if not self._fits(self.reserved_pages, free_units=self.free_units() - lost):
+            if not self.fits(self.reserved_pages, free_units=self.free_units() - lost):
                 self.idle_raw.update(empty[raw].tolist())
                 empty, owners, raw = empty[~raw], owners[~raw], raw[~raw]
                 if empty.size == 0:
@@ -184,20 +192,26 @@ class ChunkTable:
         self.draining.append((self.new_fence(), empty))
         self._fit = None
 
-    def room_pages(self, c: int) -> int:
-        """Worst-case (raw-size) pages that still fit behind LOG chunk ``c``'s bump pointer."""
-        return int(self.cu - self.chunk_bump[c]) // self.raw
-
-    def log_target(self, layer: int) -> int:
-        """The LOG chunk the layer places its next compressed page in (taking a chunk if none has room)."""
-        rooms = self.log_rooms[layer]
-        while rooms and self.room_pages(rooms[-1]) == 0:
-            self.in_rooms[rooms.pop()] = False
-        if not rooms:
-            c = self._take_chunk(layer, ChunkKind.LOG)
-            rooms.append(c)
-            self.in_rooms[c] = True
-        return rooms[-1]
+    def open_regions(self, layout: RegionLayout) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Take and list the chunks of an encode launch's ``layout`` and hand out its worst-case places:
+        (base units, page count, chunk) of each region."""
+        chunk = layout.chunk.copy()
+        new = chunk < 0
+        if new.any():
+            chunk[new] = self._take_chunks(layout.owner[new], ChunkKind.LOG)
+        if layout.popped.size:
+            self.in_rooms[layout.popped] = False
+            drop = np.bincount(self.chunk_owner[layout.popped], minlength=self.cfg.num_layers)
+            for layer in np.flatnonzero(drop).tolist():
+                del self.log_rooms[layer][-int(drop[layer]) :]
+        for layer, c in zip(layout.owner[layout.stays].tolist(), chunk[layout.stays].tolist(), strict=True):
+            self.log_rooms[layer].append(c)
+        self.in_rooms[chunk[layout.stays]] = True
+        base = chunk * self.cu + self.chunk_bump[chunk]
+        self.chunk_bump[chunk] += layout.count * self.raw
+        self.chunk_live[chunk] += layout.count * self.raw  # a chunk takes at most one region per launch
+        self.chunk_pending[chunk] += 1
+        return base, layout.count, chunk
 
     def offer_room(self, chunks: np.ndarray) -> None:
         """LOG chunks whose bump pointer moved back: their tails take pages again."""

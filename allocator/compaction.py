@@ -5,46 +5,80 @@ Requests finish in any order, so compressed chunks collect dead bytes. A chunk w
 packed into the layer's open LOG chunk (and new chunks when needed) as long as that frees more chunks than
 it takes and every reservation stays honoured. The page table is updated to the new places; the emptied
 chunks drain (device fence) before anyone can reuse them.
+
+Planning only: the functions here read the ledger's state and return a ``LayerMove`` per layer;
+``Ledger`` applies it (takes the chunks, updates its tables), so it alone writes its arrays.
 """
 
 from __future__ import annotations
 
 import math
 from bisect import bisect_right
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
 
 import numpy as np
 
+from zipkv.allocator.chunks import ChunkTable
 from zipkv.allocator.encode import chunks_affordable
 from zipkv.allocator.plans import ChunkKind, MovePlan, PageState
-
-if TYPE_CHECKING:
-    from zipkv.allocator.ledger import Ledger
 
 I64 = np.int64
 
 
-def candidates(led: Ledger, live_fraction: float | None = None) -> np.ndarray:
+@dataclass(frozen=True)
+class LayerMove:
+    """One layer's compaction: ``pages`` leave ``emptied`` chunks and are packed behind the layer's bump
+    pointer, in runs of pages that share a chunk.
+
+    A run's chunk is a LOG chunk of the layer's room list, or ``-1 - j``: the j-th chunk the move takes
+    (in order; every taken chunk but the last fills up, the last stays listed). ``popped``: entries the
+    move fills up or skips, dropped from the top of the layer's room list.
+    """
+
+    layer: int
+    pages: np.ndarray  # int64 [m]
+    emptied: np.ndarray  # int64 [e]: the chunks being emptied
+    popped: int
+    new_chunks: int
+    run_chunk: np.ndarray  # int64 [s]: chunk of each run (or a stand-in for a chunk to take)
+    run_start_units: np.ndarray  # int64 [s]: the chunk's bump pointer where the run starts
+    run_pages: np.ndarray  # int64 [s]: pages in each run
+    offset_units: np.ndarray  # int64 [m]: each page's place in its run, from the run's start
+
+    def destinations(self, chunks: np.ndarray, chunk_units: int) -> tuple[np.ndarray, np.ndarray]:
+        """(unit offset, chunk) of every page once the runs' ``chunks`` are known (taken ones resolved)."""
+        base = np.repeat(chunks * chunk_units + self.run_start_units, self.run_pages)
+        return base + self.offset_units, np.repeat(chunks, self.run_pages)
+
+
+def candidates(table: ChunkTable, live_fraction: float | None = None) -> np.ndarray:
     """LOG chunks with no encode in flight whose live bytes are below the threshold of the chunk
     (``live_fraction``, default the pool's ``compaction_live_fraction``)."""
-    fraction = led.cfg.compaction_live_fraction if live_fraction is None else live_fraction
-    cut = math.ceil(fraction * led.cu)  # live < x <=> live < ceil(x) for ints
-    mask = (led.chunk_kind == ChunkKind.LOG) & (led.chunk_pending == 0) & (led.chunk_live < cut)
+    fraction = table.cfg.compaction_live_fraction if live_fraction is None else live_fraction
+    cut = math.ceil(fraction * table.cu)  # live < x <=> live < ceil(x) for ints
+    mask = (table.chunk_kind == ChunkKind.LOG) & (table.chunk_pending == 0) & (table.chunk_live < cut)
     return np.flatnonzero(mask)
 
 
-def _select(led: Ledger, layer: int, chunks: np.ndarray) -> tuple[np.ndarray, int]:
+def layer_order(table: ChunkTable, cands: np.ndarray, max_layers: int) -> list[int]:
+    """At most ``max_layers`` layers that have candidates, those with the most candidate chunks first."""
+    per_layer = np.bincount(table.chunk_owner[cands], minlength=table.cfg.num_layers)
+    top = min(max_layers, int(np.count_nonzero(per_layer)))
+    return np.argsort(-per_layer, kind="stable")[:top].tolist()  # type: ignore[no-any-return]
+
+
+def _select(table: ChunkTable, layer: int, chunks: np.ndarray) -> tuple[np.ndarray, int]:
     """The prefix of ``chunks`` (fewest live first) that frees the most chunks; and new chunks it needs."""
-    live = led.chunk_live[chunks]
+    live = table.chunk_live[chunks]
     order = np.argsort(live, kind="stable")
     chunks, total = chunks[order], np.cumsum(live[order])
     # A page never straddles chunks, so a tail of r units takes at least r - raw + 1 units of moved pages
     # and a new chunk at least cu - raw + 1: an upper bound on the new chunks the move takes. Tails of
     # candidate chunks do not count (they are being emptied).
     emptied = set(chunks.tolist())
-    rooms = np.array([c for c in led.log_rooms[layer] if c not in emptied], dtype=I64)
-    tails = int(np.maximum(led.cu - led.chunk_bump[rooms] - led.raw + 1, 0).sum())
-    need = -(-np.maximum(total - tails, 0) // (led.cu - led.raw + 1))
+    rooms = np.array([c for c in table.log_rooms[layer] if c not in emptied], dtype=I64)
+    tails = int(np.maximum(table.cu - table.chunk_bump[rooms] - table.raw + 1, 0).sum())
+    need = -(-np.maximum(total - tails, 0) // (table.cu - table.raw + 1))
     gain = np.arange(1, chunks.size + 1) - need
     best = int(np.argmax(gain))
     if gain[best] <= 0:
@@ -52,93 +86,86 @@ def _select(led: Ledger, layer: int, chunks: np.ndarray) -> tuple[np.ndarray, in
     return chunks[: best + 1], int(need[best])
 
 
-def plan_compaction(
-    led: Ledger, max_pages: int, max_layers: int, live_fraction: float | None = None
-) -> MovePlan | None:
-    """Plan moves for at most ``max_pages`` (layer, page) pairs in at most ``max_layers`` layers (those with
-    the most candidate chunks first); updates the host tables at once.
+def plan_layer(
+    table: ChunkTable,
+    layer: int,
+    cands: np.ndarray,
+    page_chunk: np.ndarray,
+    page_units: np.ndarray,
+    page_state: np.ndarray,
+) -> LayerMove | None:
+    """The move that empties the most of ``layer``'s candidate chunks (None: none pays or is affordable).
+    ``page_chunk`` and ``page_units`` are the layer's rows of the ledger's tables."""
+    chunks, new_chunks = _select(table, layer, cands[table.chunk_owner[cands] == layer])
+    if chunks.size == 0:
+        return None
+    need = np.zeros(table.cfg.num_layers, dtype=I64)
+    need[layer] = new_chunks
+    if not chunks_affordable(table, need):
+        return None
+    selected = np.zeros(table.cfg.num_chunks + 1, dtype=bool)  # the extra entry answers page_chunk == -1
+    selected[chunks] = True
+    pages = selected.take(page_chunk).nonzero()[0]
+    if np.any(page_state[pages] != PageState.COMPRESSED):
+        raise AssertionError("compaction picked a page whose size is not known (internal)")
+    return _pack(table, layer, pages, chunks, page_units[pages])
 
-    The caller copies the bytes on the device and then calls ``Ledger.moved`` so that the emptied chunks
-    start draining behind the copy.
-    """
-    cands = candidates(led, live_fraction)
-    if cands.size == 0:
-        return None
-    n_l = led.cfg.num_layers
-    parts: list[tuple[int, np.ndarray, np.ndarray, np.ndarray]] = []
-    emptied: list[np.ndarray] = []
-    budget = max_pages
-    owners = led.chunk_owner[cands]
-    per_layer = np.bincount(owners, minlength=n_l)
-    layers = np.argsort(-per_layer, kind="stable")[: min(max_layers, int(np.count_nonzero(per_layer)))]
-    selected = np.zeros(led.cfg.num_chunks + 1, dtype=bool)  # the extra entry answers page_chunk == -1
-    for layer in layers.tolist():
-        chunks, new_chunks = _select(led, layer, cands[owners == layer])
-        if chunks.size == 0:
+
+def _pack(
+    table: ChunkTable, layer: int, pages: np.ndarray, emptied: np.ndarray, sizes: np.ndarray
+) -> LayerMove:
+    """Pack ``pages`` behind the layer's bump pointer: the room list's chunks from the top (those being
+    emptied left out), then new chunks, each run as long as the chunk's tail takes."""
+    gone = set(emptied.tolist())
+    rooms = [c for c in table.log_rooms[layer] if c not in gone]  # a chunk being emptied takes no pages
+    listed, new_chunks = len(rooms), 0
+    bump = {c: int(table.chunk_bump[c]) for c in rooms}
+    ends = np.cumsum(sizes)
+    end_list, cu, raw = ends.tolist(), table.cu, table.raw
+    stops, run_chunk, run_start = [0], [], []
+    start = before = 0
+    while start < len(end_list):
+        while rooms and (cu - bump[rooms[-1]]) // raw == 0:  # a full tail: retire it
+            rooms.pop()
+        if not rooms:
+            c = -1 - new_chunks
+            new_chunks += 1
+            rooms.append(c)
+            bump[c] = 0
+        c = rooms[-1]
+        stop = bisect_right(end_list, before + cu - bump[c], lo=start)
+        if stop == start:  # the next page is larger than this tail: retire the tail
+            rooms.pop()
             continue
-        need = np.zeros(n_l, dtype=I64)
-        need[layer] = new_chunks
-        if not chunks_affordable(led, need):
-            continue
-        selected[chunks] = True
-        pages = selected.take(led.page_chunk[layer]).nonzero()[0]
-        selected[chunks] = False
-        if pages.size > budget:
-            break
-        budget -= pages.size
-        for c in chunks.tolist():  # a chunk being emptied takes no pages
-            if led.in_rooms[c]:
-                led.log_rooms[layer].remove(c)
-                led.in_rooms[c] = False
-        parts.append((layer, pages, led.page_unit[layer, pages].copy(), led.page_units[layer, pages].copy()))
-        _place(led, layer, pages)
-        emptied.append(chunks)
-    if not parts:
-        return None
-    layers = np.concatenate([np.full(p.size, layer, dtype=I64) for layer, p, _, _ in parts])
-    pages = np.concatenate([p for _, p, _, _ in parts])
-    return MovePlan(
-        layers=layers,
+        stops.append(stop)
+        run_chunk.append(c)
+        run_start.append(bump[c])
+        bump[c] += end_list[stop - 1] - before
+        start, before = stop, end_list[stop - 1]
+    kept = sum(1 for c in rooms if c >= 0)
+    runs = np.array(stops[1:], dtype=I64) - np.array(stops[:-1], dtype=I64)
+    first = np.repeat(np.array(stops[:-1], dtype=I64), runs)
+    offsets = ends - sizes - np.concatenate(([0], ends))[first]
+    return LayerMove(
+        layer=layer,
         pages=pages,
-        src_units=np.concatenate([s for _, _, s, _ in parts]),
-        dst_units=led.page_unit[layers, pages],
-        size_units=np.concatenate([z for _, _, _, z in parts]),
-        emptied_chunks=np.concatenate(emptied),
+        emptied=emptied,
+        popped=listed - kept,
+        new_chunks=new_chunks,
+        run_chunk=np.array(run_chunk, dtype=I64),
+        run_start_units=np.array(run_start, dtype=I64),
+        run_pages=runs,
+        offset_units=offsets,
     )
 
 
-def _place(led: Ledger, layer: int, pages: np.ndarray) -> None:
-    """Pack ``pages`` of ``layer`` behind the layer's bump pointer, opening chunks as needed."""
-    if np.any(led.page_state[pages] != PageState.COMPRESSED):
-        raise AssertionError("compaction picked a page whose size is not known (internal)")
-    sizes = led.page_units[layer, pages]
-    old_chunks = led.page_chunk[layer, pages]
-    ends = np.cumsum(sizes)
-    end_list, cu = ends.tolist(), led.cu
-    stops, seg_chunk, seg_base = [0], [], []  # runs of pages packed into one chunk, in plain ints
-    start = before = 0
-    while start < len(end_list):
-        c = led.log_target(layer)
-        bump = int(led.chunk_bump[c])
-        stop = bisect_right(end_list, before + cu - bump, lo=start)
-        if stop == start:  # the next page is larger than this tail: retire the tail
-            led.log_rooms[layer].pop()
-            led.in_rooms[c] = False
-            continue
-        stops.append(stop)
-        seg_chunk.append(c)
-        seg_base.append(c * cu + bump - before)
-        led.chunk_bump[c] = bump + end_list[stop - 1] - before
-        start, before = stop, end_list[stop - 1]
-    runs = np.array(stops[1:], dtype=I64) - np.array(stops[:-1], dtype=I64)
-    dst = np.repeat(np.array(seg_base, dtype=I64), runs) + ends - sizes
-    dst_chunk = np.repeat(np.array(seg_chunk, dtype=I64), runs)
-    np.add.at(led.chunk_live, old_chunks, -sizes)
-    np.add.at(led.chunk_live, dst_chunk, sizes)
-    led.page_unit[layer, pages], led.page_chunk[layer, pages] = dst, dst_chunk
-    led._fit = None
-
-
-def moved(led: Ledger, plan: MovePlan) -> None:
-    """The device copy of ``plan`` is issued: its source chunks drain behind it."""
-    led._retire_empty(plan.emptied_chunks)
+def move_plan(parts: list[tuple[LayerMove, np.ndarray, np.ndarray, np.ndarray]]) -> MovePlan:
+    """The device's copy of the applied moves: (move, source units, size units, destination units)."""
+    return MovePlan(
+        layers=np.concatenate([np.full(m.pages.size, m.layer, dtype=I64) for m, _, _, _ in parts]),
+        pages=np.concatenate([m.pages for m, _, _, _ in parts]),
+        src_units=np.concatenate([src for _, src, _, _ in parts]),
+        dst_units=np.concatenate([dst for _, _, _, dst in parts]),
+        size_units=np.concatenate([size for _, _, size, _ in parts]),
+        emptied_chunks=np.concatenate([m.emptied for m, _, _, _ in parts]),
+    )

@@ -18,6 +18,7 @@ import numpy as np
 
 from zipkv.allocator import capacity, compaction, encode
 from zipkv.allocator.chunks import ChunkTable
+from zipkv.allocator.compaction import LayerMove
 from zipkv.allocator.plans import (
     ChunkKind,
     CompletedFence,
@@ -57,7 +58,7 @@ class Ledger(ChunkTable):
         self.encode_margin_pages = self.slots_per_chunk if cfg.compression else 0
         self._margin_now = 0
 
-    def new_pages_fit(self) -> int:
+    def headroom_pages(self) -> int:
         """New pages that fit in every layer after the reservations and the held margin; never optimistic."""
         if self._fit is None:
             ids_left = max(0, len(self.free_ids) - self.reserved_pages)
@@ -71,7 +72,7 @@ class Ledger(ChunkTable):
     def held_margin_pages(self) -> int:
         """The encode margin held now: what compression freed beyond compression off's room, capped at
         ``encode_margin_pages``; 0 while nothing is compressed (idle headroom equals compression off's)."""
-        self.new_pages_fit()
+        self.headroom_pages()
         return self._margin_now
 
     def _uncompressed_room(self) -> int:
@@ -86,10 +87,10 @@ class Ledger(ChunkTable):
             raise ValueError(f"max_new_pages must be >= 0, got {max_new_pages} for {request_id!r}")
         old = self.reservations.get(request_id, 0)
         total = self.reserved_pages - old + max_new_pages
-        room = self._fits(total + self.held_margin_pages())
+        room = self.fits(total + self.held_margin_pages())
         if max_new_pages > old and (total > len(self.free_ids) or not room):
             raise OutOfPages(
-                f"cannot reserve {max_new_pages} pages for {request_id!r}: {self.new_pages_fit()} more fit "
+                f"cannot reserve {max_new_pages} pages for {request_id!r}: {self.headroom_pages()} more fit "
                 "after existing reservations; admit it later or with a shorter max length"
             )
         self.reservations[request_id] = max_new_pages
@@ -118,9 +119,9 @@ class Ledger(ChunkTable):
                 f"({self.reserved_pages - drawn} reserved by others); raise max_pages"
             )
         margin = self.held_margin_pages() if n > drawn else 0  # reserved pages may use the margin
-        if not self._fits(self.reserved_pages - drawn + n + margin):
+        if not self.fits(self.reserved_pages - drawn + n + margin):
             raise OutOfPages(
-                f"{n} new pages do not fit: {self.new_pages_fit()} fit after {self.reserved_pages} reserved "
+                f"{n} new pages do not fit: {self.headroom_pages()} fit after {self.reserved_pages} reserved "
                 f"(of which {drawn} are this request's); wait for running requests to finish"
             )
         short = -(-np.maximum(n - self.free_slots, 0) // self.slots_per_chunk)  # RAW chunks each layer takes
@@ -200,21 +201,102 @@ class Ledger(ChunkTable):
         if self.cfg.compression:
             self.full_queue.extend(ids.tolist())
 
-    # ---- the encode pipeline and compaction (encode.py, compaction.py) ----------------------------
+    # ---- the encode pipeline and compaction: encode.py and compaction.py plan, the ledger applies ----
     def plan_encode(self) -> EncodePlan | None:
-        return encode.plan_encode(self)
+        """Take the queued full pages (as many as fit now) and give each a worst-case place per layer."""
+        if not self.full_queue:
+            return None
+        queue = unique_sorted(np.asarray(self.full_queue, dtype=I64))
+        queue = queue[self.page_state[queue] == PageState.FULL]
+        k = encode.encodable(self, int(queue.size))
+        self.full_queue = queue[k:].tolist()  # the rest waits for room (they stay valid raw pages)
+        if k == 0:
+            return None
+        pages = queue[:k]
+        regions = self.open_regions(encode.region_layout(self, k))
+        plan = encode.page_places(self, pages, self.page_unit, self.page_gen, regions)
+        n_l = self.cfg.num_layers
+        self.page_unit[:, pages] = plan.stage_units.reshape(n_l, k)
+        self.page_chunk[:, pages] = plan.region_chunk[plan.segments].reshape(n_l, k)
+        self.page_state[pages] = PageState.ENCODING
+        self._fit = None
+        return plan
 
     def launched(self, plan: EncodePlan, fence: Fence, read_sizes: Callable[[], np.ndarray]) -> None:
-        encode.launched(self, plan, fence, read_sizes)
+        self.batches.append(EncodeBatch(plan, fence, read_sizes))
 
     def poll(self) -> None:
         """Apply encode batches and release draining chunks whose fences are done (never blocks)."""
-        encode.poll(self)
+        while self.batches and self.batches[0].fence.done():
+            batch = self.batches.popleft()
+            self.apply_sizes(batch.plan, batch.read_sizes())
+        self._drain()
+
+    def apply_sizes(self, plan: EncodePlan, sizes_bytes: np.ndarray) -> None:
+        """The sizes of a finished launch arrived: place pages exactly, refund tails, free raw slots."""
+        done = encode.settlement(self, plan, sizes_bytes, self.page_gen)
+        c = plan.region_chunk
+        self.chunk_bump[done.rewound_chunks] = done.rewound_bump_units
+        self.offer_room(done.rewound_chunks)
+        np.subtract.at(self.chunk_pending, c, 1)
+        self.chunk_live[c] += done.region_live_units
+        self.page_unit[done.layers, done.pages] = done.units
+        self.page_units[done.layers, done.pages] = done.size_units
+        self.page_state[done.pages] = PageState.COMPRESSED
+        self._free_slots(plan.src_units.reshape(self.cfg.num_layers, -1))
+        self._retire_empty(np.concatenate([c, plan.src_units // self.cu]))
+        self._fit = None
 
     def plan_compaction(
         self, max_pages: int = 2048, max_layers: int = 1, live_fraction: float | None = None
     ) -> MovePlan | None:
-        return compaction.plan_compaction(self, max_pages, max_layers, live_fraction)
+        """Plan moves for at most ``max_pages`` (layer, page) pairs in at most ``max_layers`` layers (those
+        with the most candidate chunks first); updates the host tables at once.
+
+        The caller copies the bytes on the device and then calls ``moved`` so that the emptied chunks
+        start draining behind the copy.
+        """
+        cands = compaction.candidates(self, live_fraction)
+        if cands.size == 0:
+            return None
+        parts, budget = [], max_pages
+        for layer in compaction.layer_order(self, cands, max_layers):
+            move = compaction.plan_layer(
+                self, layer, cands, self.page_chunk[layer], self.page_units[layer], self.page_state
+            )
+            if move is None:
+                continue
+            if move.pages.size > budget:
+                break
+            budget -= move.pages.size
+            parts.append(self._apply_move(move))
+        return compaction.move_plan(parts) if parts else None
+
+    def _apply_move(self, move: LayerMove) -> tuple[LayerMove, np.ndarray, np.ndarray, np.ndarray]:
+        """Carry out one layer's move on the host tables -> (move, source units, sizes, destinations)."""
+        layer, pages = move.layer, move.pages
+        rooms = self.log_rooms[layer]
+        for c in move.emptied[self.in_rooms[move.emptied]].tolist():  # a chunk being emptied takes no pages
+            rooms.remove(c)
+        self.in_rooms[move.emptied] = False
+        for _ in range(move.popped):
+            self.in_rooms[rooms.pop()] = False
+        taken = self._take_chunks(np.full(move.new_chunks, layer, dtype=I64), ChunkKind.LOG)
+        chunks = move.run_chunk
+        if taken.size:
+            rooms.append(int(taken[-1]))  # every chunk the move takes but the last fills up
+            self.in_rooms[taken[-1]] = True
+            chunks = np.where(chunks >= 0, chunks, taken[np.maximum(-1 - chunks, 0)])
+        dst, dst_chunk = move.destinations(chunks, self.cu)
+        src, sizes = self.page_unit[layer, pages].copy(), self.page_units[layer, pages].copy()
+        np.add.at(self.chunk_live, self.page_chunk[layer, pages], -sizes)
+        np.add.at(self.chunk_live, dst_chunk, sizes)
+        ends = move.run_start_units + np.add.reduceat(sizes, np.cumsum(move.run_pages) - move.run_pages)
+        self.chunk_bump[chunks] = ends
+        self.page_unit[layer, pages], self.page_chunk[layer, pages] = dst, dst_chunk
+        self._fit = None
+        return move, src, sizes, dst
 
     def moved(self, plan: MovePlan) -> None:
-        compaction.moved(self, plan)
+        """The device copy of ``plan`` is issued: its source chunks drain behind it."""
+        self._retire_empty(plan.emptied_chunks)

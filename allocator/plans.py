@@ -77,6 +77,24 @@ class EncodePlan:
 
 
 @dataclass(frozen=True)
+class RegionLayout:
+    """Where an encode launch's worst-case places go, before any chunk is taken (encode.py plans it,
+    ``ChunkTable.open_regions`` applies it).
+
+    One entry per region, layer-major: the layer's LOG chunk it fills (-1: a chunk still to take from
+    the layer's free chunks, in entry order) and its page count. ``popped``: room-list chunks the launch
+    fills up (dropped from the top of their layer's list); ``stays``: a new chunk that keeps room and is
+    listed.
+    """
+
+    owner: np.ndarray  # int64 [r]: layer of each region
+    chunk: np.ndarray  # int64 [r]: LOG chunk, or -1 for a chunk to take
+    count: np.ndarray  # int64 [r]: worst-case places in the region
+    popped: np.ndarray  # int64 [p]: room-list chunks to drop (each at the top of its layer's list)
+    stays: np.ndarray  # bool [r]: a new chunk that keeps room, listed once taken
+
+
+@dataclass(frozen=True)
 class EncodeBatch:
     """An encode launch in flight: its sizes (bytes per page) may be read once ``fence.done()``."""
 
@@ -121,7 +139,7 @@ def packed_units(
 class PoolStats:
     """A snapshot of the pool. Pages count page ids (each has a page in every layer)."""
 
-    free_pages: int  # new pages that fit now, after reservations
+    headroom_pages: int  # new pages that fit now, after reservations
     used_pages: int  # live page ids
     committed_pages: int  # pages reserved for running requests, not yet allocated
     raw_pages: int  # live page ids stored uncompressed

@@ -1,8 +1,9 @@
 """PagePool: one device heap for every page of every layer, with a page table the kernels read.
 
-DESIGN.md section 5: (1) new pages are allocated at raw size; (2) compressed pages move and ``page_loc``
-maps the stable page id to the current place; (3) per-layer space plus a shared pool of empty chunks,
-returned only when no read is in flight (fences); (4) ``new_pages_fit()`` after reservations.
+The allocator's four rules (docs/design.md): (1) new pages are allocated at raw size; (2) compressed
+pages move and ``page_loc`` maps the stable page id to the current place; (3) per-layer space plus a
+shared pool of empty chunks, returned only when no read is in flight (fences);
+(4) ``headroom_pages()`` after reservations.
 
 Device tensors (fixed addresses for the pool's life, updated in place, so CUDA graphs can replay):
   heap      uint8 [budget_bytes, rounded down to a unit]      every page, raw or compressed
@@ -19,6 +20,7 @@ arrived from earlier launches. Nothing here waits for the device.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -43,6 +45,16 @@ def unit_bytes_for(fmt: PageFormat) -> int:
             f"whole {unit} B units aligned to {fmt.page_alignment_bytes} B; the allocator needs them to be"
         )
     return unit
+
+
+@dataclass(frozen=True)
+class LayerPages:
+    """One layer's pages as the kernels read them: the shared heap and this layer's rows of the page table
+    and metadata (views of the pool's tensors, so they stay valid, and capture-stable, for its life)."""
+
+    heap: torch.Tensor  # uint8 [heap bytes]: every page of every layer
+    loc: torch.Tensor  # int64 [max_pages]: byte offset of each page of this layer
+    meta: torch.Tensor  # uint8 [max_pages, 2H, meta_bytes]
 
 
 class PagePool:
@@ -105,10 +117,15 @@ class PagePool:
         self._units = self.heap[: (num_chunks * chunk_units + 1) * unit].view(-1, unit)
         self._scratch_unit = num_chunks * chunk_units
         self._slice_pages = max(1, PACK_TEMP_BYTES // fmt.raw_page_bytes)
+        self._layers = [LayerPages(self.heap, self.page_loc[i], self.page_meta[i]) for i in range(num_layers)]
 
     @property
     def max_pages(self) -> int:
         return self.ledger.cfg.max_pages
+
+    def layer(self, layer: int) -> LayerPages:
+        """What the kernels read of ``layer`` (engines go through this, not the pool's tensors)."""
+        return self._layers[layer]
 
     # ---- scheduling --------------------------------------------------------------------------------
     def allocate(self, n_pages: int, request_id: str | Sequence[str] | None = None) -> list[int]:
@@ -137,9 +154,9 @@ class PagePool:
     def release(self, request_id: str) -> None:
         self.ledger.release(request_id)
 
-    def new_pages_fit(self) -> int:
+    def headroom_pages(self) -> int:
         """New pages that fit in every layer after reservations (conservative, never optimistic)."""
-        return self.ledger.new_pages_fit()
+        return self.ledger.headroom_pages()
 
     def poll(self) -> None:
         """Take in what finished on the device (sizes, drained chunks) without waiting; cheap."""
@@ -226,7 +243,7 @@ class PagePool:
         budget = led.cfg.num_chunks * led.cu * unit
         used = int(led.chunk_live.sum()) * unit
         return PoolStats(
-            free_pages=led.new_pages_fit(),
+            headroom_pages=led.headroom_pages(),
             used_pages=int((state != PageState.FREE).sum()),
             committed_pages=led.reserved_pages,
             raw_pages=int(((state == PageState.RAW) | (state == PageState.FULL)).sum()),

@@ -3,7 +3,7 @@
 Llama-3.1-8B KV shapes (32 layers, 8 KV heads, head_dim 128, pages of 16 tokens) and the KV budget of the
 ZipFusion H100 setup: what uncompressed SGLang holds for 46 requests of 8192 prompt + 256 output tokens.
 Each request reserves its whole length at raw size (528 pages), prefills 512 pages, which fill and are
-compressed, and is admitted only while ``new_pages_fit()`` covers the next request's 528 pages. Then every
+compressed, and is admitted only while ``headroom_pages()`` covers the next request's 528 pages. Then every
 admitted request decodes its 256 tokens (pages fill and compress online) to prove the admission was safe.
 
 Page formats v3 and v2 side by side (``--format-versions``), each with its own block model and the pool's
@@ -98,7 +98,7 @@ def admit_and_decode(led: Ledger, sizes: Callable[[EncodePlan], np.ndarray]) -> 
     prompt_pages = PROMPT_TOKENS // PAGE_TOKENS
     max_pages = (PROMPT_TOKENS + OUTPUT_TOKENS) // PAGE_TOKENS
     pages: dict[str, list[int]] = {}
-    while led.new_pages_fit() >= max_pages:
+    while led.headroom_pages() >= max_pages:
         rid = f"r{len(pages)}"
         led.reserve(rid, max_pages)
         ids, _ = led.allocate(prompt_pages, rid)

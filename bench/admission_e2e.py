@@ -2,7 +2,7 @@
 
 The reference engine (tiny model, CPU) gets the same burst of requests twice at the same KV budget,
 once storing full pages compressed and once raw. Admission reserves each request's worst case at raw size
-(`PagePool.new_pages_fit()`, never optimistic), so compression can only admit more by really freeing
+(`PagePool.headroom_pages()`, never optimistic), so compression can only admit more by really freeing
 memory. Reported per budget: the most requests running at once, the mean, steps to drain the burst, and
 that every request finished normally with identical tokens in both runs.
 
@@ -22,8 +22,8 @@ from typing import Any
 import torch
 
 from zipkv.worker.engine import EngineRequest, FinishReason, SamplingOptions
-from zipkv.worker.reference.engine import ReferenceEngine, ReferenceEngineConfig
-from zipkv.worker.reference.model import TINY_BOS, LoadedModel, load_model
+from zipkv.worker.engines.reference.engine import ReferenceEngine, ReferenceEngineConfig
+from zipkv.worker.engines.reference.model import TINY_BOS, LoadedModel, load_model
 
 
 def burst(n: int, prompt_tokens: int, max_new: int) -> list[EngineRequest]:
@@ -52,7 +52,7 @@ def run(
             tokens[e.request_id].extend(e.token_ids)
             if e.finish is not None:
                 finishes[e.request_id] = e.finish.value
-        running.append(engine.capacity().running)
+        running.append(engine.capacity().running_requests)
         ratio = min(ratio, engine.store.stats().compression_ratio)
     return {
         "compression": compression,

@@ -5,7 +5,7 @@ host) through a steady state: 256 running requests of 768 prompt + 512 output to
 finishes about every other step and a new one is admitted (reserve, prompt pages allocated and queued for
 compression). Per step: one ``allocate`` for the requests that cross a page boundary, one ``mark_full``,
 frees and reservations of finished and new requests, ``end_step`` (apply last step's sizes, plan one
-encode launch for all layers, compaction every 8 steps) and ``new_pages_fit``. The encoder's sizes are
+encode launch for all layers, compaction every 8 steps) and ``headroom_pages``. The encoder's sizes are
 drawn (Binomial blocks at the measured compressible fraction) outside the timed region and arrive one step
 after their launch, as on the GPU. CPU time of the thread (``time.thread_time_ns``), per step.
 
@@ -107,7 +107,7 @@ class Workload:
         self.decode_steps += 1
         spent += self.end_step_timed(compact=self.decode_steps % COMPACTION_INTERVAL_STEPS == 0)
         t2 = time.thread_time_ns()
-        led.new_pages_fit()
+        led.headroom_pages()
         return spent + time.thread_time_ns() - t2
 
     def end_step_timed(self, compact: bool = False) -> int:
@@ -170,7 +170,7 @@ def main() -> None:
         "cpu_us_max": round(float(decode_us.max()), 1),
         "decode_step_includes": "one allocate for the requests starting a page, mark_full, free + release of "
         "finished requests, end_step (poll: sizes of the last launch; plan one encode launch; compaction "
-        f"every {COMPACTION_INTERVAL_STEPS} steps), new_pages_fit",
+        f"every {COMPACTION_INTERVAL_STEPS} steps), headroom_pages",
         "prefill_steps": len(prefill),
         "prefill_step_cpu_us_p50": round(float(np.percentile(prefill_us, 50)), 1),
         "prefill_step_cpu_us_p99": round(float(np.percentile(prefill_us, 99)), 1),

@@ -73,7 +73,7 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
     import sglang
 
     if args.child.startswith("zipkv"):
-        from zipkv.worker.sglang_seams import engine_class
+        from zipkv.worker.engines.sglang.seams import engine_class
 
         engine_cls: Any = engine_class()
     else:

@@ -26,7 +26,7 @@ from typing import Any
 
 from ray_serve_gpu_stack import ServeStack, replica_info, replica_log_tail
 
-from zipkv.worker.local_stack import StackOptions, free_port, http_get
+from zipkv.stack.local_stack import StackOptions, free_port, http_get
 
 PROMPT = "zipkv serves this request through the router and a Ray Serve replica."
 

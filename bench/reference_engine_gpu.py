@@ -24,8 +24,8 @@ import torch
 from transformers import AutoConfig
 
 from zipkv.worker.engine import EngineRequest, SamplingOptions
-from zipkv.worker.reference.engine import ReferenceEngine, ReferenceEngineConfig
-from zipkv.worker.reference.model import LoadedModel, build_model
+from zipkv.worker.engines.reference.engine import ReferenceEngine, ReferenceEngineConfig
+from zipkv.worker.engines.reference.model import LoadedModel, build_model
 
 HERE = Path(__file__).resolve().parent
 

@@ -34,37 +34,22 @@ def pct(xs: list[float], q: float) -> float:
 def _worker_views(n_workers: int, now_s: float) -> list[WorkerView]:
     """N workers whose free tokens, queues, ITL and report age all differ, so scoring has work to do."""
     from zipkv.controlplane.state import WorkerView
+    from zipkv.protos.capacity import Capacity
 
-    base = WorkerView(
-        "w",
-        "127.0.0.1:1",
-        MODEL,
-        1,
-        1,
-        now_s,
-        now_s,
-        0,
-        0,
-        200_000,
-        0.7,
-        0,
-        0,
-        0,
-        20.0,
-        15.0,
-        False,
-        8192,
-        131_072,
-    )
+    cap = Capacity(0, 0, 200_000, 0.7, 0, 0, 0, 20.0, 15.0, 8192, 131_072)
+    base = WorkerView("w", "127.0.0.1:1", MODEL, 1, 1, now_s, now_s, False, cap)
     return [
         replace(
             base,
             worker_id=f"w{i:03d}",
-            free_tokens=20_000 + 1_500 * i,
-            queued_requests=i % 5,
-            itl_ms=8.0 + (i % 13),
-            queued_prefill_tokens=100 * (i % 7),
             received_s=now_s - 0.01 * (i % 20),
+            capacity=replace(
+                cap,
+                headroom_tokens=20_000 + 1_500 * i,
+                queued_requests=i % 5,
+                itl_ms=8.0 + (i % 13),
+                queued_prefill_tokens=100 * (i % 7),
+            ),
         )
         for i in range(n_workers)
     ]

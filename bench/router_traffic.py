@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     import httpx
 
     from zipkv.controlplane.config import RouterConfig
-    from zipkv.controlplane.scripted_worker import ScriptedWorker
+    from zipkv.testing.scripted_worker import ScriptedWorker
 
 TOKEN = "bench-report-token-0123456789"
 # Untimed requests before the latency samples: connection setup and first-request costs are not the
@@ -144,8 +144,8 @@ async def bench_latency(n: int) -> dict[str, Any]:
     import httpx
 
     from zipkv.controlplane.app import build_app
-    from zipkv.controlplane.scripted_worker import ScriptedWorker, send_report
     from zipkv.controlplane.server import running_router
+    from zipkv.testing.scripted_worker import ScriptedWorker, send_report
 
     cfg = _latency_config()
     worker = ScriptedWorker(total_tokens=10_000_000)
@@ -224,7 +224,7 @@ def _start_processes(http_port: int, grpc_port: int) -> tuple[subprocess.Popen[A
         [
             sys.executable,
             "-m",
-            "zipkv.controlplane.scripted_worker",
+            "zipkv.testing.scripted_worker",
             "--router",
             f"127.0.0.1:{grpc_port}",
             "--token",

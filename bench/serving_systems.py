@@ -27,7 +27,7 @@ from typing import Any
 
 from ray_serve_gpu_stack import ServeStack
 
-from zipkv.worker.local_stack import StackOptions, free_port, http_get
+from zipkv.stack.local_stack import StackOptions, free_port, http_get
 
 MODEL_NAME = "llama"
 

@@ -14,7 +14,7 @@ Definitions (the row fields of ``bench/results/sglang_e2e.json``):
   decode time when the later event carries a decode token (any token but a request's first), and prefill
   time otherwise (it ends in first tokens only). decode_tokens_per_s = sum over requests of (tokens - 1) /
   decode time. With every prefill before its decode steps (chunked prefill off) this is the time spent in
-  decode steps, as "64 x 255 tokens / decode time" in ../shared/device-recipes.md.
+  decode steps, as "64 x 255 tokens / decode time" in the H200 baseline runs.
 - ``ttft_s_mean``: mean over requests of (first token's arrival - submission); all are submitted at once.
 - ``wall_s``: submission to the last token of the last request.
 - ``compressed_block_fraction`` (zipkv only): blocks stored compressed over the blocks of compressed pages,

@@ -1,6 +1,6 @@
 """zipkv's placement in the cluster simulation: the router's own code, imported, on simulated reports.
 
-Each worker reports every `report_interval_ms` what a zipkv worker reports (worker/sglang_adapter.py
+Each worker reports every `report_interval_ms` what a zipkv worker reports (worker/engines/sglang/engine.py
 `capacity()`: free tokens after the outputs still owed, total, compression ratio, running and queued
 requests, queued prefill tokens, the mean of its last 64 TTFTs and last ~256 inter-token gaps). The
 router's `MemoryStore` (controlplane/state.py) holds the views and the reservations, `place`
@@ -22,6 +22,7 @@ from step_model import KV_BYTES_PER_TOKEN
 from zipkv.controlplane.config import PlacementConfig
 from zipkv.controlplane.placement import RequestShape, place
 from zipkv.controlplane.state import MemoryStore, WorkerView
+from zipkv.protos.capacity import Capacity
 
 EPOCH_S = 1.8e9  # the simulation's t = 0 on the router's (unix seconds) clock
 MODEL = "llama-3.1-8b"
@@ -48,18 +49,20 @@ def worker_view(w: SimWorker, sequence: int, now_s: float) -> WorkerView:
         sequence=sequence,
         timestamp_s=now_s,
         received_s=now_s,
-        free_tokens=max(w.cache.free_tokens, 0),
-        committed_tokens=w.remaining_decode_tokens(),
-        total_tokens=w.cache.capacity_tokens,
-        compression_ratio=w.spec.compression_ratio,
-        running_requests=w.running,
-        queued_requests=w.queued,
-        queued_prefill_tokens=w.queued_prefill_tokens(),
-        ttft_ms=sum(ttfts) / len(ttfts) if ttfts else 0.0,
-        itl_ms=w.itl_ms(),
         draining=False,
-        max_context_tokens=CONTEXT_TOKENS,
-        kv_bytes_per_token=KV_BYTES_PER_TOKEN,
+        capacity=Capacity(
+            headroom_tokens=max(w.cache.free_tokens, 0),
+            committed_tokens=w.remaining_decode_tokens(),
+            total_tokens=w.cache.capacity_tokens,
+            compression_ratio=w.spec.compression_ratio,
+            running_requests=w.running,
+            queued_requests=w.queued,
+            queued_prefill_tokens=w.queued_prefill_tokens(),
+            ttft_ms=sum(ttfts) / len(ttfts) if ttfts else 0.0,
+            itl_ms=w.itl_ms(),
+            max_context_tokens=CONTEXT_TOKENS,
+            kv_bytes_per_token=KV_BYTES_PER_TOKEN,
+        ),
     )
 
 

@@ -92,8 +92,9 @@ def capture(
 ) -> dict[str, Any]:
     """Run one streamed completion through a router and a reference-engine worker exporting to
     `receiver`; returns what the client saw. The spans are in `receiver.spans` afterwards."""
+    from zipkv.worker.engine_factory import build_engine
     from zipkv.worker.runtime import WorkerRuntime
-    from zipkv.worker.settings import WorkerSettings, build_engine
+    from zipkv.worker.settings import WorkerSettings
     from zipkv.worker.telemetry import make_tracer_provider
 
     loop = asyncio.new_event_loop()

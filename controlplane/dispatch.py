@@ -14,7 +14,7 @@ import contextlib
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Coroutine
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,6 +27,7 @@ from zipkv.controlplane.metrics import RouterMetrics
 from zipkv.controlplane.placement import Decision, RequestShape, place
 from zipkv.controlplane.state import Store
 from zipkv.controlplane.telemetry import trace_metadata
+from zipkv.controlplane.worker_stream import Stream
 from zipkv.protos import zipkv_pb2 as pb
 from zipkv.protos import zipkv_pb2_grpc as pb_grpc
 
@@ -36,34 +37,30 @@ RETRYABLE = {grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.UNAVAILABLE}
 # The worker refused the request itself (ids outside its vocabulary, an empty prompt): the client's
 # fault, answered 400 with the worker's own message; another worker would refuse it too.
 CALLER_ERRORS = {grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.OUT_OF_RANGE}
-FINISH_NAMES = {
-    pb.FINISH_REASON_STOP: "stop",
-    pb.FINISH_REASON_LENGTH: "length",
-    pb.FINISH_REASON_ABORT: "abort",
-    pb.FINISH_REASON_ERROR: "error",
-    pb.FINISH_REASON_UNSPECIFIED: "stop",
-}
 
 
 @dataclass(frozen=True, slots=True)
-class Tokens:
-    token_ids: tuple[int, ...]
+class Sampling:
+    """How the worker samples a request, as the HTTP layer parsed it (the dispatcher builds the wire
+    message). ``seed`` None: the worker's own."""
 
+    temperature: float
+    top_p: float
+    top_k: int  # 0: off
+    stop_token_ids: tuple[int, ...]
+    ignore_eos: bool
+    seed: int | None
 
-@dataclass(frozen=True, slots=True)
-class Finished:
-    reason: str  # stop | length | abort | error
-    prompt_tokens: int
-    completion_tokens: int
-    message: str = ""
-
-
-@dataclass(frozen=True, slots=True)
-class Failed:
-    message: str  # the worker went away mid-stream
-
-
-Event = Tokens | Finished | Failed
+    def wire(self, max_new_tokens: int) -> pb.SamplingParams:
+        return pb.SamplingParams(
+            temperature=self.temperature,
+            top_p=self.top_p,
+            top_k=max(self.top_k, 0),
+            max_new_tokens=max_new_tokens,
+            stop_token_ids=list(self.stop_token_ids),
+            ignore_eos=self.ignore_eos,
+            seed=0 if self.seed is None else self.seed + 1,  # 0 on the wire: no seed
+        )
 
 
 class DispatchError(Exception):
@@ -72,77 +69,6 @@ class DispatchError(Exception):
     def __init__(self, status: int, reason: str, message: str, retry_after_s: int | None = None) -> None:
         super().__init__(message)
         self.status, self.reason, self.message, self.retry_after_s = status, reason, message, retry_after_s
-
-
-class Stream:
-    """One dispatched request: the first event is already in hand."""
-
-    def __init__(
-        self,
-        d: Dispatcher,
-        call: grpc.aio.UnaryStreamCall,
-        first: pb.GenerateResponse,
-        worker_id: str,
-        address: str,
-        request_id: str,
-    ) -> None:
-        self._d, self._call, self._first = d, call, first
-        self.worker_id, self.address, self.request_id = worker_id, address, request_id
-        self.finished = False
-        self._closed = False
-
-    async def events(self) -> AsyncIterator[Event]:
-        resp: Any = self._first
-        started = False
-        while True:
-            if resp is None:
-                try:
-                    got = await self._call.read()
-                except grpc.aio.AioRpcError as exc:
-                    # Not `finished`: after a deadline the worker may still be generating; close()
-                    # sends Abort (a dead worker just fails it fast).
-                    self._d.metrics.stream_errors.inc()
-                    yield Failed(
-                        f"worker {self.worker_id} failed mid-stream: {exc.code().name}: {exc.details()}"
-                    )
-                    return
-                if got is grpc.aio.EOF:  # type: ignore[attr-defined]
-                    self.finished = True
-                    yield Failed(f"worker {self.worker_id} closed the stream without a finish event")
-                    return
-                resp = got  # type: ignore[assignment]
-            assert resp is not None
-            if resp.HasField("chunk"):
-                if not started:
-                    started = True
-                    # Off the token path: the first token goes out without waiting for the store.
-                    self._d.spawn(
-                        self._d.store.mark_started(self.worker_id, self.request_id, self._d.clock())
-                    )
-                yield Tokens(tuple(resp.chunk.token_ids))
-            else:
-                f = resp.finish
-                self.finished = True
-                yield Finished(
-                    FINISH_NAMES.get(f.reason, "stop"),
-                    f.usage.prompt_tokens,
-                    f.usage.completion_tokens,
-                    f.message,
-                )
-                return
-            resp = None
-
-    async def close(self) -> None:
-        """Abort the worker's request if it is still running, then release the reservation (always)."""
-        if self._closed:
-            return
-        self._closed = True
-        try:
-            if not self.finished:
-                self._call.cancel()
-                await self._d.abort(self.address, self.request_id)
-        finally:
-            await self._d.release(self.worker_id, self.request_id)
 
 
 class Dispatcher:
@@ -196,7 +122,8 @@ class Dispatcher:
 
     def _too_large(self, shape: RequestShape) -> DispatchError:
         largest = max(
-            (v.total_tokens for v in self.store.snapshot().workers if v.model == shape.model), default=0
+            (v.capacity.total_tokens for v in self.store.snapshot().workers if v.model == shape.model),
+            default=0,
         )
         return DispatchError(
             400,
@@ -206,7 +133,15 @@ class Dispatcher:
             f"{shape.model!r} (largest: {largest}); lower max_tokens or shorten the prompt",
         )
 
-    async def start(self, shape: RequestShape, prompt_ids: list[int], sampling: pb.SamplingParams) -> Stream:
+    def stream_failed(self) -> None:
+        self.metrics.stream_errors.inc()
+
+    def first_token(self, worker_id: str, request_id: str) -> None:
+        """A request's first token arrived: from now on its worker's reports count it (state.py). Off the
+        token path: the token goes out without waiting for the store."""
+        self.spawn(self.store.mark_started(worker_id, request_id, self.clock()))
+
+    async def start(self, shape: RequestShape, prompt_ids: list[int], sampling: Sampling) -> Stream:
         decision = self.decide(shape)
         if not decision.ranked and set(decision.filtered) == {"too_large"}:
             raise self._too_large(shape)
@@ -219,6 +154,7 @@ class Dispatcher:
                 retry_after_s=self.cfg.limits.retry_after_s,
             )
         base_id = uuid.uuid4().hex
+        wire_sampling = sampling.wire(shape.max_new_tokens)
         attempts = 0
         for cand in decision.ranked:
             if attempts > self.cfg.dispatch.retries:
@@ -231,7 +167,7 @@ class Dispatcher:
             mode = "coarse" if decision.coarse else "fine"
             self.metrics.placements.labels(w.worker_id, mode).inc()
             req = pb.GenerateRequest(
-                request_id=rid, model=shape.model, prompt_token_ids=prompt_ids, sampling=sampling
+                request_id=rid, model=shape.model, prompt_token_ids=prompt_ids, sampling=wire_sampling
             )
             try:
                 stream = await self._open(w.worker_id, w.address, req, attempts)

@@ -97,7 +97,7 @@ class RouterMetrics:
             seen.add(key)
             per_model[v.model] = per_model.get(v.model, 0) + 1
             self.headroom_tokens.labels(*key).set(v.headroom_tokens)
-            self.compression_ratio.labels(*key).set(v.compression_ratio)
+            self.compression_ratio.labels(*key).set(v.capacity.compression_ratio)
         for key in self._known - seen:  # expired workers leave the gauges
             self.headroom_tokens.remove(*key)
             self.compression_ratio.remove(*key)

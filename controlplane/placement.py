@@ -3,9 +3,10 @@
 Filters (a worker is a candidate only if all hold):
     alive     now - received_s <= expire_after_ms (or the view is pinned while the shared state is down)
     model     view.model == request.model, and not draining
-    context   prompt_tokens + max_new_tokens <= view.max_context_tokens (when the worker reports one)
+    context   prompt_tokens + max_new_tokens fit the worker's max_context_tokens (context.py)
     budget    need_tokens <= total_tokens (else `too_large`: it would never fit, even on an idle worker)
-    fits      need_tokens = prompt_tokens + max_new_tokens <= free_tokens - reserved_tokens
+    fits      need_tokens = prompt_tokens + max_new_tokens <= view.headroom_tokens (the reported
+              headroom less this router's reservations the report cannot have seen: state.py)
     wait      when placement.shed_wait_over_ttft = f > 0: wait_ms <= f * slo_ttft_ms (else `slo_wait`),
               wait_ms = (queued_prefill_tokens + reserved_tokens) * prefill_ms_per_token, the prefill
               queued ahead of the request. Past the knee every worker's queue is longer than the target:
@@ -32,7 +33,7 @@ Predictions (documented formulas of the reported state; units in the names):
                    and piled long prompts on one worker (bench/cluster_sim.py measured both)
 
 Scorers, each in [0, 1]:
-    headroom  (free_tokens - reserved_tokens - need_tokens) / total_tokens
+    headroom  (view.headroom_tokens - need_tokens) / total_tokens
     slo       min(slack(ttft_ms, slo_ttft_ms), slack(tpot_ms, slo_tpot_ms)),  slack(p, s) = clamp((s - p) / s)
     queue     1 / (1 + queued_requests)
     score     sum(weight_i * scorer_i) / sum(weight_i)
@@ -49,6 +50,7 @@ import heapq
 from dataclasses import dataclass, field
 
 from zipkv.controlplane.config import PlacementConfig
+from zipkv.controlplane.context import fits_context
 from zipkv.controlplane.state import Snapshot, WorkerView
 
 GIB = float(1 << 30)
@@ -99,19 +101,20 @@ def predict_ms(
 ) -> tuple[float, float]:
     """(ttft_ms, tpot_ms) predicted for `req` on `view` (formulas in the module doc); a worker without
     an ITL measurement steps at `unmeasured_itl_ms` (default: placement.idle_itl_ms)."""
-    ratio = view.compression_ratio if view.compression_ratio > 0 else 1.0
-    stored_bpt = view.kv_bytes_per_token * ratio
-    step_ms = view.itl_ms if view.itl_ms > 0 else (unmeasured_itl_ms or cfg.idle_itl_ms)
+    cap = view.capacity
+    ratio = cap.compression_ratio if cap.compression_ratio > 0 else 1.0
+    stored_bpt = cap.kv_bytes_per_token * ratio
+    step_ms = cap.itl_ms if cap.itl_ms > 0 else (unmeasured_itl_ms or cfg.idle_itl_ms)
     added_bytes = (req.prompt_tokens + req.max_new_tokens / 2) * stored_bpt
     tpot_ms = step_ms + added_bytes * cfg.decode_ms_per_gib / GIB
-    pending_tokens = view.queued_prefill_tokens + view.reserved_tokens + req.prompt_tokens
+    pending_tokens = cap.queued_prefill_tokens + view.reserved_tokens + req.prompt_tokens
     ttft_ms = step_ms + pending_tokens * req.prefill_ms_per_token
     return ttft_ms, tpot_ms
 
 
 def prefill_wait_ms(view: WorkerView, req: RequestShape) -> float:
     """The prefill queued ahead of `req` on `view`: reported queue plus unseen reservations (module doc)."""
-    return (view.queued_prefill_tokens + view.reserved_tokens) * req.prefill_ms_per_token
+    return (view.capacity.queued_prefill_tokens + view.reserved_tokens) * req.prefill_ms_per_token
 
 
 def _filter(
@@ -129,11 +132,11 @@ def _filter(
             continue  # other models are not candidates at all; not a rejection
         elif v.draining:
             reason = "draining"
-        elif v.max_context_tokens > 0 and need > v.max_context_tokens:
+        elif not fits_context(need, v.capacity.max_context_tokens):
             reason = "context"
-        elif need > v.total_tokens:
+        elif need > v.capacity.total_tokens:
             reason = "too_large"  # more than the worker's whole KV budget: waiting cannot help
-        elif v.free_tokens - v.reserved_tokens < need:
+        elif v.headroom_tokens < need:
             reason = "headroom"
         elif max_wait_ms is not None and prefill_wait_ms(v, req) > max_wait_ms:
             reason = "slo_wait"
@@ -159,15 +162,15 @@ def place(
         w_head, w_sum = 1.0, 1.0
     need = req.need_tokens
     slo_ttft, slo_tpot = req.slo_ttft_ms, req.slo_tpot_ms
-    peer_itl_ms = min([cfg.idle_itl_ms] + [v.itl_ms for v in kept if v.itl_ms > 0])
+    peer_itl_ms = min([cfg.idle_itl_ms] + [v.capacity.itl_ms for v in kept if v.capacity.itl_ms > 0])
     rows = []
     for v in kept:
-        headroom = (
-            _clamp((v.free_tokens - v.reserved_tokens - need) / v.total_tokens) if v.total_tokens else 0.0
-        )
+        total = v.capacity.total_tokens
+        headroom = _clamp((v.headroom_tokens - need) / total) if total else 0.0
         ttft_ms, tpot_ms = predict_ms(v, req, cfg, peer_itl_ms)
         slo = min(_clamp((slo_ttft - ttft_ms) / slo_ttft), _clamp((slo_tpot - tpot_ms) / slo_tpot))
-        queue = 1.0 / (1.0 + max(v.queued_requests, 0))  # reports are range-checked; this never divides by 0
+        # reports are range-checked; this never divides by 0
+        queue = 1.0 / (1.0 + max(v.capacity.queued_requests, 0))
         score = (w_head * headroom + w_slo * slo + w_queue * queue) / w_sum
         rows.append((-score, v.worker_id, v, headroom, slo, queue, ttft_ms, tpot_ms))
     rows = heapq.nsmallest(top_k, rows) if top_k is not None and top_k < len(rows) else sorted(rows)

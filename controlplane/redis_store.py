@@ -2,7 +2,8 @@
 
 Keys (one Redis, not a cluster: the report script also touches the worker set):
     {prefix}:workers         SET of worker ids
-    {prefix}:w:{id}          HASH epoch, seq, recv, free, data (the view as JSON); PEXPIRE = expire_after_ms
+    {prefix}:w:{id}          HASH epoch, seq, recv, free (the reported headroom), data (the view as JSON);
+                             PEXPIRE = expire_after_ms
     {prefix}:r:{id}          HASH request_id -> "tokens:started_s:expires_s"  (reservations)
 Each write is one Lua script, so ordering checks and the fit check + reservation are atomic: two routers
 cannot both take the last headroom of a worker. The accounting rule is the one in state.py.
@@ -17,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import json
 import logging
 import time
 from collections.abc import Callable
@@ -27,7 +27,15 @@ from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeout
 
 from zipkv.controlplane.config import RouterConfig
-from zipkv.controlplane.state import MemoryStore, Reservation, Snapshot, WorkerView, unseen_reserved
+from zipkv.controlplane.state import (
+    MemoryStore,
+    Reservation,
+    Snapshot,
+    WorkerView,
+    unseen_reserved,
+    view_from_json,
+    view_to_json,
+)
 
 log = logging.getLogger("zipkv.controlplane.redis")
 ERRORS = (RedisError, OSError, asyncio.TimeoutError)
@@ -157,10 +165,10 @@ class RedisStore:
         return f"out of order: ({view.epoch}, {view.sequence}) <= ({cur.replace(':', ', ')})"
 
     async def _put_shared(self, view: WorkerView) -> str:
-        data = json.dumps(dataclasses.asdict(view))
+        data = view_to_json(view)
         keys = [self._w(view.worker_id), f"{self._p}:workers"]
-        args: list[str | int] = [view.epoch, view.sequence, repr(view.received_s), view.free_tokens]
-        args += [data, self._expire_ms, view.worker_id]
+        args: list[str | int] = [view.epoch, view.sequence, repr(view.received_s)]
+        args += [view.capacity.headroom_tokens, data, self._expire_ms, view.worker_id]
         return str(await self._put(keys=keys, args=args))
 
     def snapshot(self) -> Snapshot:
@@ -184,7 +192,7 @@ class RedisStore:
             if data is None:
                 gone.append(wid)  # its report hash expired: the worker stopped reporting
                 continue
-            view = WorkerView(**json.loads(data))
+            view = view_from_json(data)
             reserved = unseen_reserved(_parse_res(res), view.received_s, now, self._delay_s)
             views.append(dataclasses.replace(view, reserved_tokens=reserved, pinned=False))
         if gone:

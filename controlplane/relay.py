@@ -16,10 +16,10 @@ import anyio
 from fastapi.responses import StreamingResponse
 from opentelemetry import trace
 
-from zipkv.controlplane.dispatch import Failed, Finished, Stream, Tokens
 from zipkv.controlplane.metrics import RouterMetrics
 from zipkv.controlplane.openai_api import ResponseShape, error_body
 from zipkv.controlplane.tokenizer import IncrementalDetokenizer, Tokenizer
+from zipkv.controlplane.worker_stream import Failed, Finished, Stream, Tokens
 
 
 class StopMatcher:

@@ -37,7 +37,7 @@ def _address_ok(address: str) -> bool:
 
 def _ranges(r: pb.CapacityReport) -> Problem | None:
     ints = (
-        ("free_tokens", r.free_tokens, 0, MAX_TOKENS),
+        ("headroom_tokens", r.headroom_tokens, 0, MAX_TOKENS),
         ("committed_tokens", r.committed_tokens, 0, MAX_TOKENS),
         ("total_tokens", r.total_tokens, 0, MAX_TOKENS),
         ("running_requests", r.running_requests, 0, MAX_REQUESTS),
@@ -51,8 +51,10 @@ def _ranges(r: pb.CapacityReport) -> Problem | None:
     for name, value, lo, hi in ints:
         if not lo <= value <= hi:
             return Problem(name, f"{name} must be within [{lo}, {hi}], got {value}")
-    if r.free_tokens > r.total_tokens:
-        return Problem("free_tokens", f"free_tokens ({r.free_tokens}) > total_tokens ({r.total_tokens})")
+    if r.headroom_tokens > r.total_tokens:
+        return Problem(
+            "headroom_tokens", f"headroom_tokens ({r.headroom_tokens}) > total_tokens ({r.total_tokens})"
+        )
     floats = (
         ("compression_ratio", r.compression_ratio, 1.0),
         ("ttft_ms", r.ttft_ms, MAX_MS),

@@ -20,7 +20,8 @@ from opentelemetry import trace
 from zipkv.controlplane import admission as adm
 from zipkv.controlplane.chat_template import NoChatTemplate
 from zipkv.controlplane.config import ModelConfig, RouterConfig
-from zipkv.controlplane.dispatch import Dispatcher, DispatchError
+from zipkv.controlplane.context import fits_context, model_context_tokens
+from zipkv.controlplane.dispatch import Dispatcher, DispatchError, Sampling
 from zipkv.controlplane.metrics import RouterMetrics
 from zipkv.controlplane.openai_api import (
     ChatRequest,
@@ -34,7 +35,6 @@ from zipkv.controlplane.relay import Outcome, Relay, RelayResponse, collect, str
 from zipkv.controlplane.state import MemoryStore, Store
 from zipkv.controlplane.telemetry import tracer
 from zipkv.controlplane.tokenizer import Tokenizer, load_tokenizer
-from zipkv.protos import zipkv_pb2 as pb
 
 log = logging.getLogger("zipkv.controlplane.router")
 
@@ -157,12 +157,7 @@ class Router:
     def context_tokens(self, model: ModelConfig) -> int:
         """The model's context: the configured one, lowered to the largest that a live worker reports
         (a request that no worker could hold is malformed, not a capacity problem)."""
-        reported = [
-            v.max_context_tokens
-            for v in self.store.snapshot().workers
-            if v.model == model.name and v.max_context_tokens > 0
-        ]
-        return min(model.max_context_tokens, max(reported)) if reported else model.max_context_tokens
+        return model_context_tokens(model.name, model.max_context_tokens, self.store.snapshot().workers)
 
     def _shape(
         self,
@@ -172,7 +167,7 @@ class Router:
         slo: tuple[float, float],
     ) -> RequestShape:
         ctx = self.context_tokens(model)
-        if n_prompt >= ctx:
+        if not fits_context(n_prompt + 1, ctx):  # room for at least one new token
             raise adm.bad_request(
                 f"prompt has {n_prompt} tokens; model {model.name!r} accepts at most {ctx - 1} "
                 f"(its context is {ctx}); shorten the prompt",
@@ -180,7 +175,7 @@ class Router:
                 "context_length_exceeded",
             )
         asked = req.requested_max_tokens() if isinstance(req, ChatRequest) else req.max_tokens
-        if asked is not None and n_prompt + asked > ctx:
+        if asked is not None and not fits_context(n_prompt + asked, ctx):
             raise adm.bad_request(
                 f"prompt ({n_prompt}) + max_tokens ({asked}) exceeds the context of {ctx} tokens; "
                 "lower max_tokens",
@@ -217,15 +212,7 @@ class Router:
         prompt_ids = self._prompt_ids(req, tok)
         shape = self._shape(req, model, len(prompt_ids), adm.slo_from_headers(request, self.cfg))
         stops = [] if req.ignore_eos else list(tok.stop_token_ids)  # EOS and generation_config.json's
-        sampling = pb.SamplingParams(
-            temperature=req.temperature,
-            top_p=req.top_p,
-            top_k=max(req.top_k, 0),
-            max_new_tokens=shape.max_new_tokens,
-            stop_token_ids=stops,
-            ignore_eos=req.ignore_eos,
-            seed=0 if req.seed is None else req.seed + 1,  # 0 on the wire: no seed
-        )
+        sampling = Sampling(req.temperature, req.top_p, req.top_k, tuple(stops), req.ignore_eos, req.seed)
         op = "chat" if kind == "chat" else "text_completion"
         span = self.tracer.start_span(
             f"{op} {model.name}",

@@ -5,7 +5,7 @@ cannot have seen yet. A `Snapshot` is an immutable set of views; placement reads
 
 Reservation accounting (shared by the in-memory and the Redis store):
 a reservation of `tokens` on worker w is made before Generate is called and released when the request
-ends. The worker's own `free_tokens` starts to include the request once the worker admitted it, so a
+ends. The worker's own reported headroom starts to include the request once the worker admitted it, so a
 reservation counts against a report only while the report may predate the admission:
     counts  <=>  started_s == 0 (no token seen yet)  or  started_s >= report.received_s
 `started_s` is the router's clock when the first token arrived. A report received after that was built
@@ -19,10 +19,13 @@ before (report_checks.py), including lateness and timestamps from the future.
 
 from __future__ import annotations
 
+import dataclasses
+import json
 from dataclasses import dataclass, replace
 from typing import Protocol
 
 from zipkv.protos import zipkv_pb2 as pb
+from zipkv.protos.capacity import Capacity
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,18 +37,8 @@ class WorkerView:
     sequence: int
     timestamp_s: float  # worker clock when the report was built
     received_s: float  # router clock (unix seconds) when it was accepted
-    free_tokens: int
-    committed_tokens: int
-    total_tokens: int
-    compression_ratio: float
-    running_requests: int
-    queued_requests: int
-    queued_prefill_tokens: int
-    ttft_ms: float
-    itl_ms: float
     draining: bool
-    max_context_tokens: int
-    kv_bytes_per_token: int
+    capacity: Capacity  # what the worker reported: headroom, budget, load, latencies (protos/capacity.py)
     reserved_tokens: int = 0  # router reservations this report cannot have seen (see module doc)
     pinned: bool = False  # kept past expiry: the shared state is unreachable and this is the last known view
 
@@ -55,7 +48,9 @@ class WorkerView:
 
     @property
     def headroom_tokens(self) -> int:
-        return self.free_tokens - self.reserved_tokens
+        """The reported headroom less this router's reservations that the report cannot have seen: what
+        placement may still put on the worker."""
+        return self.capacity.headroom_tokens - self.reserved_tokens
 
 
 def view_from_report(report: pb.CapacityReport, received_s: float) -> WorkerView:
@@ -67,19 +62,24 @@ def view_from_report(report: pb.CapacityReport, received_s: float) -> WorkerView
         sequence=report.sequence,
         timestamp_s=report.timestamp_s,
         received_s=received_s,
-        free_tokens=report.free_tokens,
-        committed_tokens=report.committed_tokens,
-        total_tokens=report.total_tokens,
-        compression_ratio=report.compression_ratio,
-        running_requests=report.running_requests,
-        queued_requests=report.queued_requests,
-        queued_prefill_tokens=report.queued_prefill_tokens,
-        ttft_ms=report.ttft_ms,
-        itl_ms=report.itl_ms,
         draining=report.draining,
-        max_context_tokens=report.max_context_tokens,
-        kv_bytes_per_token=report.kv_bytes_per_token,
+        capacity=Capacity.from_report(report),
     )
+
+
+def view_to_json(view: WorkerView) -> str:
+    """A view as the shared state stores it: one flat JSON object, capacity fields by their wire names."""
+    flat = {f.name: getattr(view, f.name) for f in dataclasses.fields(view) if f.name != "capacity"}
+    return json.dumps({**flat, **view.capacity.report_fields()})
+
+
+def view_from_json(data: str) -> WorkerView:
+    flat = json.loads(data)
+    if "free_tokens" in flat:  # written by a router from before the capacity field was named headroom
+        flat["headroom_tokens"] = flat.pop("free_tokens")
+    names = {f.name for f in dataclasses.fields(Capacity)}
+    capacity = Capacity(**{k: flat.pop(k) for k in list(flat) if k in names})
+    return WorkerView(**flat, capacity=capacity)
 
 
 def out_of_order(prev: WorkerView | None, new: WorkerView) -> bool:
@@ -197,7 +197,8 @@ class MemoryStore:
         for rid in [k for k, r in table.items() if r.expires_s <= now_s]:
             del table[rid]
         if (
-            view.free_tokens - unseen_reserved(list(table.values()), view.received_s, now_s, self._delay_s)
+            view.capacity.headroom_tokens
+            - unseen_reserved(list(table.values()), view.received_s, now_s, self._delay_s)
             < tokens
         ):
             return False

@@ -3,9 +3,9 @@
 The read side of the codec, split from the page writer (codec_encode.py) because the two share no kernel
 code; zipkv.kernels.codec holds the checked wrapper. One program per page-head by default, or per group of
 page-heads (their offsets are in the metadata; on the H200 the grouping, warps and interleave change the
-time by under 3%, see docs/benchmarks.md). Compressed blocks are restored a 32-bit word at a time (DESIGN.md
-section 4): four high bytes from one code word with a mask, one add of ``b/2`` in every byte and an OR of
-the signs, then high and low bytes are interleaved into bf16 pairs (PTX ``prmt`` on the GPU; shifts and
+time by under 3%, see docs/benchmarks.md). Compressed blocks are restored a 32-bit word at a time
+(docs/design.md): four high bytes from one code word with a mask, one add of ``b/2`` in every byte and an
+OR of the signs, then high and low bytes are interleaved into bf16 pairs (PTX ``prmt`` on the GPU; shifts and
 masks under the interpreter, which cannot run inline assembly). Integer-only: nothing here does bf16 math.
 """
 

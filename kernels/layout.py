@@ -1,7 +1,7 @@
 """The zipkv page format, v1, v2 and v3 (pure Python: no torch, no triton). v3's byte order is in
 layout_v3.py; this module holds the sizes of every version and v1/v2's rules.
 
-Words (DESIGN.md section 2): a **page** holds 16 tokens of one layer's KV, all KV heads, K and V; a
+Words (docs/design.md): a **page** holds 16 tokens of one layer's KV, all KV heads, K and V; a
 **page-head** is one KV head's K (or V) in one page, 16 x head_dim values; a **block** is the codec's
 unit of 512 values.
 

@@ -113,14 +113,14 @@ class HealthResponse(_message.Message):
     def __init__(self, serving: _Optional[bool] = ..., draining: _Optional[bool] = ..., worker_id: _Optional[str] = ..., model: _Optional[str] = ...) -> None: ...
 
 class CapacityReport(_message.Message):
-    __slots__ = ("worker_id", "address", "model", "sequence", "epoch", "timestamp_s", "free_tokens", "committed_tokens", "total_tokens", "compression_ratio", "running_requests", "queued_requests", "queued_prefill_tokens", "ttft_ms", "itl_ms", "draining", "max_context_tokens", "kv_bytes_per_token")
+    __slots__ = ("worker_id", "address", "model", "sequence", "epoch", "timestamp_s", "headroom_tokens", "committed_tokens", "total_tokens", "compression_ratio", "running_requests", "queued_requests", "queued_prefill_tokens", "ttft_ms", "itl_ms", "draining", "max_context_tokens", "kv_bytes_per_token")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     SEQUENCE_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     TIMESTAMP_S_FIELD_NUMBER: _ClassVar[int]
-    FREE_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    HEADROOM_TOKENS_FIELD_NUMBER: _ClassVar[int]
     COMMITTED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     TOTAL_TOKENS_FIELD_NUMBER: _ClassVar[int]
     COMPRESSION_RATIO_FIELD_NUMBER: _ClassVar[int]
@@ -138,7 +138,7 @@ class CapacityReport(_message.Message):
     sequence: int
     epoch: int
     timestamp_s: float
-    free_tokens: int
+    headroom_tokens: int
     committed_tokens: int
     total_tokens: int
     compression_ratio: float
@@ -150,7 +150,7 @@ class CapacityReport(_message.Message):
     draining: bool
     max_context_tokens: int
     kv_bytes_per_token: int
-    def __init__(self, worker_id: _Optional[str] = ..., address: _Optional[str] = ..., model: _Optional[str] = ..., sequence: _Optional[int] = ..., epoch: _Optional[int] = ..., timestamp_s: _Optional[float] = ..., free_tokens: _Optional[int] = ..., committed_tokens: _Optional[int] = ..., total_tokens: _Optional[int] = ..., compression_ratio: _Optional[float] = ..., running_requests: _Optional[int] = ..., queued_requests: _Optional[int] = ..., queued_prefill_tokens: _Optional[int] = ..., ttft_ms: _Optional[float] = ..., itl_ms: _Optional[float] = ..., draining: _Optional[bool] = ..., max_context_tokens: _Optional[int] = ..., kv_bytes_per_token: _Optional[int] = ...) -> None: ...
+    def __init__(self, worker_id: _Optional[str] = ..., address: _Optional[str] = ..., model: _Optional[str] = ..., sequence: _Optional[int] = ..., epoch: _Optional[int] = ..., timestamp_s: _Optional[float] = ..., headroom_tokens: _Optional[int] = ..., committed_tokens: _Optional[int] = ..., total_tokens: _Optional[int] = ..., compression_ratio: _Optional[float] = ..., running_requests: _Optional[int] = ..., queued_requests: _Optional[int] = ..., queued_prefill_tokens: _Optional[int] = ..., ttft_ms: _Optional[float] = ..., itl_ms: _Optional[float] = ..., draining: _Optional[bool] = ..., max_context_tokens: _Optional[int] = ..., kv_bytes_per_token: _Optional[int] = ...) -> None: ...
 
 class ReportAck(_message.Message):
     __slots__ = ("accepted", "reason")

@@ -3,7 +3,7 @@
 # has no Ray. Run on your own machine from the repo root (needs PyPI; ~90 MB of downloads the first time):
 #   bash scripts/build_ray_carry.sh        -> .carry/ray/site.tar.xz (~25 MiB; the size is printed last)
 # Device side (bench/run_ray_serve_gpu.sh does it): tar -C /tmp/raysite -xJf .carry/ray/site.tar.xz, then
-# PYTHONPATH=/tmp/raysite:/tmp/site (the SGLang site of shared/device/build_sglang_carry.sh second).
+# PYTHONPATH=/tmp/raysite:/tmp/site (the carried SGLang site second).
 #
 # What goes in: what neither the device image (see the device notes' package list) nor the SGLang site
 # (fastapi 0.116, starlette 0.47, uvicorn 0.35, pydantic 2.11, openai 2.6, tokenizers 0.22) holds:

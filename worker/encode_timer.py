@@ -17,8 +17,7 @@ from typing import Any
 import torch
 
 from zipkv.allocator.device import PageEncoder
-
-from .engine_stats import EncodeCounts
+from zipkv.worker.engine_stats import EncodeCounts
 
 MAX_PENDING_LAUNCHES = 1024  # events kept for launches not yet done; older ones are dropped, not waited for
 

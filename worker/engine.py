@@ -2,7 +2,7 @@
 
 An engine is driven by one thread: `add_request` and `abort` queue work, `step` runs one scheduling
 step (admission, prefill or decode, sampling) and returns what happened, `capacity` says how much more
-it can take. Capacity is counted in tokens at this boundary; pages stay inside the engine.
+it can take (zipkv.protos.capacity.Capacity: headroom in tokens; pages stay inside the engine).
 """
 
 from __future__ import annotations
@@ -12,7 +12,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
-from .engine_stats import KVStats, RequestTimings
+from zipkv.protos.capacity import Capacity
+from zipkv.worker.engine_stats import KVStats, RequestTimings
 
 
 class FinishReason(enum.Enum):
@@ -67,21 +68,6 @@ class EngineEvent:
     timings: RequestTimings | None = None  # on the finish event: where the request's time went
 
 
-@dataclass(frozen=True)
-class EngineCapacity:
-    free_tokens: int  # new tokens that still fit, under compression, after reservations
-    committed_tokens: int  # tokens reserved for running requests to reach their max length
-    total_tokens: int  # capacity of the KV budget under the current compression ratio
-    compression_ratio: float  # stored / uncompressed bytes of full pages (1.0 when none compressed)
-    running: int  # admitted, in prefill or decoding
-    queued: int  # taken by the engine, not yet admitted
-    queued_prefill_tokens: int  # prompt tokens not yet prefilled: queued requests and those in prefill
-    ttft_ms: float  # recent mean time to first token
-    itl_ms: float  # recent mean inter-token latency (decode step time)
-    max_context_tokens: int
-    kv_bytes_per_token: int  # uncompressed KV bytes per token over all layers
-
-
 class RequestRejected(Exception):
     """The engine cannot take this request; `retryable` says whether another worker might."""
 
@@ -108,7 +94,7 @@ class Engine(Protocol):
     def has_work(self) -> bool:
         """Whether `step` would do anything."""
 
-    def capacity(self) -> EngineCapacity:
+    def capacity(self) -> Capacity:
         """Live capacity, for admission at the router."""
 
     def kv_stats(self) -> KVStats | None:

@@ -15,8 +15,9 @@ import threading
 import time
 from dataclasses import dataclass
 
-from .engine import Engine, EngineCapacity, EngineEvent, EngineRequest, FinishReason
-from .engine_stats import KVStats
+from zipkv.protos.capacity import Capacity
+from zipkv.worker.engine import Engine, EngineEvent, EngineRequest, FinishReason
+from zipkv.worker.engine_stats import KVStats
 
 log = logging.getLogger("zipkv.worker")
 KV_STATS_EVERY_S = 0.25  # the KV pool's stats (for /metrics) are read on the engine thread this often
@@ -73,7 +74,7 @@ class EngineLoop:
     def abort(self, request_id: str, message: str = "aborted") -> None:
         self._inbox.put(_Abort(request_id, message))
 
-    def capacity(self) -> EngineCapacity:
+    def capacity(self) -> Capacity:
         return self._capacity
 
     def kv_stats(self) -> KVStats | None:

@@ -17,8 +17,9 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from .engine import EngineCapacity, EngineEvent
-from .engine_stats import ENCODE_MS_BUCKETS, KVStats
+from zipkv.protos.capacity import Capacity
+from zipkv.worker.engine import EngineEvent
+from zipkv.worker.engine_stats import ENCODE_MS_BUCKETS, KVStats
 
 log = logging.getLogger("zipkv.worker")
 _LATENCY_MS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 30000, 60000)
@@ -31,7 +32,7 @@ class WorkerMetrics:
         worker_id: str,
         model: str,
         kv_stats: Callable[[], KVStats | None],
-        capacity: Callable[[], EngineCapacity],
+        capacity: Callable[[], Capacity],
         draining: Callable[[], bool] = lambda: False,
     ) -> None:
         self.labels = (worker_id, model)
@@ -116,7 +117,7 @@ class _EngineCollector(Collector):
         self,
         labels: tuple[str, str],
         kv_stats: Callable[[], KVStats | None],
-        capacity: Callable[[], EngineCapacity],
+        capacity: Callable[[], Capacity],
         draining: Callable[[], bool],
     ) -> None:
         self._labels, self._kv_stats, self._capacity, self._draining = labels, kv_stats, capacity, draining
@@ -135,17 +136,17 @@ def _gauge(name: str, doc: str, labels: list[str], value: float) -> GaugeMetricF
     return g
 
 
-def _capacity_metrics(lab: list[str], cap: EngineCapacity, draining: bool) -> Iterator[Metric]:
+def _capacity_metrics(lab: list[str], cap: Capacity, draining: bool) -> Iterator[Metric]:
     yield _gauge("zipkv_worker_headroom_tokens", "new tokens that fit, under compression (reported)", lab,
-                 cap.free_tokens)  # fmt: skip
+                 cap.headroom_tokens)  # fmt: skip
     yield _gauge("zipkv_worker_capacity_tokens", "tokens the KV budget holds at the current ratio", lab,
                  cap.total_tokens)  # fmt: skip
     yield _gauge("zipkv_worker_committed_tokens", "tokens reserved for running requests", lab,
                  cap.committed_tokens)  # fmt: skip
     yield _gauge("zipkv_worker_compression_ratio", "stored / raw bytes of full pages (reported)", lab,
                  cap.compression_ratio)  # fmt: skip
-    yield _gauge("zipkv_worker_running_requests", "requests running", lab, cap.running)
-    yield _gauge("zipkv_worker_queued_requests", "requests waiting for admission", lab, cap.queued)
+    yield _gauge("zipkv_worker_running_requests", "requests running", lab, cap.running_requests)
+    yield _gauge("zipkv_worker_queued_requests", "requests waiting for admission", lab, cap.queued_requests)
     yield _gauge("zipkv_worker_itl_ms", "recent mean decode step (inter-token latency)", lab, cap.itl_ms)
     yield _gauge("zipkv_worker_draining", "1 while the replica drains", lab, 1.0 if draining else 0.0)
 

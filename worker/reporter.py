@@ -20,8 +20,7 @@ import grpc
 from zipkv.controlplane.grpc_auth import TlsFiles, open_channel
 from zipkv.protos import zipkv_pb2 as pb
 from zipkv.protos import zipkv_pb2_grpc as pb_grpc
-
-from .engine import EngineCapacity
+from zipkv.protos.capacity import Capacity
 
 log = logging.getLogger("zipkv.worker")
 
@@ -34,7 +33,7 @@ class CapacityReporter:
         worker_id: str,
         address: str,
         model: str,
-        capacity: Callable[[], EngineCapacity],
+        capacity: Callable[[], Capacity],
         draining: Callable[[], bool],
         interval_ms: int = 200,
         tls: TlsFiles | None = None,
@@ -71,18 +70,8 @@ class CapacityReporter:
             sequence=self.sequence,
             epoch=self.epoch,
             timestamp_s=time.time(),
-            free_tokens=cap.free_tokens,
-            committed_tokens=cap.committed_tokens,
-            total_tokens=cap.total_tokens,
-            compression_ratio=cap.compression_ratio,
-            running_requests=cap.running,
-            queued_requests=cap.queued,
-            queued_prefill_tokens=cap.queued_prefill_tokens,
-            ttft_ms=cap.ttft_ms,
-            itl_ms=cap.itl_ms,
             draining=self._draining(),
-            max_context_tokens=cap.max_context_tokens,
-            kv_bytes_per_token=cap.kv_bytes_per_token,
+            **cap.report_fields(),
         )
 
     async def report_once(self) -> bool:

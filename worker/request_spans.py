@@ -22,9 +22,8 @@ from typing import Any
 from opentelemetry import trace
 
 from zipkv.protos import zipkv_pb2 as pb
-
-from .engine import EngineEvent
-from .engine_stats import RequestTimings
+from zipkv.worker.engine import EngineEvent
+from zipkv.worker.engine_stats import RequestTimings
 
 OPERATION = "text_completion"  # gen_ai.operation.name: the worker completes a prompt of token ids
 

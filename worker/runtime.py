@@ -21,19 +21,20 @@ from opentelemetry.sdk.trace import TracerProvider
 
 from zipkv.controlplane.grpc_auth import add_port, warn_plaintext
 from zipkv.protos import zipkv_pb2_grpc as pb_grpc
-
-from .engine import Engine
-from .loop import EngineLoop
-from .metrics import WorkerMetrics
-from .reporter import CapacityReporter
-from .service import WorkerService
-from .settings import WorkerSettings
-from .telemetry import TRACER_NAME, make_tracer_provider
+from zipkv.worker.engine import Engine
+from zipkv.worker.loop import EngineLoop
+from zipkv.worker.metrics import WorkerMetrics
+from zipkv.worker.reporter import CapacityReporter
+from zipkv.worker.service import WorkerService
+from zipkv.worker.settings import WorkerSettings
+from zipkv.worker.telemetry import TRACER_NAME, make_tracer_provider
 
 log = logging.getLogger("zipkv.worker")
 
 
 class WorkerRuntime:
+    service: WorkerService  # set in __init__; the metrics read its draining flag through a lambda first
+
     def __init__(
         self,
         engine: Engine,

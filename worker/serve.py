@@ -26,8 +26,9 @@ from typing import Any
 
 from ray import serve
 
-from .runtime import WorkerRuntime
-from .settings import CREDENTIAL_ENV, WorkerSettings, build_engine
+from zipkv.worker.engine_factory import build_engine
+from zipkv.worker.runtime import WorkerRuntime
+from zipkv.worker.settings import CREDENTIAL_ENV, WorkerSettings
 
 log = logging.getLogger("zipkv.worker")
 DEPLOYMENT_NAME = "zipkv-worker"

@@ -13,12 +13,11 @@ from opentelemetry import trace
 from zipkv.controlplane.grpc_auth import bearer_token, peer_identity, tokens_equal
 from zipkv.protos import zipkv_pb2 as pb
 from zipkv.protos import zipkv_pb2_grpc as pb_grpc
-
-from .engine import EngineEvent, EngineRequest, FinishReason, RequestRejected, SamplingOptions
-from .loop import EngineLoop
-from .metrics import WorkerMetrics
-from .request_spans import generate_attributes, record_finish
-from .telemetry import parent_context, trace_headers
+from zipkv.worker.engine import EngineEvent, EngineRequest, FinishReason, RequestRejected, SamplingOptions
+from zipkv.worker.loop import EngineLoop
+from zipkv.worker.metrics import WorkerMetrics
+from zipkv.worker.request_spans import generate_attributes, record_finish
+from zipkv.worker.telemetry import parent_context, trace_headers
 
 log = logging.getLogger("zipkv.worker")
 

@@ -1,17 +1,13 @@
-"""Worker settings (validated at start-up) and the engine factory."""
+"""Worker settings, validated at start-up (the engine they select is built by engine_factory.py)."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from zipkv.controlplane.grpc_auth import TlsFiles
-
-from .checkpoint import ModelShape, check_kv_budget, model_shape, resolve_context
-from .engine import Engine
 
 EngineKind = Literal["reference", "sglang"]
 REPORT_TOKEN_ENV = "ZIPKV_REPORT_TOKEN"
@@ -147,62 +143,3 @@ def resolve_device(device: str) -> str:
             f"device {device!r} asked for but no CUDA GPU is visible: use device 'cpu' or 'auto'"
         )
     return device
-
-
-def build_engine(settings: WorkerSettings) -> Engine:
-    """The configured engine, loaded and ready to step."""
-    if settings.engine == "sglang":
-        from .sglang_engine import build_sglang_engine
-
-        return build_sglang_engine(settings)
-    import torch
-
-    from .gguf_import import resolve_model_path
-    from .reference.engine import ReferenceEngine, ReferenceEngineConfig
-    from .reference.model import load_model
-
-    torch.set_num_threads(settings.torch_threads)
-    device = resolve_device(settings.device)
-    path = resolve_model_path(settings.model_path) if settings.model_path else None  # a GGUF: dequantized
-    name = settings.model_name
-    if path != settings.model_path and not name:  # named after the GGUF, not its cache folder
-        name = os.path.splitext(os.path.basename(os.path.normpath(str(settings.model_path))))[0]
-    loaded = load_model(path, device, name)
-    config = ReferenceEngineConfig(
-        kv_budget_bytes=settings.kv_budget_bytes,
-        compression=settings.compression,
-        max_running_requests=settings.max_running_requests,
-    )
-    model_config: Any = loaded.model.config
-    shape = model_shape(model_config.to_dict())
-    context = checked_context(
-        shape, settings.max_context_tokens, config.kv_budget_bytes, config.compression, config.chunk_bytes,
-        config.format_version,
-    )  # fmt: skip
-    return ReferenceEngine(dataclasses.replace(loaded, max_context_tokens=context), config, device)
-
-
-def checked_context(
-    shape: ModelShape,
-    asked_tokens: int,
-    budget_bytes: int,
-    compression: bool,
-    chunk_bytes: int = 256 << 10,
-    format_version: int | None = None,
-) -> int:
-    """The context a reference-engine worker serves (the model's, or ``asked_tokens`` within it), checked
-    at start-up against what an idle KV budget holds; raises ValueError saying what to change."""
-    from zipkv.kernels.layout import FORMAT_VERSION, PageFormat
-
-    from .reference.kvstore import idle_capacity_tokens
-
-    context = resolve_context(shape, asked_tokens or None)
-    version = FORMAT_VERSION if format_version is None else format_version
-    fmt = PageFormat(head_dim=shape.head_dim, num_kv_heads=shape.num_kv_heads, version=version)
-    check_kv_budget(
-        context,
-        budget_bytes,
-        shape,
-        lambda b: idle_capacity_tokens(fmt, shape.num_layers, b, compression, chunk_bytes),
-    )
-    return context

@@ -10,13 +10,15 @@ RUN python -m venv /opt/venv
 ENV PATH=/opt/venv/bin:$PATH PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 WORKDIR /src
 COPY pyproject.toml README.md ./
-# setuptools maps every zipkv package from its folder, so all five must exist to build the wheel; only
+# setuptools maps every zipkv package from its folder, so all of them must exist to build the wheel; only
 # zipkv.controlplane and zipkv.protos are ever imported here (the others need torch, which is absent).
 COPY controlplane/ controlplane/
 COPY protos/ protos/
 COPY worker/ worker/
 COPY kernels/ kernels/
 COPY allocator/ allocator/
+COPY stack/ stack/
+COPY testing/ testing/
 # The router's dependencies are the `controlplane` extra (read from pyproject.toml, so they never drift)
 # plus what it imports directly beyond the extra: its tokenizer for real models (tokenizer.json and the
 # chat template), anyio (also a dependency of fastapi and httpx) and uvloop (the faster event loop the

@@ -34,6 +34,8 @@ COPY protos/ protos/
 COPY worker/ worker/
 COPY kernels/ kernels/
 COPY allocator/ allocator/
+COPY stack/ stack/
+COPY testing/ testing/
 # The `sglang` extra: SGLang pinned, Ray Serve, and zipkv's worker dependencies. torch stays the CUDA
 # build installed above (the extra index keeps pip from swapping it for another variant).
 RUN pip install --extra-index-url "${TORCH_INDEX_URL}" "sglang==${SGLANG_VERSION}" ".[sglang]" \

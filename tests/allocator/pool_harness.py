@@ -83,7 +83,7 @@ class Harness:
     def admit(self, max_tokens: int, kind: str) -> Request | None:
         """Admit if capacity says it fits (reserving its whole length), else None."""
         req = Request(f"r{self.count}", max_tokens, kind)
-        if self.pool.new_pages_fit() < req.max_pages:
+        if self.pool.headroom_pages() < req.max_pages:
             return None
         self.pool.reserve(req.rid, req.max_pages)
         self.count += 1

@@ -1,4 +1,4 @@
-"""The allocator's rules on the host bookkeeping (DESIGN.md section 5), one behaviour per test.
+"""The allocator's four rules (docs/design.md) on the host bookkeeping, one behaviour per test.
 
 Sizes handed to the ledger here are stored sizes in 256-byte units, chosen to exercise the bookkeeping
 (any size from 1 unit to a raw page is valid input); tests with real compressed pages are in
@@ -28,11 +28,11 @@ def test_new_pages_take_raw_size_in_every_layer() -> None:
 
 def test_capacity_is_exact_for_raw_pages() -> None:
     led = ledger(layers=2, chunks=8, compression=False)  # 8 chunks x 4 slots shared by 2 layers: 16 pages
-    assert led.new_pages_fit() == 16
+    assert led.headroom_pages() == 16
     led.allocate(3)
-    assert led.new_pages_fit() == 13
+    assert led.headroom_pages() == 13
     led.allocate(13)
-    assert led.new_pages_fit() == 0
+    assert led.headroom_pages() == 0
     with pytest.raises(OutOfPages, match="do not fit"):
         led.allocate(1)
     check(led)
@@ -53,7 +53,7 @@ def test_pool_lends_a_layers_savings_to_the_tightest_layer() -> None:
             led.moved(move)
             led.poll()
         check(led)
-        fits[shared] = led.new_pages_fit()
+        fits[shared] = led.headroom_pages()
         # what capacity reports can really be allocated, and not one page more
         led.allocate(fits[shared])
         with pytest.raises(OutOfPages):
@@ -74,12 +74,12 @@ def test_compressed_sizing_would_over_admit_and_is_refused() -> None:
         led.poll()
     free_units = led.free_units()
     naive = int(free_units.min() // (RAW // 4))  # pages priced at their compressed size
-    assert naive > led.new_pages_fit()
+    assert naive > led.headroom_pages()
     with pytest.raises(OutOfPages):
         led.allocate(naive)
     # the pages' raw slots are free again, but their LOG places still fill the chunks they took: no room
     # beyond compression off's (10 chunks x 4 slots - 16 pages), so no encode margin is held
-    assert led.new_pages_fit() == int(free_units.min() // RAW) == 10 * 4 - 16
+    assert led.headroom_pages() == int(free_units.min() // RAW) == 10 * 4 - 16
     assert led.held_margin_pages() == 0
     check(led)
 
@@ -89,13 +89,13 @@ def test_sizes_arrive_a_step_later_and_capacity_is_never_optimistic() -> None:
     led = ledger(layers=2, chunks=16, fences=fences)
     ids, _ = led.allocate(8)
     led.mark_full(ids)
-    before = led.new_pages_fit()
+    before = led.headroom_pages()
     launch = ManualFence()
     plan = encode_with(led, lambda p: np.full(p.size, 12), launch)
     assert plan is not None and plan.size == 16
     led.poll()  # the launch has not finished: worst case held, raw slots still held
     assert (led.page_state[ids] == PageState.ENCODING).all()
-    pending = led.new_pages_fit()
+    pending = led.headroom_pages()
     assert pending <= before
     check(led)
     launch.finished = True
@@ -103,10 +103,10 @@ def test_sizes_arrive_a_step_later_and_capacity_is_never_optimistic() -> None:
     assert (led.page_state[ids] == PageState.COMPRESSED).all()
     assert (led.page_units[:, ids] == 12).all()
     assert (led.chunk_kind == ChunkKind.DRAINING).sum() == 4
-    assert led.new_pages_fit() == pending  # draining chunks are not counted yet
+    assert led.headroom_pages() == pending  # draining chunks are not counted yet
     fences.finish_all()
     led.poll()
-    assert led.new_pages_fit() > pending
+    assert led.headroom_pages() > pending
     check(led)
 
 
@@ -152,7 +152,7 @@ def test_compaction_moves_live_pages_and_frees_chunks() -> None:
     led.free(ids[::3].tolist() + ids[1::3].tolist())  # two pages in three die
     check(led)
     log_chunks = int((led.chunk_kind == ChunkKind.LOG).sum())
-    fit_before = led.new_pages_fit()
+    fit_before = led.headroom_pages()
     keep = ids[2::3]
     before = led.page_unit[:, keep].copy()
     plan = led.plan_compaction()
@@ -161,7 +161,7 @@ def test_compaction_moves_live_pages_and_frees_chunks() -> None:
     led.poll()
     check(led)
     assert int((led.chunk_kind == ChunkKind.LOG).sum()) < log_chunks
-    assert led.new_pages_fit() > fit_before
+    assert led.headroom_pages() > fit_before
     moved = led.page_unit[plan.layers, plan.pages]
     assert (moved == plan.dst_units).all() and (before != led.page_unit[:, keep]).any()
 
@@ -169,14 +169,14 @@ def test_compaction_moves_live_pages_and_frees_chunks() -> None:
 def test_reservations_are_honoured() -> None:
     led = ledger(layers=2, chunks=8, compression=False)  # 16 pages
     led.reserve("a", 10)
-    assert led.new_pages_fit() == 6
+    assert led.headroom_pages() == 6
     with pytest.raises(OutOfPages, match="cannot reserve 7"):
         led.reserve("b", 7)
     with pytest.raises(OutOfPages):
         led.allocate(7)  # unreserved pages may not eat into "a"'s room
     led.allocate(6)
     led.allocate(10, "a")  # "a" can always reach its maximum
-    assert led.reservations["a"] == 0 and led.new_pages_fit() == 0
+    assert led.reservations["a"] == 0 and led.headroom_pages() == 0
     led.release("a")
     check(led)
 
@@ -215,7 +215,7 @@ def test_idle_capacity_equals_compression_off() -> None:
     """The encode margin is held only out of room compression freed: an idle pool offers as many new
     pages with compression on as off, and a request reserving all of them reaches its maximum."""
     on, off = ledger(layers=2, chunks=8), ledger(layers=2, chunks=8, compression=False)
-    assert on.new_pages_fit() == off.new_pages_fit() == 16 and on.held_margin_pages() == 0
+    assert on.headroom_pages() == off.headroom_pages() == 16 and on.held_margin_pages() == 0
     on.reserve("a", 16)
     ids, _ = on.allocate(8, "a")
     on.mark_full(ids)
@@ -244,8 +244,8 @@ def test_an_encode_launch_has_room_once_compression_freed_it() -> None:
         led.poll()
     off_room = 8 // 2 * 4 - 8  # what compression off would offer now, reservations included
     assert led.held_margin_pages() == led.encode_margin_pages == 4
-    assert led.new_pages_fit() + led.reserved_pages >= off_room
-    led.reserve("b", led.new_pages_fit())
+    assert led.headroom_pages() + led.reserved_pages >= off_room
+    led.reserve("b", led.headroom_pages())
     more, _ = led.allocate(4, "a")
     led.mark_full(more)
     assert encode_with(led, lambda p: np.full(p.size, 3)) is not None  # the margin takes the launch

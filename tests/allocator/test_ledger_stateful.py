@@ -47,7 +47,7 @@ class LedgerMachine(RuleBasedStateMachine):
 
     @rule(max_pages=st.integers(1, 12))
     def admit(self, max_pages: int) -> None:
-        if self.led.new_pages_fit() >= max_pages:
+        if self.led.headroom_pages() >= max_pages:
             rid = f"r{self.count}"
             self.count += 1
             self.led.reserve(rid, max_pages)
@@ -114,7 +114,7 @@ class LedgerMachine(RuleBasedStateMachine):
     @invariant()
     def capacity_is_exact_and_reservations_hold(self) -> None:
         led = copy.deepcopy(self.led)
-        led.allocate(led.new_pages_fit())
+        led.allocate(led.headroom_pages())
         for rid, n in list(led.reservations.items()):
             led.allocate(n, rid)
         with pytest.raises(OutOfPages):

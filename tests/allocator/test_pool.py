@@ -60,6 +60,12 @@ def test_kernel_tensors_keep_their_addresses(fmt: PageFormat) -> None:
         h.step(9)
         h.pool.compact()
     assert (h.pool.heap.data_ptr(), h.pool.page_loc.data_ptr(), h.pool.page_meta.data_ptr()) == addresses
+    # Each layer's view is rows of those same tensors, so what an engine reads through it stays current.
+    for layer in range(2):
+        pages = h.pool.layer(layer)
+        assert pages.heap is h.pool.heap
+        assert pages.loc.data_ptr() == h.pool.page_loc[layer].data_ptr()
+        assert torch.equal(pages.meta, h.pool.page_meta[layer])
 
 
 def test_compaction_keeps_every_page_readable(fmt: PageFormat) -> None:
@@ -96,10 +102,10 @@ def test_requests_admitted_by_capacity_all_finish(shared_pool: bool, fmt: PageFo
 
 def test_out_of_pages_is_clear_and_changes_nothing() -> None:
     pool = make_pool(layers=2, chunks=8)
-    fit = pool.new_pages_fit()
+    fit = pool.headroom_pages()
     with pytest.raises(OutOfPages, match="do not fit"):
         pool.allocate(fit + 1)
-    assert pool.new_pages_fit() == fit and pool.stats().used_pages == 0
+    assert pool.headroom_pages() == fit and pool.stats().used_pages == 0
 
 
 def test_bad_configuration_is_refused() -> None:

@@ -51,7 +51,7 @@ class PoolMachine(RuleBasedStateMachine):
 
     @rule(max_tokens=st.integers(1, 160), kind=st.sampled_from(KINDS))
     def admit(self, max_tokens: int, kind: str) -> None:
-        fit = self.harness.pool.new_pages_fit()
+        fit = self.harness.pool.headroom_pages()
         if self.harness.admit(max_tokens, kind) is None:
             with pytest.raises(OutOfPages):  # capacity said no, and reserving agrees
                 self.harness.pool.reserve("too-big", -(-max_tokens // 16))
@@ -87,7 +87,7 @@ class PoolMachine(RuleBasedStateMachine):
     @invariant()
     def capacity_is_exact_and_reservations_hold(self) -> None:
         led = copy.deepcopy(self.harness.pool.ledger)
-        led.allocate(led.new_pages_fit())  # what capacity reports really fits ...
+        led.allocate(led.headroom_pages())  # what capacity reports really fits ...
         for rid, pages in list(led.reservations.items()):
             led.allocate(pages, rid)  # ... and every running request can still reach its maximum
         with pytest.raises(OutOfPages):

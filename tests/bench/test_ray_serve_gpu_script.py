@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -15,7 +16,9 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_router_and_serve_replica_answer_both_completions(tmp_path: Path) -> None:
-    env = {**os.environ, "OUT": str(tmp_path), "ENGINE": "reference", "READY_S": "150"}
+    # The script's `python3` is the interpreter running the tests (its zipkv is this checkout's).
+    path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
+    env = {**os.environ, "OUT": str(tmp_path), "ENGINE": "reference", "READY_S": "150", "PATH": path}
     proc = subprocess.run(
         ["bash", "bench/run_ray_serve_gpu.sh"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=400
     )

@@ -31,8 +31,8 @@ from sglang_e2e_metrics import (
 from zipkv.allocator import PagePool
 from zipkv.kernels import reference
 from zipkv.kernels.layout import PAGE_TOKENS, PageFormat
-from zipkv.worker import sglang_pool
-from zipkv.worker.sglang_slots import budget_bytes_for_tokens, virtual_pages_for_budget
+from zipkv.worker.engines.sglang import allocator as sglang_pool
+from zipkv.worker.engines.sglang.slots import budget_bytes_for_tokens, virtual_pages_for_budget
 
 # SGLang's Triton backend, offline_8192x256 at 46 * 8448 tokens: 45 running, then the 19 left.
 TRITON_LOG = """\
@@ -59,7 +59,7 @@ def test_decode_lines_at_the_largest_batch_from_a_real_log() -> None:
     # The median of the six intervals at 45: the first one held the prefill (70.97 tok/s) and must not count
     # as a mean would (1964 tok/s).
     assert m["decode_tokens_per_s_at_max_batch"] == pytest.approx((2341.56 + 2342.27) / 2, abs=0.1)
-    assert m["decode_step_ms"] == pytest.approx(19.215, abs=0.01)  # device-recipes.md measured 19.20 ms
+    assert m["decode_step_ms"] == pytest.approx(19.215, abs=0.01)  # the H200 baseline measured 19.20 ms
     assert at_max_batch([])["max_running_requests"] is None
 
 

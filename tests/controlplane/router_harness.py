@@ -10,9 +10,9 @@ from collections.abc import Coroutine, Iterator
 from typing import Any, TypeVar
 
 from zipkv.controlplane.config import RouterConfig
-from zipkv.controlplane.scripted_worker import Script, ScriptedWorker, report_forever, send_report
 from zipkv.controlplane.server import RunningRouter, running_router
 from zipkv.protos import zipkv_pb2 as pb
+from zipkv.testing.scripted_worker import Script, ScriptedWorker, report_forever, send_report
 
 T = TypeVar("T")
 

@@ -15,9 +15,9 @@ from certs import Ca, issue, make_ca
 from router_harness import MODEL, LoopThread, Stack, make_config
 
 from zipkv.controlplane.grpc_auth import TlsFiles, open_channel
-from zipkv.controlplane.scripted_worker import ScriptedWorker
 from zipkv.protos import zipkv_pb2 as pb
 from zipkv.protos import zipkv_pb2_grpc as pb_grpc
+from zipkv.testing.scripted_worker import ScriptedWorker
 
 
 @pytest.fixture(scope="module")

@@ -13,20 +13,14 @@ import pytest
 from zipkv.controlplane.config import PlacementConfig
 from zipkv.controlplane.placement import RequestShape, place, prefill_wait_ms
 from zipkv.controlplane.state import Snapshot, WorkerView
+from zipkv.protos.capacity import Capacity
 
 NOW = 10_000.0
 
 
 def view(wid: str, queued_prefill: int = 0, reserved: int = 0, free: int = 50_000) -> WorkerView:
-    base = WorkerView(
-        worker_id=wid,
-        address=f"{wid}:1",
-        model="m",
-        epoch=1,
-        sequence=1,
-        timestamp_s=NOW - 0.1,
-        received_s=NOW - 0.1,
-        free_tokens=free,
+    cap = Capacity(
+        headroom_tokens=free,
         committed_tokens=0,
         total_tokens=100_000,
         compression_ratio=1.0,
@@ -35,11 +29,10 @@ def view(wid: str, queued_prefill: int = 0, reserved: int = 0, free: int = 50_00
         queued_prefill_tokens=queued_prefill,
         ttft_ms=0.0,
         itl_ms=0.0,
-        draining=False,
         max_context_tokens=0,
         kv_bytes_per_token=0,
     )
-    return replace(base, reserved_tokens=reserved)
+    return WorkerView(wid, f"{wid}:1", "m", 1, 1, NOW - 0.1, NOW - 0.1, False, cap, reserved_tokens=reserved)
 
 
 REQ = RequestShape("m", 400, 100, slo_ttft_ms=1000.0, slo_tpot_ms=100.0, prefill_ms_per_token=0.5)

@@ -31,9 +31,9 @@ def s() -> Iterator[Stack]:
     [
         ({"queued_requests": -1}, "queued_requests"),  # made placement divide by zero (500s)
         ({"running_requests": -3}, "running_requests"),
-        ({"free_tokens": -1}, "free_tokens"),
-        ({"total_tokens": -5, "free_tokens": 0}, "total_tokens"),
-        ({"free_tokens": 200_000}, "free_tokens"),  # more free than the whole budget (100k)
+        ({"headroom_tokens": -1}, "headroom_tokens"),
+        ({"total_tokens": -5, "headroom_tokens": 0}, "total_tokens"),
+        ({"headroom_tokens": 200_000}, "headroom_tokens"),  # more free than the whole budget (100k)
         ({"queued_prefill_tokens": -7}, "queued_prefill_tokens"),
         ({"kv_bytes_per_token": -1}, "kv_bytes_per_token"),
         ({"max_context_tokens": -1}, "max_context_tokens"),
@@ -93,7 +93,7 @@ _fields = st.fixed_dictionaries(
         "sequence": st.one_of(st.integers(1, 5), _u64),
         "epoch": _u64,
         "timestamp_offset_s": st.one_of(st.floats(-3, 3), _f),
-        "free_tokens": st.one_of(_small, _i64),
+        "headroom_tokens": st.one_of(_small, _i64),
         "committed_tokens": st.one_of(_small, _i64),
         "total_tokens": st.one_of(_small, _i64),
         "compression_ratio": st.one_of(st.floats(0, 1), _f),

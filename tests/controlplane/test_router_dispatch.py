@@ -14,7 +14,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from router_harness import MODEL, Stack, stack
 
-from zipkv.controlplane.scripted_worker import Script
+from zipkv.testing.scripted_worker import Script
 
 BODY = {"model": MODEL, "prompt": "x", "max_tokens": 4}
 
@@ -108,7 +108,7 @@ def test_slo_headers_steer_placement() -> None:
         roomy = s.add_worker(total_tokens=200_000, report=False)
         quick = s.add_worker(total_tokens=120_000, report=False)
         assert s.report(roomy, itl_ms=90.0).accepted
-        assert s.report(quick, itl_ms=5.0, free_tokens=60_000).accepted
+        assert s.report(quick, itl_ms=5.0, headroom_tokens=60_000).accepted
         loose = httpx.post(s.url + "/v1/completions", json=BODY, headers={"x-zipkv-slo-tpot-ms": "100000"})
         tight = httpx.post(s.url + "/v1/completions", json=BODY, headers={"x-zipkv-slo-tpot-ms": "95"})
         assert loose.headers["x-zipkv-worker"] == roomy.worker_id

@@ -6,28 +6,26 @@ stale_after 1000 ms, expire_after 5000 ms, idle_itl 10 ms, decode_ms_per_gib 0.2
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import fields, replace
 
 import pytest
 
 from zipkv.controlplane.config import PlacementConfig
 from zipkv.controlplane.placement import RequestShape, place, predict_ms
 from zipkv.controlplane.state import Snapshot, WorkerView
+from zipkv.protos.capacity import Capacity
 
 NOW = 10_000.0
 CFG = PlacementConfig()
 
 
+CAPACITY_FIELDS = {f.name for f in fields(Capacity)}
+
+
 def view(wid: str, free: int, total: int = 20_000, *, age_s: float = 0.1, **kw: object) -> WorkerView:
-    base = WorkerView(
-        worker_id=wid,
-        address=f"{wid}:1",
-        model="m",
-        epoch=1,
-        sequence=1,
-        timestamp_s=NOW - age_s,
-        received_s=NOW - age_s,
-        free_tokens=free,
+    """A view reporting ``free`` headroom tokens of ``total``; ``kw`` sets view or capacity fields."""
+    cap = Capacity(
+        headroom_tokens=free,
         committed_tokens=0,
         total_tokens=total,
         compression_ratio=1.0,
@@ -36,11 +34,12 @@ def view(wid: str, free: int, total: int = 20_000, *, age_s: float = 0.1, **kw: 
         queued_prefill_tokens=0,
         ttft_ms=0.0,
         itl_ms=0.0,
-        draining=False,
         max_context_tokens=0,
         kv_bytes_per_token=0,
     )
-    return replace(base, **kw)  # type: ignore[arg-type]
+    cap = replace(cap, **{k: v for k, v in kw.items() if k in CAPACITY_FIELDS})  # type: ignore[arg-type]
+    base = WorkerView(wid, f"{wid}:1", "m", 1, 1, NOW - age_s, NOW - age_s, False, cap)
+    return replace(base, **{k: v for k, v in kw.items() if k not in CAPACITY_FIELDS})  # type: ignore[arg-type]
 
 
 def req(prompt: int = 100, new: int = 100, ttft: float = 1000, tpot: float = 100) -> RequestShape:
@@ -130,7 +129,7 @@ def test_compressed_bytes_drive_the_prior() -> None:
     # kv 2**20 bytes/token; added tokens = 100 + 50 = 150.
     # ratio 1.0: 150 * 2**20 * 0.25 / 2**30 = 0.0366 ms; ratio 0.25: a quarter of that.
     raw = view("raw", 10_000, kv_bytes_per_token=1 << 20, compression_ratio=1.0)
-    small = replace(raw, compression_ratio=0.25)
+    small = replace(raw, capacity=replace(raw.capacity, compression_ratio=0.25))
     extra_raw = predict_ms(raw, req(), CFG)[1] - 10.0
     extra_small = predict_ms(small, req(), CFG)[1] - 10.0
     assert extra_raw == pytest.approx(150 * 0.25 / 1024)
@@ -218,4 +217,4 @@ def test_ties_break_on_worker_id_and_scores_stay_in_unit_range() -> None:
 def test_placement_is_pure() -> None:
     s = snap(view("a", 10_000), view("b", 9_000))
     assert place(s, req(), CFG, NOW) == place(s, req(), CFG, NOW)
-    assert s.workers[0].free_tokens == 10_000
+    assert s.workers[0].capacity.headroom_tokens == 10_000

@@ -16,7 +16,7 @@ import pytest
 from router_harness import MODEL, TOKEN, LoopThread, stack
 from servers import free_port, start_redis
 
-from zipkv.controlplane.scripted_worker import Script, ScriptedWorker, report_forever
+from zipkv.testing.scripted_worker import Script, ScriptedWorker, report_forever
 
 
 def _router_process(tmp: Path, redis_url: str, name: str) -> tuple[subprocess.Popen[bytes], str, str]:

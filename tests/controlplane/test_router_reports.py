@@ -4,6 +4,7 @@ reservation accounting of the in-memory store."""
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from typing import Any
 
@@ -12,8 +13,9 @@ import httpx
 import pytest
 from router_harness import TOKEN, stack
 
-from zipkv.controlplane.scripted_worker import ScriptedWorker
-from zipkv.controlplane.state import MemoryStore, WorkerView
+from zipkv.controlplane.state import MemoryStore, WorkerView, view_from_json, view_to_json
+from zipkv.protos.capacity import Capacity
+from zipkv.testing.scripted_worker import ScriptedWorker
 
 
 def test_reports_need_the_shared_token() -> None:
@@ -31,19 +33,21 @@ def test_reports_need_the_shared_token() -> None:
 def test_out_of_order_and_late_reports_are_ignored() -> None:
     with stack() as s:
         w = s.add_worker(report=False)
-        assert s.report(w, sequence=10, free_tokens=5000).accepted
-        old = s.report(w, sequence=9, free_tokens=99_000)  # arrives after 10: ignored
+        assert s.report(w, sequence=10, headroom_tokens=5000).accepted
+        old = s.report(w, sequence=9, headroom_tokens=99_000)  # arrives after 10: ignored
         assert not old.accepted and "out of order" in old.reason
-        dup = s.report(w, sequence=10, free_tokens=99_000)
+        dup = s.report(w, sequence=10, headroom_tokens=99_000)
         assert not dup.accepted
-        late = s.report(w, sequence=11, free_tokens=99_000, timestamp_s=time.time() - 3.0)  # built 3 s ago
+        late = s.report(
+            w, sequence=11, headroom_tokens=99_000, timestamp_s=time.time() - 3.0
+        )  # built 3 s ago
         assert not late.accepted and late.reason.startswith("late")
         (view,) = s.router.router.store.snapshot().workers
-        assert (view.sequence, view.free_tokens) == (10, 5000)
+        assert (view.sequence, view.capacity.headroom_tokens) == (10, 5000)
         # A restarted worker bumps its epoch: sequence may start over.
-        assert s.report(w, sequence=1, epoch=w.epoch + 1, free_tokens=7000).accepted
+        assert s.report(w, sequence=1, epoch=w.epoch + 1, headroom_tokens=7000).accepted
         (view,) = s.router.router.store.snapshot().workers
-        assert (view.sequence, view.free_tokens) == (1, 7000)
+        assert (view.sequence, view.capacity.headroom_tokens) == (1, 7000)
         text = httpx.get(s.url + "/metrics").text
         assert 'zipkv_router_reports_total{outcome="out_of_order"} 2.0' in text
         assert 'zipkv_router_reports_total{outcome="late"} 1.0' in text
@@ -53,7 +57,7 @@ def test_out_of_order_and_late_reports_are_ignored() -> None:
     ("overrides", "needle"),
     [
         ({"worker_id": ""}, "worker_id"),
-        ({"free_tokens": -1}, "free_tokens"),
+        ({"headroom_tokens": -1}, "headroom_tokens"),
         ({"compression_ratio": 1.5}, "compression_ratio"),
     ],
 )
@@ -77,9 +81,8 @@ def test_workers_whose_reports_stop_expire() -> None:
 
 
 def _view(free: int, received_s: float, seq: int = 1) -> WorkerView:
-    return WorkerView(
-        "w", "a:1", "m", 1, seq, received_s, received_s, free, 0, 10_000, 1.0, 0, 0, 0, 0.0, 0.0, False, 0, 0
-    )
+    cap = Capacity(free, 0, 10_000, 1.0, 0, 0, 0, 0.0, 0.0, 0, 0)
+    return WorkerView("w", "a:1", "m", 1, seq, received_s, received_s, False, cap)
 
 
 def test_reservation_accounting_never_over_commits() -> None:
@@ -157,7 +160,15 @@ def test_a_per_worker_token_reports_only_its_own_worker_ids() -> None:
 def test_a_replayed_report_is_refused() -> None:
     with stack() as s:
         w = s.add_worker(report=False)
-        report = w.report(free_tokens=100)
+        report = w.report(headroom_tokens=100)
         assert s.send(report).accepted
         again = s.send(report)  # captured and sent again, e.g. to pin stale headroom
         assert not again.accepted and "out of order" in again.reason
+
+
+def test_the_shared_state_json_round_trips_and_reads_the_old_key() -> None:
+    view = _view(1234, 100.0)
+    assert view_from_json(view_to_json(view)) == view
+    old = json.loads(view_to_json(view))
+    old["free_tokens"] = old.pop("headroom_tokens")  # as a router from before the rename wrote it
+    assert view_from_json(json.dumps(old)).capacity.headroom_tokens == 1234

@@ -15,7 +15,7 @@ from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc as tgr
 from router_harness import MODEL, stack
 from servers import free_port
 
-from zipkv.controlplane.scripted_worker import Script
+from zipkv.testing.scripted_worker import Script
 
 
 class Receiver(tgrpc.TraceServiceServicer):

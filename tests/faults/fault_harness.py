@@ -62,7 +62,7 @@ def wait_http(url: str, timeout_s: float = 30.0, status: int = 200) -> None:
 def start_scripted_worker_process(routers: list[str], itl_ms: float) -> tuple[subprocess.Popen[str], str]:
     """A scripted worker (stand-in for a GPU worker) as its own process, reporting to each router."""
     proc = subprocess.Popen(
-        [sys.executable, "-m", "zipkv.controlplane.scripted_worker", "--router", ",".join(routers),
+        [sys.executable, "-m", "zipkv.testing.scripted_worker", "--router", ",".join(routers),
          "--token", TOKEN, "--itl-ms", str(itl_ms)],
         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
     )  # fmt: skip

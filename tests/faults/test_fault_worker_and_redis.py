@@ -29,7 +29,7 @@ from servers import free_port, start_redis
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "controlplane"))
 from router_harness import LoopThread
 
-from zipkv.controlplane.scripted_worker import ScriptedWorker, report_forever
+from zipkv.testing.scripted_worker import ScriptedWorker, report_forever
 
 
 def test_worker_sigkill_mid_stream_ends_cleanly_or_retries(tmp_path: Path) -> None:
@@ -128,7 +128,7 @@ def test_redis_killed_and_restarted_empty_under_load(tmp_path: Path) -> None:
 def test_a_killed_router_is_restarted_while_its_peer_keeps_serving(
     tmp_path: Path, redis_server: tuple[str, subprocess.Popen[bytes]]
 ) -> None:
-    from zipkv.worker.local_stack import LocalStack, StackOptions
+    from zipkv.stack.local_stack import LocalStack, StackOptions
 
     url, _ = redis_server
     stack = LocalStack(StackOptions(port=free_port(), routers=2, redis_url=url), progress=lambda _: None)

@@ -1,9 +1,11 @@
 """Render, lint and validate the zipkv Helm chart with the real Helm engine (helm-python-sdk's libhelm).
 
 Functions for tests/helm/: render a values set into Kubernetes objects, validate them against the
-Kubernetes OpenAPI schemas (kubernetes-validate, offline) and the KubeRay RayService CRD (read from
-../shared/k8s beside the repository), and rebuild a container's environment the way the kubelet would
-(Secret references resolved, $(VAR) expanded) so the router config can be loaded as the pod would.
+Kubernetes OpenAPI schemas (kubernetes-validate, offline) and the KubeRay RayService CRD (the file
+ray.io_rayservices.yaml in the folder that $ZIPKV_KUBERAY_CRDS names: KubeRay's
+ray-operator/config/crd/bases; the CRD checks skip without it), and rebuild a container's environment
+the way the kubelet would (Secret references resolved, $(VAR) expanded) so the router config can be
+loaded as the pod would.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import base64
 import copy
 import functools
+import os
 import re
 import socket
 from collections.abc import Iterator, Mapping
@@ -25,8 +28,10 @@ import yaml
 REPO = Path(__file__).resolve().parents[2]
 CHART_DIR = REPO / "helm" / "zipkv"
 EXAMPLES = sorted((CHART_DIR / "examples").glob("*.yaml"))
-SHARED_K8S = REPO.parent / "shared" / "k8s"
-RAYSERVICE_CRD = SHARED_K8S / "ray.io_rayservices.yaml"
+# KubeRay's CRDs are not copied into the repository: the environment names the folder that holds them.
+KUBERAY_CRDS_ENV = "ZIPKV_KUBERAY_CRDS"
+KUBERAY_CRDS = Path(os.environ.get(KUBERAY_CRDS_ENV, "") or "/nonexistent")
+RAYSERVICE_CRD = KUBERAY_CRDS / "ray.io_rayservices.yaml"
 # The oldest Kubernetes the chart declares (Chart.yaml kubeVersion) and the newest schema set shipped.
 KUBE_VERSIONS = ("1.30.0", kubernetes_validate.latest_version())
 RELEASE = "zipkv"

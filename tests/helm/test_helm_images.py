@@ -57,6 +57,19 @@ def test_copied_sources_exist(dockerfile: Path) -> None:
             assert (REPO / src).exists(), f"{dockerfile.name}: COPY {src} does not exist in the repository"
 
 
+@pytest.mark.parametrize("dockerfile", [ROUTER, WORKER], ids=["router", "worker"])
+def test_every_package_folder_is_copied(dockerfile: Path) -> None:
+    """The wheel build needs every folder pyproject.toml maps a package from."""
+    folders = set(
+        tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"].values()
+    )
+    copied = {
+        s.rstrip("/")
+        for s in re.findall(r"^COPY\s+(?!--from)(\S+)/\s+\S+$", dockerfile.read_text(), flags=re.M)
+    }
+    assert folders <= copied, f"{dockerfile.name} does not copy {sorted(folders - copied)}"
+
+
 def test_router_image_installs_what_the_control_plane_imports() -> None:
     installed = _router_requirements()
     by_module = importlib.metadata.packages_distributions()

@@ -12,7 +12,7 @@ import pytest
 from chart_render import CHART_DIR, NAMESPACE, containers, find, one, render, serve_config
 
 from zipkv.controlplane.metrics import RouterMetrics
-from zipkv.worker.engine import EngineCapacity
+from zipkv.protos.capacity import Capacity
 from zipkv.worker.engine_stats import EncodeCounts, KernelsInUse, KVStats
 from zipkv.worker.metrics import WorkerMetrics
 from zipkv.worker.serve import settings_from_args
@@ -28,7 +28,7 @@ def dashboard_configmap(objs: list[dict[str, Any]]) -> dict[str, Any]:
 def exported_metric_names() -> set[str]:
     """Every series name the router and a worker replica expose (histogram and counter suffixes too)."""
     router = RouterMetrics(("m",))
-    cap = EngineCapacity(10, 0, 10, 1.0, 0, 0, 0, 0.0, 0.0, 2048, 1024)
+    cap = Capacity(10, 0, 10, 1.0, 0, 0, 0, 0.0, 0.0, 2048, 1024)
     kv = KVStats(1, 1, 1, 0, 0, 0, KernelsInUse("d", "e"), EncodeCounts())
     worker = WorkerMetrics("w", "m", lambda: kv, lambda: cap)
     suffixes = {"histogram": ("_bucket", "_count", "_sum"), "counter": ("_total",)}

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from zipkv.worker.engine import EngineRequest, FinishReason, SamplingOptions
-from zipkv.worker.reference.engine import ReferenceEngine, ReferenceEngineConfig
-from zipkv.worker.reference.model import TINY_BOS, LoadedModel, build_model, load_model, tiny_config
+from zipkv.worker.engines.reference.engine import ReferenceEngine, ReferenceEngineConfig
+from zipkv.worker.engines.reference.model import TINY_BOS, LoadedModel, build_model, load_model, tiny_config
 
 
 def _burst(n: int) -> list[EngineRequest]:
@@ -37,7 +37,7 @@ def _run(compression: bool, version: int) -> tuple[int, dict[str, list[int]], di
             tokens[e.request_id].extend(e.token_ids)
             if e.finish is not None:
                 finish[e.request_id] = e.finish
-        most = max(most, engine.capacity().running)
+        most = max(most, engine.capacity().running_requests)
     return most, tokens, finish
 
 
@@ -67,7 +67,7 @@ def test_idle_headroom_is_the_same_with_compression_on_and_off(budget_mib: int) 
     free = {}
     for compression in (True, False):
         config = ReferenceEngineConfig(kv_budget_bytes=budget_mib << 20, compression=compression)
-        free[compression] = ReferenceEngine(model, config, "cpu").capacity().free_tokens
+        free[compression] = ReferenceEngine(model, config, "cpu").capacity().headroom_tokens
     assert free[True] == free[False] > 0
 
 
@@ -97,7 +97,7 @@ def test_compression_never_admits_fewer_at_small_budgets(
         while engine.has_work():
             for e in engine.step():
                 tokens[compression][e.request_id].extend(e.token_ids)
-            running[compression].append(engine.capacity().running)
+            running[compression].append(engine.capacity().running_requests)
     steps = min(len(running[True]), len(running[False]))
     assert all(on >= off for on, off in zip(running[True][:steps], running[False][:steps], strict=True)), (
         running[True][:8],

@@ -11,10 +11,11 @@ from typing import Any
 import pytest
 import torch
 
-from zipkv.worker.engine import EngineCapacity, EngineRequest, SamplingOptions
+from zipkv.protos.capacity import Capacity
+from zipkv.worker.engine import EngineRequest, SamplingOptions
+from zipkv.worker.engines.reference.engine import ReferenceEngine, ReferenceEngineConfig
+from zipkv.worker.engines.reference.model import TINY_BOS, load_model
 from zipkv.worker.loop import EngineLoop, wait_until
-from zipkv.worker.reference.engine import ReferenceEngine, ReferenceEngineConfig
-from zipkv.worker.reference.model import TINY_BOS, load_model
 
 
 class HeldForward:
@@ -58,12 +59,12 @@ def test_requests_in_prefill_and_queued_are_in_the_capacity_report(
     loop = EngineLoop(engine, running_loop)
     loop.start()
     try:
-        idle: EngineCapacity = loop.capacity()
+        idle: Capacity = loop.capacity()
         asyncio.run_coroutine_threadsafe(loop.submit(_request("long", 1500)), running_loop).result(10)
         assert wait_until(lambda: held.passes == 1, 10)  # the 1500-token prefill is under way, held
         during = loop.capacity()
-        assert during.running == 1, during
-        assert during.free_tokens <= idle.free_tokens - 1504, (idle, during)  # its reservation counts
+        assert during.running_requests == 1, during
+        assert during.headroom_tokens <= idle.headroom_tokens - 1504, (idle, during)  # its reservation counts
         assert during.committed_tokens >= 1504 - 1500, during
         assert during.queued_prefill_tokens == 1500, during  # its prefill is still to come
         # a second request arrives while the first prefills: taken after this step, queued behind it
@@ -71,7 +72,7 @@ def test_requests_in_prefill_and_queued_are_in_the_capacity_report(
         held.release.set()
         assert wait_until(lambda: held.passes == 2, 10)  # the first request's decode step, held
         queued = loop.capacity()
-        assert (queued.running, queued.queued) == (1, 1), queued
+        assert (queued.running_requests, queued.queued_requests) == (1, 1), queued
         assert queued.queued_prefill_tokens == 700, queued
     finally:
         engine._forward = held._inner  # type: ignore[method-assign]

@@ -11,10 +11,11 @@ from pathlib import Path
 import pytest
 from smollm2 import smollm2_gguf
 
+from zipkv.stack.cli import parser
+from zipkv.stack.local_stack import LocalStack, StackOptions
 from zipkv.worker.checkpoint import model_shape, read_config, resolve_context
-from zipkv.worker.cli import parser
-from zipkv.worker.local_stack import LocalStack, StackOptions
-from zipkv.worker.settings import WorkerSettings, build_engine
+from zipkv.worker.engine_factory import build_engine
+from zipkv.worker.settings import WorkerSettings
 
 
 def _stack(argv: list[str]) -> LocalStack:
@@ -101,7 +102,7 @@ def test_worker_settings_carry_the_context_to_the_engine() -> None:
 def test_a_gguf_file_or_its_folder_is_served_through_its_dequantized_folder(
     smollm2_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from zipkv.worker.gguf_import import gguf_file, resolve_model_path
+    from zipkv.worker.engines.reference.gguf_import import gguf_file, resolve_model_path
 
     gguf = smollm2_gguf()
     assert gguf_file(gguf.parent) == gguf  # the package's folder holds it, with no config.json

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
@@ -18,7 +17,7 @@ from typing import Any
 import openai
 import pytest
 
-from zipkv.worker.local_stack import free_port, http_get
+from zipkv.stack.local_stack import free_port, http_get
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 from trace_capture import OtlpReceiver
@@ -27,8 +26,10 @@ pytestmark = pytest.mark.slow
 
 
 def test_zipkv_up_answers_and_stops_cleanly_on_ctrl_c() -> None:
-    exe = shutil.which("zipkv")
-    cmd = [exe] if exe else [sys.executable, "-m", "zipkv.worker.cli"]
+    # The console script of the interpreter running the tests (another `zipkv` on PATH may be another
+    # checkout's), else the module.
+    beside = Path(sys.executable).parent / "zipkv"
+    cmd = [str(beside)] if beside.is_file() else [sys.executable, "-m", "zipkv.stack.cli"]
     port, metrics_port = free_port(), free_port()
     receiver = OtlpReceiver().start()
     started = time.monotonic()

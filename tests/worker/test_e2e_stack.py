@@ -19,9 +19,9 @@ import openai
 import pytest
 from servers import free_port, start_redis
 
-from zipkv.worker import cli
-from zipkv.worker.local_observability import ray_logs_dir, worker_metrics_urls
-from zipkv.worker.local_stack import LocalStack, StackOptions, http_get
+from zipkv.stack import cli
+from zipkv.stack.local_observability import ray_logs_dir, worker_metrics_urls
+from zipkv.stack.local_stack import LocalStack, StackOptions, http_get
 
 pytestmark = pytest.mark.slow
 MODEL = "zipkv-tiny"

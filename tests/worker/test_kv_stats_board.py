@@ -15,7 +15,7 @@ import torch
 from zipkv.allocator.device import default_encoder
 from zipkv.worker.encode_timer import TimedEncoder
 from zipkv.worker.engine_stats import ENCODE_MS_BUCKETS, EncodeCounts, KernelsInUse
-from zipkv.worker.kv_stats_board import ENV, PUBLISH_EVERY_STEPS, KVStatsBoard
+from zipkv.worker.engines.sglang.kv_stats_board import ENV, PUBLISH_EVERY_STEPS, KVStatsBoard
 
 KERNELS = KernelsInUse(decode="triton_fused", encode="triton", extend="restore", page_format="v2")
 
@@ -27,9 +27,9 @@ SCHEDULER = textwrap.dedent(
     from zipkv.kernels import reference
     from zipkv.kernels.layout import PAGE_TOKENS, PageFormat
     from zipkv.worker.encode_timer import TimedEncoder
-    from zipkv.worker.kv_stats_board import KVStatsBoard
-    from zipkv.worker.sglang_pool import ZipkvAllocator
-    from zipkv.worker.sglang_slots import budget_bytes_for_tokens, virtual_pages_for_budget
+    from zipkv.worker.engines.sglang.kv_stats_board import KVStatsBoard
+    from zipkv.worker.engines.sglang.allocator import ZipkvAllocator
+    from zipkv.worker.engines.sglang.slots import budget_bytes_for_tokens, virtual_pages_for_budget
 
     fmt, layers = PageFormat(head_dim=64, num_kv_heads=1), 2
     budget = budget_bytes_for_tokens(64 * PAGE_TOKENS, fmt, layers) + 4 * fmt.raw_page_bytes

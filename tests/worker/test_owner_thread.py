@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from zipkv.worker.owner_thread import OwnerThread
+from zipkv.worker.engines.sglang.owner_thread import OwnerThread
 
 # What SGLang's scheduler does at start (sglang.srt.utils.kill_itself_when_parent_died), then waits.
 _ARMED_CHILD = (

@@ -1,4 +1,4 @@
-"""worker/ray_head.py: the GCS log tail, and the error a Ray head that never comes up ends in."""
+"""stack/ray_head.py: the GCS log tail, and the error a Ray head that never comes up ends in."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from zipkv.worker import ray_head
+from zipkv.stack import ray_head
 
 
 def test_gcs_log_tail_reads_the_last_lines_of_both_logs(tmp_path: Path) -> None:

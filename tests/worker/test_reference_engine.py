@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from zipkv.worker.engine import EngineRequest, FinishReason, RequestRejected, SamplingOptions
-from zipkv.worker.reference.engine import ReferenceEngine, ReferenceEngineConfig
-from zipkv.worker.reference.model import TINY_BOS, TINY_EOS, LoadedModel, load_model
+from zipkv.worker.engines.reference.engine import ReferenceEngine, ReferenceEngineConfig
+from zipkv.worker.engines.reference.model import TINY_BOS, TINY_EOS, LoadedModel, load_model
 
 
 @pytest.fixture(scope="module")
@@ -174,15 +174,15 @@ def test_capacity_counts_tokens_and_reservations(tiny: LoadedModel) -> None:
         tiny, ReferenceEngineConfig(kv_budget_bytes=4 << 20, chunk_bytes=64 << 10), "cpu"
     )
     idle = engine.capacity()
-    assert idle.free_tokens > 0 and idle.committed_tokens == 0 and idle.running == 0
+    assert idle.headroom_tokens > 0 and idle.committed_tokens == 0 and idle.running_requests == 0
     assert idle.kv_bytes_per_token == 2 * 2 * 2 * 64 * 2  # layers x (K,V) x heads x head_dim x bf16
     engine.add_request(EngineRequest("a", prompt(6, 47), greedy(81)))  # 48 + 81 tokens -> 9 pages worst case
-    assert engine.capacity().queued == 1 and engine.capacity().queued_prefill_tokens == 48
+    assert engine.capacity().queued_requests == 1 and engine.capacity().queued_prefill_tokens == 48
     engine.step()
     cap = engine.capacity()
-    assert cap.running == 1 and cap.queued == 0
+    assert cap.running_requests == 1 and cap.queued_requests == 0
     assert cap.committed_tokens == (9 - 3) * 16  # 3 pages hold the 48 prompt tokens
-    assert cap.free_tokens <= idle.free_tokens - 9 * 16
+    assert cap.headroom_tokens <= idle.headroom_tokens - 9 * 16
 
 
 def test_v3_pages_run_on_the_torch_path_and_the_fused_kernel_path(tiny: LoadedModel) -> None:

@@ -13,8 +13,8 @@ SCRIPT = textwrap.dedent(
     import json, torch
     torch.set_num_threads(1)
     from zipkv.worker.engine import EngineRequest, SamplingOptions
-    from zipkv.worker.reference.engine import ReferenceEngine, ReferenceEngineConfig
-    from zipkv.worker.reference.model import load_model
+    from zipkv.worker.engines.reference.engine import ReferenceEngine, ReferenceEngineConfig
+    from zipkv.worker.engines.reference.model import load_model
 
     tiny = load_model(None, "cpu")
 

@@ -10,8 +10,8 @@ import torch
 from transformers import AutoModelForCausalLM, Qwen2Config, Qwen3Config
 
 from zipkv.worker.engine import EngineRequest, SamplingOptions
-from zipkv.worker.reference.engine import ReferenceEngine, ReferenceEngineConfig
-from zipkv.worker.reference.model import LoadedModel, load_model
+from zipkv.worker.engines.reference.engine import ReferenceEngine, ReferenceEngineConfig
+from zipkv.worker.engines.reference.model import LoadedModel, load_model
 
 
 def _shape() -> dict[str, int]:

@@ -16,13 +16,10 @@ from typing import ClassVar
 
 import pytest
 
-from zipkv.worker import sglang_telemetry
 from zipkv.worker.engine import EngineRequest, FinishReason, SamplingOptions
 from zipkv.worker.engine_stats import EncodeCounts, KVStats, now_ns
-from zipkv.worker.kv_stats_board import KVStatsBoard
-from zipkv.worker.owner_thread import OwnerThread
-from zipkv.worker.settings import WorkerSettings
-from zipkv.worker.sglang_adapter import (
+from zipkv.worker.engines.sglang import telemetry as sglang_telemetry
+from zipkv.worker.engines.sglang.engine import (
     WARMUP_PROMPT_TOKENS,
     SGLangEngine,
     _Running,
@@ -30,7 +27,10 @@ from zipkv.worker.sglang_adapter import (
     engine_kwargs,
     kv_bytes_per_token,
 )
-from zipkv.worker.sglang_telemetry import kernels_in_use, scheduler_env
+from zipkv.worker.engines.sglang.kv_stats_board import KVStatsBoard
+from zipkv.worker.engines.sglang.owner_thread import OwnerThread
+from zipkv.worker.engines.sglang.telemetry import kernels_in_use, scheduler_env
+from zipkv.worker.settings import WorkerSettings
 
 LLAMA_8B = {
     "num_attention_heads": 32,
@@ -148,11 +148,11 @@ def test_capacity_inside_a_serve_constructor_drives_sglangs_loop_off_the_running
     try:
         assert asyncio.run(constructor()) == 1000
         eng._loads = None
-        assert eng.capacity().free_tokens == 750  # no loop running here: driven in place
+        assert eng.capacity().headroom_tokens == 750  # no loop running here: driven in place
         # SGLang's count below zero (radix cache holding compressed pages, H200 log "#token: -2800"): the
         # headroom stays within the pool
         snapshot.num_used_tokens, eng._loads = -2800, None  # type: ignore[attr-defined]
-        assert eng.capacity().free_tokens == 1000
+        assert eng.capacity().headroom_tokens == 1000
     finally:
         eng._owner.close()
         own_loop.close()
@@ -196,7 +196,7 @@ class _StandInEngine:
 def test_engine_is_built_and_warmed_on_its_owner_thread_before_it_serves(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from zipkv.worker import sglang_seams
+    from zipkv.worker.engines.sglang import seams as sglang_seams
 
     (tmp_path / "config.json").write_text(json.dumps(LLAMA_8B))
     settings = WorkerSettings(engine="sglang", model_path=str(tmp_path), kv_budget_bytes=1 << 30)

@@ -1,4 +1,4 @@
-"""SGLang's batch_is_full latch released when compression frees room (worker/sglang_admission.py).
+"""SGLang's batch_is_full latch released when compression frees room (worker/engines/sglang/admission.py).
 
 Runs over zipkv's real SGLang allocator on the CPU (PagePool + the torch reference encoder); the running
 batch is a stand-in for SGLang's ScheduleBatch (only its ``batch_is_full`` flag is read and written).
@@ -12,7 +12,7 @@ import torch
 from test_sglang_pool import fill, make
 
 from zipkv.kernels.layout import PAGE_TOKENS
-from zipkv.worker.sglang_admission import AdmissionLatch
+from zipkv.worker.engines.sglang.admission import AdmissionLatch
 
 
 def _prefill(alloc, tokens: int):  # type: ignore[no-untyped-def]
@@ -52,6 +52,6 @@ def test_latch_stays_while_the_pool_only_shrinks_and_resets_when_sglang_clears_i
     more = _prefill(alloc, 4 * PAGE_TOKENS)  # decode growth takes room: never a reason to retry
     assert latch.release(batch, alloc) is False and batch.batch_is_full
     batch.batch_is_full = False  # a request finished: SGLang cleared it itself
-    assert latch.release(batch, alloc) is False and latch.seen_free_tokens is None
+    assert latch.release(batch, alloc) is False and latch.seen_headroom_tokens is None
     alloc.free(out)
     alloc.free(more)

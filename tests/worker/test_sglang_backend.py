@@ -15,9 +15,9 @@ import torch
 
 from zipkv.allocator import PagePool
 from zipkv.kernels.layout import PAGE_TOKENS, PageFormat
-from zipkv.worker.sglang_backend import BatchView, ZipkvAttention, ZipkvKV
-from zipkv.worker.sglang_pool import ZipkvAllocator
-from zipkv.worker.sglang_slots import budget_bytes_for_tokens, virtual_pages_for_budget
+from zipkv.worker.engines.sglang.allocator import ZipkvAllocator
+from zipkv.worker.engines.sglang.attention import BatchView, ZipkvAttention, ZipkvKV
+from zipkv.worker.engines.sglang.slots import budget_bytes_for_tokens, virtual_pages_for_budget
 
 if not torch.cuda.is_available():  # before the kernels are imported (lazily, by the decode path)
     os.environ.setdefault("TRITON_INTERPRET", "1")

@@ -14,8 +14,8 @@ import torch
 from zipkv.allocator import PagePool
 from zipkv.kernels import reference
 from zipkv.kernels.layout import PAGE_TOKENS, PageFormat
-from zipkv.worker.sglang_pool import ZipkvAllocator
-from zipkv.worker.sglang_slots import (
+from zipkv.worker.engines.sglang.allocator import ZipkvAllocator
+from zipkv.worker.engines.sglang.slots import (
     budget_bytes_for_tokens,
     decode_slots,
     extend_slots,

@@ -15,8 +15,8 @@ import torch
 from test_sglang_pool import FMT, FMT_V3, fill, make
 
 from zipkv.kernels.layout import PAGE_TOKENS, PageFormat
-from zipkv.worker.sglang_pool import ZipkvAllocator
-from zipkv.worker.sglang_reclaim import PrefixCache, overcount_tokens
+from zipkv.worker.engines.sglang.allocator import ZipkvAllocator
+from zipkv.worker.engines.sglang.reclaim import PrefixCache, overcount_tokens
 
 
 class LruPrefixCache:
@@ -113,7 +113,7 @@ def test_an_allocation_beyond_what_fits_reclaims_from_the_cache_by_itself() -> N
     for wired in (False, True):
         alloc, cache = cached_pool(tokens=8 * PAGE_TOKENS)
         alloc.prefix_cache = cache.hooks() if wired else None
-        tokens = (alloc.pages_fit() + 4) * PAGE_TOKENS  # no eviction by the caller first
+        tokens = (alloc.headroom_pages() + 4) * PAGE_TOKENS  # no eviction by the caller first
         one, zero = torch.tensor([tokens]), torch.tensor([0])
         out = alloc.alloc_extend(zero, zero, one, one, torch.tensor([-1]), tokens)
         assert (out is not None) == wired and (cache.evicted_tokens > 0) == wired

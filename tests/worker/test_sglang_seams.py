@@ -1,4 +1,4 @@
-"""The SGLang seams (zipkv.worker.sglang_seams.SEAMS) against the real SGLang 0.5.17 source.
+"""The SGLang seams (zipkv.worker.engines.sglang.seams.SEAMS) against the real SGLang 0.5.17 source.
 
 With sglang importable, signatures come from `inspect`; otherwise from the SGLang source tree named by
 ZIPKV_SGLANG_SRC (the folder that holds ``sglang/``, e.g. an unzipped wheel), parsed with `ast`. Without
@@ -18,11 +18,12 @@ from pathlib import Path
 
 import pytest
 
-from zipkv.worker import sglang_plugin
-from zipkv.worker.sglang_seams import SEAMS, SGLANG_VERSION, Seam
+from zipkv.worker.engines.sglang import plugin as sglang_plugin
+from zipkv.worker.engines.sglang.seams import SEAMS, SGLANG_VERSION, Seam
 
 REPO = Path(__file__).resolve().parents[2]
 SRC_ENV = "ZIPKV_SGLANG_SRC"
+SGLANG_DIR = REPO / "worker" / "engines" / "sglang"
 
 
 def _ast_params(fn: ast.FunctionDef | ast.AsyncFunctionDef) -> tuple[str, ...]:
@@ -191,12 +192,19 @@ def test_seam_table_parses_every_row() -> None:
         assert all(re.fullmatch(r"(\*{0,2})[A-Za-z_]\w*|\*", p) for p in seam.params), seam
 
 
+# The seams, and the SGLang subclasses that only the seams import (on demand, once SGLang is importable).
+SGLANG_IMPORTERS = ("seams.py", "kv_pool.py", "backend.py")
+
+
 def test_only_the_seams_module_imports_sglang() -> None:
     pattern = re.compile(r"^\s*(import sglang|from sglang)", re.M)
-    for path in sorted((REPO / "worker").glob("sglang_*.py")):
-        if path.name in ("sglang_seams.py", "sglang_engine.py"):  # sglang_engine: the worker's version probe
+    for path in sorted((REPO / "worker").rglob("*.py")):
+        if path.parent == SGLANG_DIR and path.name in SGLANG_IMPORTERS:
             continue
-        assert not pattern.search(path.read_text()), f"{path.name} imports sglang: go through sglang_seams"
+        assert not pattern.search(path.read_text()), f"{path.name} imports sglang: go through the seams"
+    subclasses = re.compile(r"zipkv\.worker\.engines\.sglang\.(kv_pool|backend) import")
+    importers = {p.name for p in (REPO / "worker").rglob("*.py") if subclasses.search(p.read_text())}
+    assert importers == {"seams.py", "backend.py"}  # backend.py builds on kv_pool.py's pool class
 
 
 def test_plugin_refuses_other_versions() -> None:
@@ -219,13 +227,13 @@ def test_entry_point_is_declared() -> None:
     eps = [ep for ep in importlib.metadata.entry_points(group="sglang.srt.plugins") if ep.name == "zipkv"]
     if not eps:
         pytest.skip("zipkv is not installed as a distribution here (pip install -e .)")
-    assert eps[0].value == "zipkv.worker.sglang_plugin:register"
+    assert eps[0].value == "zipkv.worker.engines.sglang.plugin:register"
     assert eps[0].load() is sglang_plugin.register
 
 
 def _view_of_required_attrs() -> set[str]:
     """Attributes ``view_of`` reads from a batch as ``fb.X`` (not through ``getattr`` with a default)."""
-    tree = ast.parse((REPO / "worker" / "sglang_seams.py").read_text())
+    tree = ast.parse((SGLANG_DIR / "backend.py").read_text())
     fn = next(n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == "view_of")
     return {
         n.attr

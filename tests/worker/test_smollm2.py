@@ -18,8 +18,8 @@ import torch
 
 from zipkv.controlplane.tokenizer import HFTokenizer
 from zipkv.worker.engine import EngineRequest, SamplingOptions
-from zipkv.worker.reference.engine import ReferenceEngine, ReferenceEngineConfig
-from zipkv.worker.reference.model import LoadedModel, load_model
+from zipkv.worker.engines.reference.engine import ReferenceEngine, ReferenceEngineConfig
+from zipkv.worker.engines.reference.model import LoadedModel, load_model
 
 NEW_TOKENS = 6
 NEAR_TIE_LOGITS = 0.25  # bf16 logits of this model step by 0.0625-0.125 at their usual magnitude

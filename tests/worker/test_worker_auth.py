@@ -16,8 +16,9 @@ import pytest
 
 from zipkv.protos import zipkv_pb2 as pb
 from zipkv.protos import zipkv_pb2_grpc as pb_grpc
+from zipkv.worker.engine_factory import build_engine
 from zipkv.worker.runtime import WorkerRuntime
-from zipkv.worker.settings import WorkerSettings, build_engine
+from zipkv.worker.settings import WorkerSettings
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "controlplane"))
 from certs import issue, make_ca

@@ -14,8 +14,9 @@ from worker_helpers import RecordingControlPlane, collect
 
 from zipkv.protos import zipkv_pb2 as pb
 from zipkv.protos import zipkv_pb2_grpc as pb_grpc
+from zipkv.worker.engine_factory import build_engine
 from zipkv.worker.runtime import WorkerRuntime
-from zipkv.worker.settings import WorkerSettings, build_engine
+from zipkv.worker.settings import WorkerSettings
 
 Worker = tuple[WorkerRuntime, RecordingControlPlane]
 
@@ -72,7 +73,11 @@ def test_generate_streams_tokens_and_reports_flow(
     assert seqs == sorted(seqs) and len(set(seqs)) == len(seqs)
     last = reports[-1]
     assert last.worker_id == "w-test" and last.address == runtime.address and last.model == "zipkv-tiny"
-    assert last.free_tokens > 0 and last.total_tokens >= last.free_tokens and last.kv_bytes_per_token == 1024
+    assert (
+        last.headroom_tokens > 0
+        and last.total_tokens >= last.headroom_tokens
+        and last.kv_bytes_per_token == 1024
+    )
     assert last.max_context_tokens == 2048 and not last.draining and last.epoch > 0
 
 

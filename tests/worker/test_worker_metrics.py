@@ -16,9 +16,10 @@ from worker_helpers import collect
 
 from zipkv.protos import zipkv_pb2 as pb
 from zipkv.protos import zipkv_pb2_grpc as pb_grpc
+from zipkv.worker.engine_factory import build_engine
 from zipkv.worker.metrics import WorkerMetrics
 from zipkv.worker.runtime import WorkerRuntime
-from zipkv.worker.settings import WorkerSettings, build_engine
+from zipkv.worker.settings import WorkerSettings
 
 ENGINE_METRICS = (
     "zipkv_worker_kv_budget_bytes", "zipkv_worker_kv_stored_bytes", "zipkv_worker_kv_raw_bytes",

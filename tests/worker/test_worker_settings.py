@@ -5,9 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from zipkv.worker.engine_factory import build_engine
+from zipkv.worker.engines.sglang.availability import EngineUnavailable
 from zipkv.worker.serve import app_builder, settings_from_args
-from zipkv.worker.settings import WorkerSettings, build_engine, resolve_device
-from zipkv.worker.sglang_engine import EngineUnavailable
+from zipkv.worker.settings import WorkerSettings, resolve_device
 
 
 def test_serve_args_parse_strings_as_serve_run_passes_them() -> None:

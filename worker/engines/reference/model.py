@@ -17,8 +17,8 @@ import torch
 from transformers import AttentionInterface, AutoConfig, AutoModelForCausalLM, LlamaConfig, PretrainedConfig
 from transformers.masking_utils import AttentionMaskInterface
 
-from ..checkpoint import model_shape
-from .paged import zipkv_paged_attention
+from zipkv.worker.checkpoint import model_shape
+from zipkv.worker.engines.reference.attention import zipkv_paged_attention
 
 ATTN_IMPLEMENTATION = "zipkv"
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3", "mistral")

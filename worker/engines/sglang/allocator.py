@@ -6,18 +6,18 @@ more page ids than raw pages fit in the byte budget (compressed pages take less)
 more tokens than an uncompressed pool of the same bytes could hold.
 
 `ZipkvAllocator` is the allocator logic (SGLang's paged-allocator surface: ``alloc``, ``alloc_extend``,
-``alloc_decode``, ``free``, ``free_segment``, ``available_size``); `sglang_seams` mixes it into SGLang's
+``alloc_decode``, ``free``, ``free_segment``, ``available_size``); `seams` mixes it into SGLang's
 allocator base class. Rules that keep it sync-free on the scheduling path:
 
 - New page ids come from the host (``PagePool.allocate``); the per-token slots are computed on the device.
 - Which pages a step fills and which pages SGLang frees are only known on the device (SGLang passes slot
-  tensors). They are copied to pinned host memory without a sync (sglang_readback.py) and applied, in
+  tensors). They are copied to pinned host memory without a sync (readback.py) and applied, in
   order, once their copy has landed (a `torch.cuda.Event` query; on the CPU, at once). Until then capacity
   is under-counted, never over-counted.
 - A page that filled during forward step N is marked full only when step N+1 starts (`compress_step`, on the
   forward stream, after step N's writes), so the encoder never reads a page before its last token is written.
-- ``available_size()`` = new raw pages that fit (`PagePool.new_pages_fit`) x 16, bounded by the free page ids:
-  live, so SGLang's admission, retraction and load metrics see compressed capacity.
+- ``available_size()`` = new raw pages that fit (`PagePool.headroom_pages`) x 16, bounded by the free page
+  ids: live, so SGLang's admission, retraction and load metrics see compressed capacity.
 """
 
 from __future__ import annotations
@@ -30,11 +30,10 @@ import torch
 
 from zipkv.allocator import OutOfPages, PagePool
 from zipkv.kernels.layout import PAGE_TOKENS
-
-from .kv_stats_board import PUBLISH_EVERY_STEPS, KVStatsBoard
-from .sglang_readback import Readback, copy_to_host
-from .sglang_reclaim import PrefixCache, overcount_tokens, reclaim
-from .sglang_slots import decode_slots, extend_slots, plan_extend, to_device
+from zipkv.worker.engines.sglang.kv_stats_board import PUBLISH_EVERY_STEPS, KVStatsBoard
+from zipkv.worker.engines.sglang.readback import Readback, copy_to_host
+from zipkv.worker.engines.sglang.reclaim import PrefixCache, overcount_tokens, reclaim
+from zipkv.worker.engines.sglang.slots import decode_slots, extend_slots, plan_extend, to_device
 
 log = logging.getLogger("zipkv.worker.sglang")
 
@@ -53,7 +52,7 @@ class ZipkvAllocator:
         self.device = torch.device(device)
         self.compression = compression
         self.page_size = PAGE_TOKENS
-        self.max_pages = int(pool.page_loc.shape[1])
+        self.max_pages = pool.max_pages
         self.size = (self.max_pages - 1) * PAGE_TOKENS  # virtual slots SGLang may address (pad excluded)
         pad = pool.allocate(1)
         if pad != [PAD_PAGE]:
@@ -77,18 +76,19 @@ class ZipkvAllocator:
     def free_page_ids(self) -> int:
         return self.max_pages - 1 - self._live_pages
 
-    def pages_fit(self) -> int:
+    def headroom_pages(self) -> int:
         """New (raw) pages that fit now: pool bytes and free page ids."""
-        return min(self.pool.new_pages_fit(), self.free_page_ids())
+        return min(self.pool.headroom_pages(), self.free_page_ids())
 
     def available_size(self) -> int:
-        """Tokens of new (raw) pages that fit now, under compression; live, never optimistic. With a
-        compressed radix cache, less what SGLang over-counts in its evictable tokens (sglang_reclaim.py)."""
+        """The headroom in tokens, under SGLang's name for it: new (raw) pages that fit now, under
+        compression; live, never optimistic. With a compressed radix cache, less what SGLang over-counts in
+        its evictable tokens (reclaim.py)."""
         self.drain(block=False)
         # Chunks emptied by frees return to the shared pool once their fences pass; without this poll they
         # would only come back at the next forward step, and an idle server could never admit into them.
         self.pool.poll()
-        tokens = self.pages_fit() * PAGE_TOKENS
+        tokens = self.headroom_pages() * PAGE_TOKENS
         if self.compression and self.prefix_cache is not None:
             tokens = max(0, tokens - overcount_tokens(self.prefix_cache.evictable_tokens(), self.pool.fmt))
         return tokens
@@ -285,14 +285,14 @@ class ZipkvAllocator:
             # of compressed pages; decode_reqs: requests of the last decode batch (0 after a prefill).
             log.info(
                 "zipkv pool step=%d compressed_pages=%d raw_pages=%d encoding_pages=%d ratio=%.4f "
-                "free_pages=%d live_pages=%d compressed_blocks=%d compressed_page_blocks=%d "
+                "headroom_pages=%d live_pages=%d compressed_blocks=%d compressed_page_blocks=%d "
                 "block_fraction=%.4f decode_reqs=%d",
                 self._forward_step,
                 st.compressed_pages,
                 st.raw_pages,
                 st.encoding_pages,
                 st.compression_ratio,
-                st.free_pages,
+                st.headroom_pages,
                 self._live_pages,
                 st.compressed_blocks,
                 st.compressed_page_blocks,

@@ -9,7 +9,7 @@ requests with room for about six more, and 13 waiting, for the whole decode phas
 
 :class:`AdmissionLatch` releases the latch when the pool's live ``available_size()`` has grown since the
 last time the latch was seen set; SGLang then runs its own admission check again (and sets the latch again
-if the request still does not fit). Pure bookkeeping over duck-typed objects; sglang_seams.py installs it
+if the request still does not fit). Pure bookkeeping over duck-typed objects; seams.py installs it
 around ``Scheduler.get_new_batch_prefill``.
 """
 
@@ -23,7 +23,7 @@ from typing import Any
 class AdmissionLatch:
     """Free tokens the pool had when SGLang's ``batch_is_full`` latch was last seen set (None: not set)."""
 
-    seen_free_tokens: int | None = None
+    seen_headroom_tokens: int | None = None
 
     def release(self, running_batch: Any, allocator: Any) -> bool:
         """Clear ``running_batch.batch_is_full`` if the pool has more room than when it was last seen set.
@@ -31,13 +31,13 @@ class AdmissionLatch:
         Returns whether it cleared it. Called once per scheduler pass, before SGLang decides on a prefill.
         """
         if not running_batch.batch_is_full:
-            self.seen_free_tokens = None
+            self.seen_headroom_tokens = None
             return False
-        free_tokens = int(allocator.available_size())
-        grew = self.seen_free_tokens is not None and free_tokens > self.seen_free_tokens
+        headroom_tokens = int(allocator.available_size())
+        grew = self.seen_headroom_tokens is not None and headroom_tokens > self.seen_headroom_tokens
         if grew:
             running_batch.batch_is_full = False
-            self.seen_free_tokens = None
+            self.seen_headroom_tokens = None
         else:
-            self.seen_free_tokens = free_tokens
+            self.seen_headroom_tokens = headroom_tokens
         return grew

@@ -144,7 +144,7 @@ class ScriptedWorker(pb_grpc.WorkerServicer):
             sequence=self.sequence,
             epoch=self.epoch,
             timestamp_s=time.time(),
-            free_tokens=max(self.total_tokens - committed, 0),
+            headroom_tokens=max(self.total_tokens - committed, 0),
             committed_tokens=committed,
             total_tokens=self.total_tokens,
             compression_ratio=0.7,
@@ -196,9 +196,9 @@ async def _run_cli(args: argparse.Namespace) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """`python -m zipkv.controlplane.scripted_worker --router HOST:PORT`: a scripted stand-in worker
+    """`python -m zipkv.testing.scripted_worker --router HOST:PORT`: a scripted stand-in worker
     process (benchmarks, local experiments). Prints its address, then serves and reports."""
-    parser = argparse.ArgumentParser(prog="python -m zipkv.controlplane.scripted_worker")
+    parser = argparse.ArgumentParser(prog="python -m zipkv.testing.scripted_worker")
     parser.add_argument("--router", default="", help="ControlPlane address(es) to report to, comma-separated")
     parser.add_argument("--token", default="", help="report token")
     parser.add_argument("--model", default="zipkv-tiny")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from ..engine import SamplingOptions
+from zipkv.worker.engine import SamplingOptions
 
 
 def sample_next(logits: torch.Tensor, options: SamplingOptions, generator: torch.Generator | None) -> int:

@@ -3,7 +3,7 @@
 Each `step()`:
 1. applies aborts;
 2. admits queued requests first come, first served while the allocator says their worst case fits:
-   a request reserves the pages it may need to reach its max length (`new_pages_fit()` already counts
+   a request reserves the pages it may need to reach its max length (`headroom_pages()` already counts
    the pages that compression freed), so a running request never fails for lack of memory;
 3. runs the model once over a packed batch of the admitted prompts (prefill) and one token of every
    running request (decode);
@@ -21,14 +21,14 @@ from dataclasses import dataclass
 import torch
 
 from zipkv.kernels.layout import FORMAT_VERSION, PAGE_TOKENS, PageFormat
-
-from ..engine import EngineCapacity, EngineEvent, EngineRequest, FinishReason, RequestRejected
-from ..engine_stats import KVStats, now_ns
-from .kvstore import KVStore
-from .model import LoadedModel
-from .paged import SeqSlice, StepBatch
-from .running import Running, ewma, pages_for
-from .sampling import make_generator, sample_next
+from zipkv.protos.capacity import Capacity
+from zipkv.worker.engine import EngineEvent, EngineRequest, FinishReason, RequestRejected
+from zipkv.worker.engine_stats import KVStats, now_ns
+from zipkv.worker.engines.reference.attention import SeqSlice, StepBatch
+from zipkv.worker.engines.reference.kvstore import KVStore
+from zipkv.worker.engines.reference.model import LoadedModel
+from zipkv.worker.engines.reference.running import Running, ewma, pages_for
+from zipkv.worker.engines.reference.sampling import make_generator, sample_next
 
 
 @dataclass(frozen=True)
@@ -61,7 +61,7 @@ class ReferenceEngine:
             config.chunk_bytes,
             config.kernels,
         )
-        self._idle_pages = self.store.new_pages_fit()
+        self._idle_pages = self.store.headroom_pages()
         self._queue: collections.deque[Running] = collections.deque()
         self._running: dict[str, Running] = {}
         self._aborts: set[str] = set()
@@ -163,8 +163,8 @@ class ReferenceEngine:
             if admitted and prefill_tokens + prompt > self.config.max_prefill_tokens:
                 break
             need = self._worst_case_pages(req.request)
-            # new_pages_fit() already keeps the allocator's encode margin (allocator/ledger.py) out
-            fit = self.store.new_pages_fit()
+            # headroom_pages() already keeps the allocator's encode margin (allocator/ledger.py) out
+            fit = self.store.headroom_pages()
             if need > fit:
                 break  # first come, first served: wait for pages to come back
             req.admitted_ns, req.headroom_tokens = now_ns(), fit * PAGE_TOKENS
@@ -289,19 +289,19 @@ class ReferenceEngine:
         """What the idle store admits (chunk rounding included), the most any one request can get."""
         return self._idle_pages
 
-    def capacity(self) -> EngineCapacity:
+    def capacity(self) -> Capacity:
         stats = self.store.stats()
-        free_pages = self.store.new_pages_fit()
+        headroom_pages = self.store.headroom_pages()
         committed_pages = sum(r.reserved_pages for r in self._running.values())
         used_pages = sum(len(r.page_ids) for r in self._running.values())
         ratio = float(getattr(stats, "compression_ratio", 1.0) or 1.0)
-        return EngineCapacity(
-            free_tokens=free_pages * PAGE_TOKENS,
+        return Capacity(
+            headroom_tokens=headroom_pages * PAGE_TOKENS,
             committed_tokens=committed_pages * PAGE_TOKENS,
-            total_tokens=(free_pages + committed_pages + used_pages) * PAGE_TOKENS,
+            total_tokens=(headroom_pages + committed_pages + used_pages) * PAGE_TOKENS,
             compression_ratio=ratio,
-            running=len(self._running),
-            queued=len(self._queue),
+            running_requests=len(self._running),
+            queued_requests=len(self._queue),
             queued_prefill_tokens=sum(len(r.request.prompt_token_ids) for r in self._queue)
             + sum(len(r.request.prompt_token_ids) for r in self._running.values() if r.first_token_s is None),
             ttft_ms=self._ttft_ms,

@@ -13,22 +13,31 @@ Two parts, both active only while a radix cache is wired in (`PrefixCache`):
   promises more than evicting can give (a quarter of the evictable tokens, whole pages);
 - `reclaim`: when an allocation finds no room, evict more of the cache, let the pool apply the frees and
   compact, wait for the device, and look again; a few rounds, then give up (the allocation fails as before).
-No sglang import: sglang_seams.py wires a `PrefixCache` over the scheduler's tree cache.
+No sglang import: seams.py wires a `PrefixCache` over the scheduler's tree cache.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
+from zipkv.allocator import PagePool
 from zipkv.kernels.layout import PAGE_TOKENS, PageFormat
-
-if TYPE_CHECKING:
-    from .sglang_pool import ZipkvAllocator
 
 RECLAIM_ROUNDS = 6
 RECLAIM_LIVE_FRACTION = 0.99  # under pressure, compact any chunk whose dead bytes could make room
+
+
+class Reclaimer(Protocol):
+    """What reclaiming needs of zipkv's SGLang allocator (allocator.ZipkvAllocator)."""
+
+    @property
+    def pool(self) -> PagePool: ...
+
+    def headroom_pages(self) -> int: ...
+
+    def drain(self, block: bool) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -53,11 +62,11 @@ def overcount_tokens(evictable_tokens: int, fmt: PageFormat) -> int:
     return -(-pages * (share_den - share_num) // share_den) * PAGE_TOKENS
 
 
-def reclaim(alloc: ZipkvAllocator, cache: PrefixCache, need_pages: int) -> bool:
+def reclaim(alloc: Reclaimer, cache: PrefixCache, need_pages: int) -> bool:
     """Make room for ``need_pages`` new pages from the prefix cache; True once they fit."""
     share_num, share_den = min_stored_share(alloc.pool.fmt)
     for _ in range(RECLAIM_ROUNDS):
-        fit = alloc.pages_fit()
+        fit = alloc.headroom_pages()
         if fit >= need_pages:
             return True
         # evict enough that even fully compressed pages cover the shortfall
@@ -67,13 +76,13 @@ def reclaim(alloc: ZipkvAllocator, cache: PrefixCache, need_pages: int) -> bool:
         moved = _compact(alloc)  # waits for the device: drained chunks and moves are taken in
         if evicted == 0 and moved == 0:
             break
-    return alloc.pages_fit() >= need_pages
+    return alloc.headroom_pages() >= need_pages
 
 
-def _compact(alloc: ZipkvAllocator) -> int:
+def _compact(alloc: Reclaimer) -> int:
     """Compact all layers until a pass moves nothing (a pass moves a bounded number of pages), waiting
     for the device after each pass; returns the pages moved."""
-    layers = int(alloc.pool.page_loc.shape[0])
+    layers = alloc.pool.num_layers
     total = 0
     for _ in range(4):
         moved = alloc.pool.compact(max_layers=layers, live_fraction=RECLAIM_LIVE_FRACTION)

@@ -14,7 +14,7 @@ from typing import Any
 
 
 def _up(args: argparse.Namespace) -> int:
-    from .local_stack import LocalStack, StackOptions
+    from zipkv.stack.local_stack import LocalStack, StackOptions
 
     try:
         options = StackOptions(
@@ -55,7 +55,7 @@ def _up(args: argparse.Namespace) -> int:
     if stop.is_set():
         stack.stop()
         return 130
-    from .local_observability import where_to_look
+    from zipkv.stack.local_observability import where_to_look
 
     url = stack.base_urls[0]
     print(
@@ -88,7 +88,7 @@ def status_rows(workers: list[dict[str, Any]], now_s: float) -> list[list[str]]:
     rows = []
     for w in workers:
         total = int(w.get("total_tokens", 0)) or 1
-        free = int(w.get("free_tokens", 0))
+        headroom = int(w.get("headroom_tokens", 0))
         age = now_s - float(w.get("received_s", 0))
         state = "draining" if w.get("draining") else ("stale" if age > 2 else "ok")
         rows.append(
@@ -96,7 +96,7 @@ def status_rows(workers: list[dict[str, Any]], now_s: float) -> list[list[str]]:
                 w["worker_id"],
                 w.get("address", ""),
                 state,
-                f"{_fmt_tokens(free)} ({100 * free / total:.0f}%)",
+                f"{_fmt_tokens(headroom)} ({100 * headroom / total:.0f}%)",
                 f"{float(w.get('compression_ratio', 1.0)):.3f}",
                 f"{w.get('running_requests', 0)} run / {w.get('queued_requests', 0)} queued",
                 f"{float(w.get('itl_ms', 0)):.1f}",
@@ -107,7 +107,7 @@ def status_rows(workers: list[dict[str, Any]], now_s: float) -> list[list[str]]:
 
 
 def _status(args: argparse.Namespace) -> int:
-    from .local_stack import STATE_DIR, http_get
+    from zipkv.stack.local_stack import STATE_DIR, http_get
 
     path = Path(STATE_DIR) / f"status-{args.port}.json"
     url = f"http://127.0.0.1:{args.port}"

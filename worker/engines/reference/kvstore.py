@@ -13,9 +13,8 @@ from typing import Any
 import torch
 
 from zipkv.kernels.layout import PAGE_TOKENS, PageFormat
-
-from ..encode_timer import TimedEncoder
-from ..engine_stats import KernelsInUse, KVStats, decode_kernel_label, kv_stats_of
+from zipkv.worker.encode_timer import TimedEncoder
+from zipkv.worker.engine_stats import KernelsInUse, KVStats, decode_kernel_label, kv_stats_of
 
 
 class KVStore:
@@ -104,8 +103,8 @@ class KVStore:
     def release(self, request_id: str) -> None:
         self.pool.release(request_id)
 
-    def new_pages_fit(self) -> int:
-        return int(self.pool.new_pages_fit())
+    def headroom_pages(self) -> int:
+        return int(self.pool.headroom_pages())
 
     def stats(self) -> Any:
         return self.pool.stats()
@@ -119,13 +118,13 @@ class KVStore:
     # ---- the codec ----------------------------------------------------------------------------------
     def write(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         """Write new tokens (``k``, ``v``: bf16 ``[n, Hkv, D]``) into their raw pages."""
-        self._store_tokens(self.pool.heap, self.pool.page_loc[layer], slots, k, v, self.fmt)
+        pages = self.pool.layer(layer)
+        self._store_tokens(pages.heap, pages.loc, slots, k, v, self.fmt)
 
     def read_pages(self, layer: int, page_ids: torch.Tensor) -> torch.Tensor:
         """bf16 ``[n, 2, Hkv, 16, D]``: the pages restored, raw or compressed."""
-        return self._gather_pages(
-            self.pool.heap, self.pool.page_loc[layer], self.pool.page_meta[layer], page_ids, self.fmt
-        )
+        pages = self.pool.layer(layer)
+        return self._gather_pages(pages.heap, pages.loc, pages.meta, page_ids, self.fmt)
 
     def plan_decode(self, page_ids: list[list[int]], kv_lens: list[int], num_q_heads: int) -> Any:
         """A decode plan for one step of single-token decodes (CUDA only), reused by every layer."""
@@ -143,14 +142,9 @@ class KVStore:
         )
 
     def decode_attention(self, layer: int, plan: Any, q: torch.Tensor, sm_scale: float) -> torch.Tensor:
+        pages = self.pool.layer(layer)
         return self._decode_mod.decode_attention(
-            plan,
-            q,
-            self.pool.heap,
-            self.pool.page_loc[layer],
-            self.pool.page_meta[layer],
-            sm_scale,
-            compressed=self.compression,
+            plan, q, pages.heap, pages.loc, pages.meta, sm_scale, compressed=self.compression
         )
 
 
@@ -163,4 +157,4 @@ def idle_capacity_tokens(
         store = KVStore(fmt, num_layers, budget_bytes, "meta", compression, chunk_bytes, "torch")
     except ValueError:  # fewer chunks than layers
         return 0
-    return store.new_pages_fit() * PAGE_TOKENS
+    return store.headroom_pages() * PAGE_TOKENS

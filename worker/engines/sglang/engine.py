@@ -1,10 +1,11 @@
 """`SGLangEngine`: the worker's Engine interface over an in-process ``sglang.Engine`` (GPU).
 
-Selected by ``WorkerSettings(engine="sglang")`` (worker/settings.py -> worker/sglang_engine.py). SGLang runs
-its scheduler in a spawned process; zipkv's pool, allocator and attention backend are installed there by the
-plugin (`zipkv.worker.sglang_plugin`), or, when zipkv is not installed as a distribution, by the Engine
-subclass from `sglang_seams.engine_class`. ``compression`` picks the backend: ``zipkv`` or its uncompressed
-twin ``zipkv_uncompressed`` (same pool and kernel, no page compressed).
+Selected by ``WorkerSettings(engine="sglang")`` (worker/engine_factory.py ->
+worker/engines/sglang/availability.py). SGLang runs its scheduler in a spawned process; zipkv's pool,
+allocator and attention backend are installed there by the plugin (`zipkv.worker.engines.sglang.plugin`), or,
+when zipkv is not installed as a distribution, by the Engine subclass from `seams.engine_class`.
+``compression`` picks the backend: ``zipkv`` or its uncompressed twin ``zipkv_uncompressed`` (same pool and
+kernel, no page compressed).
 
 Threading: one thread drives `step`; each request is an asyncio task on SGLang's own event loop that turns
 SGLang's stream into `EngineEvent`s; `step` runs that loop for a moment and returns what arrived.
@@ -22,19 +23,24 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from .engine import (
-    EngineCapacity,
+from zipkv.protos.capacity import Capacity
+from zipkv.worker.engine import (
     EngineEvent,
     EngineRequest,
     FinishReason,
     RequestRejected,
     SamplingOptions,
 )
-from .engine_stats import KVStats, now_ns
-from .kv_stats_board import KVStatsBoard
-from .owner_thread import OwnerThread
-from .settings import WorkerSettings
-from .sglang_telemetry import kernels_in_use, request_timings, scheduler_environ, tracing_kwargs
+from zipkv.worker.engine_stats import KVStats, now_ns
+from zipkv.worker.engines.sglang.kv_stats_board import KVStatsBoard
+from zipkv.worker.engines.sglang.owner_thread import OwnerThread
+from zipkv.worker.engines.sglang.telemetry import (
+    kernels_in_use,
+    request_timings,
+    scheduler_environ,
+    tracing_kwargs,
+)
+from zipkv.worker.settings import WorkerSettings
 
 # The warm-up request: three pages of prompt (the prefill fills two, so the encoder runs) and a few decode
 # steps, so the first user request does not pay the kernels' first compilation (769 ms against 111 ms for
@@ -87,7 +93,7 @@ def engine_kwargs(settings: WorkerSettings, model_path: str, **overrides: Any) -
         "skip_tokenizer_init": True,  # the router tokenizes; the worker sees token ids
         "log_level": "warning",
         "random_seed": 0,
-        **tracing_kwargs(),  # SGLang's scheduler spans join the worker's trace (sglang_telemetry.py)
+        **tracing_kwargs(),  # SGLang's scheduler spans join the worker's trace (telemetry.py)
     }
     kwargs.update(settings.sglang_kwargs())
     kwargs.update(overrides)
@@ -137,9 +143,9 @@ class SGLangEngine:
     def __init__(self, settings: WorkerSettings, **engine_overrides: Any) -> None:
         if settings.model_path is None:
             raise ValueError("engine 'sglang' needs model_path: a local model folder (config.json at least)")
-        from . import sglang_seams
+        from zipkv.worker.engines.sglang import seams
 
-        self._seams = sglang_seams
+        self._seams = seams
         self.model_name = settings.model_name or os.path.basename(os.path.normpath(settings.model_path))
         self._kv_bytes_per_token = kv_bytes_per_token(settings.model_path)
         self._context_tokens = settings.max_context_tokens or int(
@@ -158,14 +164,14 @@ class SGLangEngine:
         self._owner = OwnerThread("zipkv-sglang-owner")
         try:
             with scheduler_environ(self._board.env()):
-                self._eng = self._owner.call(lambda: sglang_seams.engine_class()(**kwargs))
+                self._eng = self._owner.call(lambda: seams.engine_class()(**kwargs))
             warm_s = self._owner.call(lambda: warm_up(self._eng))
         except BaseException:
             self._owner.close()
             self._board.close()
             raise
         log.info("sglang engine warm in %.1f s (two %d-token requests)", warm_s, WARMUP_PROMPT_TOKENS)
-        self._loop: asyncio.AbstractEventLoop = sglang_seams.event_loop(self._eng)
+        self._loop: asyncio.AbstractEventLoop = seams.event_loop(self._eng)
         self._running: dict[str, _Running] = {}
         self._events: list[EngineEvent] = []
         self._timings = _Timings()
@@ -203,7 +209,7 @@ class SGLangEngine:
     def has_work(self) -> bool:
         return bool(self._running or self._events)
 
-    def capacity(self) -> EngineCapacity:
+    def capacity(self) -> Capacity:
         loads = self._snapshot()
         total = int(getattr(loads, "max_total_num_tokens", 0))
         # SGLang's used = total - available - evictable; with the radix cache on it counts cached tokens at
@@ -213,15 +219,15 @@ class SGLangEngine:
         held = sum(len(r.request.prompt_token_ids) + r.emitted for r in self._running.values())
         committed = sum(r.request.sampling.max_new_tokens - r.emitted for r in self._running.values())
         started = [r for r in self._running.values() if r.first_token_s is None]
-        return EngineCapacity(
-            free_tokens=max(total - used - committed, 0),
+        return Capacity(
+            headroom_tokens=max(total - used - committed, 0),
             committed_tokens=committed,
             total_tokens=total,
             # Estimate: KV bytes in use (SGLang counts them in raw-token units from zipkv's live capacity)
             # per token held by running requests. 1.0 while nothing runs.
             compression_ratio=min(used / held, 1.0) if held and used else 1.0,
-            running=int(getattr(loads, "num_running_reqs", len(self._running))),
-            queued=int(getattr(loads, "num_waiting_reqs", 0)),
+            running_requests=int(getattr(loads, "num_running_reqs", len(self._running))),
+            queued_requests=int(getattr(loads, "num_waiting_reqs", 0)),
             queued_prefill_tokens=sum(len(r.request.prompt_token_ids) for r in started),
             ttft_ms=_mean(self._timings.ttft_ms),
             itl_ms=_mean(self._timings.itl_ms),

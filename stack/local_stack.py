@@ -24,8 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .ray_head import start_local_ray
-from .status_tap import StatusTap
+from zipkv.stack.ray_head import start_local_ray
+from zipkv.stack.status_tap import StatusTap
 
 APP_NAME = "zipkv"
 MAX_RESTARTS_PER_MIN = 5
@@ -111,10 +111,10 @@ class LocalStack:
     def prepare_model(self) -> None:
         """Before anything starts: a GGUF model becomes a Hugging Face folder (once, cached), and the
         context is resolved and checked against the KV budget (raises ValueError saying what to change)."""
-        from .checkpoint import model_shape, read_config
-        from .gguf_import import resolve_model_path
-        from .reference.model import tiny_config
-        from .settings import checked_context
+        from zipkv.worker.checkpoint import model_shape, read_config
+        from zipkv.worker.engine_factory import checked_context
+        from zipkv.worker.engines.reference.gguf_import import resolve_model_path
+        from zipkv.worker.engines.reference.model import tiny_config
 
         o = self.options
         if o.model_path:
@@ -243,7 +243,7 @@ class LocalStack:
     def _start_workers(self, report_addresses: list[str]) -> None:
         from ray import serve
 
-        from .serve import app_builder
+        from zipkv.worker.serve import app_builder
 
         o = self.options
         self._say(f"starting Ray (local, {o.ray_num_cpus} CPUs); this takes 10-30 s")
@@ -259,7 +259,7 @@ class LocalStack:
 
     def start_ray(self, **init_kwargs: Any) -> None:
         """A local Ray head for the replicas (report token in their environment); `init_kwargs` go to
-        `ray.init` (worker/ray_head.py: a patient start, and the GCS log when it fails)."""
+        `ray.init` (stack/ray_head.py: a patient start, and the GCS log when it fails)."""
         os.environ["ZIPKV_REPORT_TOKEN"] = self.report_token  # inherited by the replicas
         os.environ["ZIPKV_DISPATCH_TOKEN"] = self.dispatch_token
         replica_env = {

@@ -16,8 +16,8 @@ import os
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from .engine_stats import KernelsInUse, RequestTimings, decode_kernel_label, now_ns
-from .telemetry import otlp_endpoint
+from zipkv.worker.engine_stats import KernelsInUse, RequestTimings, decode_kernel_label, now_ns
+from zipkv.worker.telemetry import otlp_endpoint
 
 log = logging.getLogger("zipkv.worker.sglang")
 TRACE_LEVEL_ENV = "SGLANG_TRACE_LEVEL"

@@ -1,9 +1,9 @@
-"""Page ids read back from the device to the host without a sync, for the SGLang allocator (sglang_pool.py).
+"""Page ids read back from the device to the host without a sync, for the SGLang allocator (allocator.py).
 
 Which pages a step fills and which pages SGLang frees are only known on the device (SGLang passes slot
 tensors). `copy_to_host` starts a non-blocking copy into pinned host memory and records a `torch.cuda.Event`;
 a `Readback` holds that copy until the event says it landed, and the allocator applies readbacks in order.
-Split from sglang_pool.py because the copy-and-fence mechanics are a responsibility of their own, apart from
+Split from allocator.py because the copy-and-fence mechanics are a responsibility of their own, apart from
 the allocator's page accounting. No sglang import here.
 """
 

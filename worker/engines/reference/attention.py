@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from .kvstore import KVStore
+from zipkv.worker.engines.reference.kvstore import KVStore
 
 
 @dataclass(frozen=True)

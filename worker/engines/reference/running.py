@@ -7,9 +7,8 @@ from dataclasses import dataclass, field
 import torch
 
 from zipkv.kernels.layout import PAGE_TOKENS
-
-from ..engine import EngineRequest
-from ..engine_stats import RequestTimings, now_ns
+from zipkv.worker.engine import EngineRequest
+from zipkv.worker.engine_stats import RequestTimings, now_ns
 
 
 @dataclass

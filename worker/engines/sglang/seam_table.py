@@ -3,15 +3,13 @@
 Each row names an SGLang module, a qualified name, and the parameters we call or override it with (or, for a
 class, the attributes we read). tests/worker/test_sglang_seams.py checks every row against the real SGLang
 source, so an upgrade that moves a seam fails a test instead of a GPU run. Data only, no sglang import: the
-code that imports and patches SGLang stays in sglang_seams.py (the one module that touches SGLang
-internals), which re-exports `SEAMS`, `Seam` and `SGLANG_VERSION`.
+code that imports and patches SGLang stays in seams.py (the one module that touches SGLang
+internals), which re-exports `SEAMS`, `Seam` and `SGLANG_VERSION` (version.py).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-
-SGLANG_VERSION = "0.5.17"
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """zipkv's attention inside SGLang: fused decode over compressed pages, extend for the new tokens.
 
-No sglang import here: `sglang_seams` subclasses SGLang's ``AttentionBackend`` and ``KVCache``, turns each
+No sglang import here: `seams` subclasses SGLang's ``AttentionBackend`` and ``KVCache``, turns each
 ``ForwardBatch`` into a `BatchView` and calls into this module.
 
 - **Store**: new tokens go into their raw pages (``store_tokens``, the page table of the layer).
@@ -25,10 +25,10 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from zipkv.allocator import PagePool
+from zipkv.allocator.pool import LayerPages
 from zipkv.kernels.layout import PAGE_TOKENS, PageFormat
-
-from .sglang_pool import ZipkvAllocator
-from .sglang_slots import to_device
+from zipkv.worker.engines.sglang.allocator import ZipkvAllocator
+from zipkv.worker.engines.sglang.slots import to_device
 
 if TYPE_CHECKING:  # the kernels import Triton: loaded on first use
     from zipkv.kernels.extend_attention import ExtendPlan
@@ -64,8 +64,9 @@ class ZipkvKV:
             self._store = reference.store_tokens
             self._decode_pages = None
 
-    def layer(self, layer_id: int) -> int:
-        return layer_id - self.start_layer
+    def pages(self, layer_id: int) -> LayerPages:
+        """SGLang's layer ``layer_id`` in the pool (a pipeline stage's layers start at ``start_layer``)."""
+        return self.pool.layer(layer_id - self.start_layer)
 
     def store(self, layer_id: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         """k, v: [n, H, D] in the model dtype (bf16); slots: int64 [n]."""
@@ -73,18 +74,16 @@ class ZipkvKV:
             raise TypeError(
                 f"zipkv stores bf16 KV; this model runs {k.dtype}: start SGLang with dtype=bfloat16"
             )
-        l_ = self.layer(layer_id)
-        self._store(self.pool.heap, self.pool.page_loc[l_], slots, k.contiguous(), v.contiguous(), self.fmt)
+        pages = self.pages(layer_id)
+        self._store(pages.heap, pages.loc, slots, k.contiguous(), v.contiguous(), self.fmt)
 
     def read_pages(self, layer_id: int, page_ids: torch.Tensor) -> torch.Tensor:
         """Pages of one layer, raw or compressed, restored: bf16 [n, 2, H, 16, D]."""
-        l_ = self.layer(layer_id)
+        pages = self.pages(layer_id)
         if self._decode_pages is None or page_ids.device.type != "cuda":
             from zipkv.kernels.reference import gather_pages
 
-            return gather_pages(
-                self.pool.heap, self.pool.page_loc[l_], self.pool.page_meta[l_], page_ids, self.fmt
-            )
+            return gather_pages(pages.heap, pages.loc, pages.meta, page_ids, self.fmt)
         fmt = self.fmt
         out = torch.empty(
             page_ids.numel(),
@@ -95,9 +94,7 @@ class ZipkvKV:
             dtype=torch.bfloat16,
             device=page_ids.device,
         )
-        self._decode_pages(
-            self.pool.heap, self.pool.page_loc[l_][page_ids], self.pool.page_meta[l_][page_ids], out, fmt
-        )
+        self._decode_pages(pages.heap, pages.loc[page_ids], pages.meta[page_ids], out, fmt)
         return out
 
 
@@ -236,16 +233,15 @@ class ZipkvAttention:
         """q: bf16 [B, Hq * D] (or [B, Hq, D]); returns [B, Hq * D]."""
         from zipkv.kernels.decode_attention import decode_attention
 
-        fmt, l_ = self.kv.fmt, self.kv.layer(layer_id)
+        fmt, pages = self.kv.fmt, self.kv.pages(layer_id)
         q3 = q.reshape(-1, self.num_q_heads, fmt.head_dim)
         o3 = None if out is None else out.view(-1, self.num_q_heads, fmt.head_dim)
-        pool = self.kv.pool
         res = decode_attention(
             self.plan,
             q3,
-            pool.heap,
-            pool.page_loc[l_],
-            pool.page_meta[l_],
+            pages.heap,
+            pages.loc,
+            pages.meta,
             sm_scale,
             compressed=self.compressed,
             out=o3,
@@ -301,9 +297,9 @@ class ZipkvAttention:
         """The new tokens over their prefix pages, read compressed in the kernel (no scratch copy)."""
         from zipkv.kernels.extend_attention import extend_attention
 
-        pool, l_ = self.kv.pool, self.kv.layer(layer)
+        pages = self.kv.pages(layer)
         out = extend_attention(
-            plan, q3, k3.contiguous(), v3.contiguous(), pool.heap, pool.page_loc[l_], pool.page_meta[l_],
+            plan, q3, k3.contiguous(), v3.contiguous(), pages.heap, pages.loc, pages.meta,
             scale, compressed=self.compressed,
         )  # fmt: skip
         return out.reshape(q3.shape[0], -1)

@@ -16,8 +16,8 @@ from typing import Any
 
 import numpy as np
 
-from .encode_timer import TimedEncoder
-from .engine_stats import ENCODE_MS_BUCKETS, EncodeCounts, KernelsInUse, KVStats, kv_stats_of
+from zipkv.worker.encode_timer import TimedEncoder
+from zipkv.worker.engine_stats import ENCODE_MS_BUCKETS, EncodeCounts, KernelsInUse, KVStats, kv_stats_of
 
 ENV = "ZIPKV_KV_STATS_FILE"
 PUBLISH_EVERY_STEPS = 16

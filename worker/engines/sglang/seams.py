@@ -1,0 +1,222 @@
+"""The one module that touches SGLang internals (pinned to sglang 0.5.17; map: docs/sglang.md).
+
+Every patch of an SGLang class lives here, and every ``import sglang...`` but those of the two modules that
+subclass SGLang's classes at module level (kv_pool.py, backend.py), which only this module imports, on
+demand. `SEAMS` (seam_table.py,
+re-exported here) records, as data, the signature of each SGLang function or method this module relies on;
+tests/worker/test_sglang_seams.py checks them against the real SGLang source, so an upgrade that moves a
+seam fails a test instead of a GPU run.
+
+`install()` (called by `plugin.register` in every SGLang process, the scheduler included):
+1. registers the attention backends ``zipkv`` and ``zipkv_uncompressed`` (the uncompressed twin: same pool,
+   same kernel source, no page ever compressed) and adds them to the CLI choices;
+2. makes ``KVCacheConfigurator._build_mha_kv_pool`` / ``_build_token_to_kv_pool_allocator`` return zipkv's
+   pool and allocator when a zipkv backend is selected (the byte budget is what SGLang's memory profile gave
+   the uncompressed pool: ``max_total_num_tokens x cell size``);
+3. makes the idle memory check count zipkv's pool in its own units (page ids held vs. the prefix cache and
+   requests, and the PagePool's byte accounting) instead of SGLang's ``available + cached == total``.
+Nothing changes for other backends.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, cast
+
+from zipkv.worker.engines.sglang.admission import AdmissionLatch
+from zipkv.worker.engines.sglang.kv_stats_board import KVStatsBoard
+from zipkv.worker.engines.sglang.reclaim import PrefixCache
+from zipkv.worker.engines.sglang.seam_table import SEAMS as SEAMS
+from zipkv.worker.engines.sglang.seam_table import Seam as Seam
+from zipkv.worker.engines.sglang.version import SGLANG_VERSION as SGLANG_VERSION
+from zipkv.worker.engines.sglang.version import check_sglang_version
+
+log = logging.getLogger("zipkv.worker.sglang")
+
+BACKEND_NAMES = {"zipkv": True, "zipkv_uncompressed": False}  # name -> compression
+
+
+def is_zipkv(backend: str | None) -> bool:
+    return backend in BACKEND_NAMES
+
+
+def _zipkv_backend(server_args: Any) -> str | None:
+    """The zipkv backend name if one is selected, after checking that prefill and decode agree."""
+    prefill, decode = server_args.get_attention_backends()
+    if not (is_zipkv(prefill) or is_zipkv(decode)):
+        return None
+    if prefill != decode:
+        raise ValueError(
+            f"zipkv serves prefill and decode over one compressed pool: set attention_backend="
+            f"{decode if is_zipkv(decode) else prefill!r} for both (got {prefill!r}, {decode!r})"
+        )
+    if server_args.page_size != 16:
+        raise ValueError(
+            f"zipkv pages hold 16 tokens: start SGLang with page_size=16 (got {server_args.page_size})"
+        )
+    if server_args.tp_size != 1:
+        raise ValueError(f"zipkv on SGLang runs with tp_size=1 in this version (got {server_args.tp_size})")
+    if server_args.kv_cache_dtype not in (None, "auto", "bfloat16", "bf16"):
+        raise ValueError(f"zipkv stores bf16 KV: drop kv_cache_dtype={server_args.kv_cache_dtype!r}")
+    return str(prefill)
+
+
+# ---- the classes SGLang sees ------------------------------------------------------------------------
+
+
+def _classes() -> dict[str, type]:
+    """The SGLang subclasses (kv_pool.py, backend.py), imported on demand: they need sglang importable."""
+    if not _CLASSES:
+        from zipkv.worker.engines.sglang.backend import ZipkvAttnBackend
+        from zipkv.worker.engines.sglang.kv_pool import ZipkvKVCache, ZipkvTokenAllocator
+
+        _CLASSES.update(kv_cache=ZipkvKVCache, allocator=ZipkvTokenAllocator, backend=ZipkvAttnBackend)
+    return _CLASSES
+
+
+_CLASSES: dict[str, type] = {}
+_INSTALLED: list[bool] = []
+
+
+# ---- install ----------------------------------------------------------------------------------------
+
+
+def install() -> None:
+    """Register the backends and patch the pool, allocator and idle-check seams (idempotent)."""
+    if _INSTALLED:
+        return
+    from sglang.srt.layers.attention.attention_registry import register_attention_backend
+    from sglang.srt.managers.scheduler import Scheduler
+    from sglang.srt.managers.scheduler_components.invariant_checker import SchedulerInvariantChecker
+    from sglang.srt.mem_cache.kv_cache_configurator import KVCacheConfigurator
+    from sglang.srt.server_args import ATTENTION_BACKEND_CHOICES, add_attention_backend_choices
+
+    for name, compressed in BACKEND_NAMES.items():
+        register_attention_backend(name)(lambda runner, c=compressed: _classes()["backend"](runner, c))
+    add_attention_backend_choices([n for n in BACKEND_NAMES if n not in ATTENTION_BACKEND_CHOICES])
+
+    build_pool = KVCacheConfigurator._build_mha_kv_pool
+    build_allocator = KVCacheConfigurator._build_token_to_kv_pool_allocator
+    check_full_pool = SchedulerInvariantChecker._check_full_pool
+    get_new_batch_prefill = Scheduler.get_new_batch_prefill
+
+    def _build_mha_kv_pool(
+        self: Any, *, max_total_num_tokens: int, mha_pool_class: type, quant_method: Any = None
+    ):  # type: ignore[no-untyped-def]
+        name = _zipkv_backend(self.server_args)
+        if name is None:
+            return build_pool(
+                self,
+                max_total_num_tokens=max_total_num_tokens,
+                mha_pool_class=mha_pool_class,
+                quant_method=quant_method,
+            )
+        info = self.layer_info
+        pool = _classes()["kv_cache"](
+            raw_tokens=max_total_num_tokens,
+            head_num=self.model_config.get_num_kv_heads(1),
+            head_dim=self.model_config.head_dim,
+            layer_num=info.num_effective_layers,
+            device=self.device,
+            start_layer=info.start_layer,
+            end_layer=info.end_layer,
+            compression=BACKEND_NAMES[name],
+        )
+        log.info(
+            "zipkv pool: %s, budget %d bytes for %d raw tokens, %d virtual slots",
+            name,
+            pool.budget_bytes,
+            max_total_num_tokens,
+            pool.size,
+        )
+        return pool
+
+    def _build_token_to_kv_pool_allocator(self: Any, **kwargs: Any):  # type: ignore[no-untyped-def]
+        pool = kwargs["token_to_kv_pool"]
+        if _CLASSES and isinstance(pool, _CLASSES["kv_cache"]):  # built by _build_mha_kv_pool above
+            allocator: Any = _CLASSES["allocator"](pool)
+            board = KVStatsBoard.from_env()  # the replica's /metrics reads it (kv_stats_board.py)
+            if board is not None:
+                allocator.stats_board = board
+                board.publish_pool(allocator.pool)
+            return allocator
+        return build_allocator(self, **kwargs)
+
+    def _check_full_pool(self: Any, ps: Any, uncached: int = 0):  # type: ignore[no-untyped-def]
+        allocator = self.token_to_kv_pool_allocator
+        if not (_CLASSES and isinstance(allocator, _CLASSES["allocator"])):
+            return check_full_pool(self, ps, uncached)
+        return cast(Any, allocator).idle_check(
+            self.tree_cache.evictable_size(),
+            self.tree_cache.protected_size(),
+            self.pool_stats_observer.session_held_tokens(),
+            uncached,
+        )
+
+    def _get_new_batch_prefill(self: Any, running_batch: Any):  # type: ignore[no-untyped-def]
+        # SGLang's batch_is_full latch only clears when a request finishes; compression frees room
+        # earlier (admission.py).
+        allocator = self.token_to_kv_pool_allocator
+        if _CLASSES and isinstance(allocator, _CLASSES["allocator"]):
+            latch = self.__dict__.setdefault("_zipkv_admission_latch", AdmissionLatch())
+            latch.release(running_batch, allocator)
+            # with the radix cache on, the allocator reclaims from it (reclaim.py)
+            ours = cast(Any, allocator)
+            if ours.prefix_cache is None and not self.tree_cache.is_chunk_cache():
+                ours.prefix_cache = _prefix_cache(self.tree_cache)
+        return get_new_batch_prefill(self, running_batch)
+
+    KVCacheConfigurator._build_mha_kv_pool = _build_mha_kv_pool
+    Scheduler.get_new_batch_prefill = _get_new_batch_prefill
+    KVCacheConfigurator._build_token_to_kv_pool_allocator = _build_token_to_kv_pool_allocator
+    SchedulerInvariantChecker._check_full_pool = _check_full_pool
+    _INSTALLED.append(True)
+    log.info("zipkv installed into sglang %s: backends %s", SGLANG_VERSION, ", ".join(BACKEND_NAMES))
+
+
+# ---- the parent-process surface the engine adapter uses (sglang.Engine) -------------------------------
+
+
+def event_loop(engine: Any) -> Any:
+    """The asyncio loop ``sglang.Engine`` runs its tokenizer manager on."""
+    return engine.loop
+
+
+def abort_request(engine: Any, request_id: str) -> None:
+    engine.tokenizer_manager.abort_request(rid=request_id)
+
+
+async def load_snapshot(engine: Any) -> Any:
+    """The scheduler's latest LoadSnapshot (its counts read the allocator's available_size live)."""
+    snaps = await engine.tokenizer_manager.get_loads(include=["all"])
+    return snaps[0] if snaps else None
+
+
+def run_scheduler_process(*args: Any, **kwargs: Any) -> Any:
+    """SGLang's scheduler entry with zipkv installed first (for `engine_class`, without the entry point)."""
+    from sglang.srt.managers.scheduler import run_scheduler_process as run
+
+    check_sglang_version()
+    install()
+    return run(*args, **kwargs)
+
+
+def engine_class() -> type:
+    """``sglang.Engine`` whose scheduler process installs zipkv even when the plugin is not installed."""
+    from sglang.srt.entrypoints.engine import Engine
+
+    check_sglang_version()
+    install()
+    return type(
+        "ZipkvSGLangEngine", (Engine,), {"run_scheduler_process_func": staticmethod(run_scheduler_process)}
+    )
+
+
+def _prefix_cache(tree_cache: Any) -> PrefixCache:
+    """SGLang's radix cache as zipkv's allocator reclaims from it (reclaim.py)."""
+    from sglang.srt.mem_cache.base_prefix_cache import EvictParams
+
+    def evict_tokens(n: int) -> int:
+        return int(tree_cache.evict(EvictParams(num_tokens=n)).num_tokens_evicted)
+
+    return PrefixCache(lambda: int(tree_cache.evictable_size()), evict_tokens)
