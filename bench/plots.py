@@ -10,6 +10,7 @@
 - sglang_e2e.png: bench/results/sglang_e2e.json, each workload's systems side by side.
 - admission.png: bench/results/admission.json (the allocator at Llama-3.1-8B shapes) and
   admission_e2e.json (the reference engine's admission against its KV budget).
+- decode_hopper.png: bench/results/decode_hopper.json, the Hopper kernel's speed against FlashInfer's.
 - trace_timeline.png: bench/results/trace_cpu.json, one request's spans (bench/trace_capture.py).
 """
 
@@ -30,6 +31,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from plot_hopper import hopper_figure
 from plot_trace import trace_timeline
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -245,6 +247,10 @@ def render_all(out: Path, results: Path = RESULTS) -> list[Path]:
         engine = json.loads(e2e.read_text()) if e2e.is_file() else None
         figures.append(
             ("admission", admission_figure(json.loads((results / "admission.json").read_text()), engine))
+        )
+    if (results / "decode_hopper.json").is_file():
+        figures.append(
+            ("decode_hopper", hopper_figure(json.loads((results / "decode_hopper.json").read_text())))
         )
     if (results / "trace_cpu.json").is_file():
         figures.append(

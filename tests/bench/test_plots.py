@@ -26,12 +26,18 @@ def test_one_command_renders_every_picture_from_the_committed_results(tmp_path: 
     assert done.returncode == 0, done.stderr[-3000:]
     names = {p.name for p in tmp_path.glob("*.png")}
     decode = {f"{p.stem}.png" for p in (REPO / "bench" / "results").glob("decode_attention*.json")}
-    assert names == decode | {"sglang_e2e.png", "admission.png", "trace_timeline.png"}
+    assert names == decode | {"sglang_e2e.png", "admission.png", "trace_timeline.png", "decode_hopper.png"}
     for path in tmp_path.glob("*.png"):
         data = path.read_bytes()
         assert data.startswith(PNG) and len(data) > 20_000, path
     # The docs link the committed pictures this command writes.
-    for name in ("decode_attention.png", "sglang_e2e.png", "admission.png", "trace_timeline.png"):
+    for name in (
+        "decode_attention.png",
+        "sglang_e2e.png",
+        "admission.png",
+        "trace_timeline.png",
+        "decode_hopper.png",
+    ):
         assert (REPO / "docs" / "img" / name).is_file(), name
 
 
@@ -91,3 +97,18 @@ def test_admission_plot_reads_files_with_and_without_page_format_versions() -> N
         ax = admission_figure({"rows": rows}, None).axes[0]
         labels = ax.get_legend_handles_labels()[1]
         assert "uncompressed: 46" in labels and len(labels) == bars + 1, labels
+
+
+def test_the_hopper_picture_shows_each_shapes_speed_against_flashinfer() -> None:
+    from plot_hopper import speed_rows
+
+    rows = [
+        {"batch": 32, "ctx": 8192, "zipkv_us": 250.0, "zipkv_raw_pages_us": 256.0,
+         "read_floor_stored_us": 193.0, "flashinfer_tc_us": 257.0},
+        {"batch": 1, "ctx": 8192, "zipkv_us": 32.0, "flashinfer_tc_us": 25.0},  # a row without every series
+        {"batch": 8, "ctx": 8192, "zipkv_us": 80.0},  # no baseline: not drawn
+    ]  # fmt: skip
+    got = dict(speed_rows(rows))
+    assert set(got) == {"32 x 8192", "1 x 8192"}
+    assert got["32 x 8192"]["zipkv Hopper kernel, v3 pages"] == pytest.approx(257.0 / 250.0)
+    assert got["1 x 8192"] == {"zipkv Hopper kernel, v3 pages": pytest.approx(25.0 / 32.0)}
