@@ -28,14 +28,14 @@ import torch
 
 from zipkv.kernels import reference_v3 as ref
 from zipkv.kernels.decode_hopper import decode_attention_hopper
-from zipkv.kernels.decode_plan import choose_max_splits, plan_decode
+from zipkv.kernels.decode_plan import HOPPER_CONFIG, choose_max_splits, plan_decode
 from zipkv.kernels.layout import PAGE_TOKENS, PageFormat
 from zipkv.kernels.reference_attention import decode_attention_reference
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the decode bench's timer, floor and FlashInfer
 from decode_attention_baselines import Timer, flashinfer_fn, read_floor_fn
 
-CTAS_PER_SM = 2  # registers (~220) and a 3-stage ring (~100 KB of shared memory) allow two programs per SM
+CTAS_PER_SM = HOPPER_CONFIG[4]  # the plan's programs per SM (kernels/decode_plan.py)
 
 
 def make_case(
@@ -197,8 +197,8 @@ def _zipkv_fns(
     fns: dict[str, Callable[[], object]] = {}
     splits: dict[str, int] = {}
     for cfg in configs:
-        block_n, stages, ctas, maxnreg = (*cfg, CTAS_PER_SM, 0)[:4]
-        n_splits = choose_max_splits(batch * 8, sms * ctas)
+        # Without ctas_per_sm / maxnreg a config runs the plan's own split choice and the launch's registers.
+        block_n, stages, ctas, maxnreg = (*cfg, None, None)[:4]
         plan = plan_decode(
             case["page_ids"],
             case["indptr"],
@@ -206,8 +206,9 @@ def _zipkv_fns(
             case["fmt"],
             32,
             block_n=block_n,
-            max_splits=n_splits,
+            max_splits=choose_max_splits(batch * 8, sms * ctas) if ctas else None,
         )
+        n_splits = plan.max_splits
         tag = "zipkv" if cfg == configs[0] else "zipkv_" + "_".join(map(str, cfg))
         splits[tag] = n_splits
         fns[tag] = partial(
@@ -220,7 +221,7 @@ def _zipkv_fns(
             scale,
             out=o,
             stages=stages,
-            maxnreg=maxnreg or None,
+            maxnreg=maxnreg,
         )
         if cfg == configs[0]:
             fns["zipkv_raw_pages"] = partial(
@@ -278,7 +279,6 @@ def bench(out: dict, shapes: list[tuple[int, int]], target_s: float, configs: li
 def ncu_target(batch: int, ctx: int, launches: int) -> None:
     case = make_case([ctx] * batch, 8, 128, 4, seed=7, raw_mid=0.0, shuffle=True, outliers=0)
     q = torch.randn(batch, 32, 128, device="cuda").to(torch.bfloat16)
-    sms = torch.cuda.get_device_properties(0).multi_processor_count
     plan = plan_decode(
         case["page_ids"],
         case["indptr"],
@@ -286,7 +286,6 @@ def ncu_target(batch: int, ctx: int, launches: int) -> None:
         case["fmt"],
         32,
         block_n=64,
-        max_splits=choose_max_splits(batch * 8, sms * CTAS_PER_SM),
     )
     for _ in range(launches):
         decode_attention_hopper(plan, q, case["heap"], case["loc"], case["meta"], 1 / math.sqrt(128))

@@ -54,6 +54,7 @@ def compile_hopper(
     split: bool = True,
     compressed: bool = True,
     arch: int = 90,
+    maxnreg: int | None = None,
 ):  # type: ignore[no-untyped-def]
     from triton.experimental.gluon._runtime import GluonASTSource
 
@@ -65,7 +66,9 @@ def compile_hopper(
     aligned = {n for n in ARG_TYPES if ARG_TYPES[n].startswith("*") or n.startswith("stride")}
     attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names) if n in aligned}
     src = GluonASTSource(fn, signature, constexprs, attrs)
-    return triton.compile(src, target=GPUTarget("cuda", arch, 32), options={"num_warps": dh.NUM_WARPS})
+    regs = dh.HOPPER_MAXNREG.get(head_dim) if maxnreg is None else (maxnreg or None)  # as the launch does
+    options: dict[str, int] = {"num_warps": dh.NUM_WARPS, **({"maxnreg": regs} if regs else {})}
+    return triton.compile(src, target=GPUTarget("cuda", arch, 32), options=options)
 
 
 def _tool(name: str) -> str:
@@ -115,8 +118,10 @@ def loop_local_accesses(sass: str) -> int:
     return sum(1 for addr, txt in insts if loop[0] <= addr <= loop[1] and re.search(r"\b(LDL|STL)", txt))
 
 
-def report(head_dim: int, pages: int, stages: int, compressed: bool = True) -> dict[str, object]:
-    kernel = compile_hopper(head_dim, pages, stages, compressed=compressed)
+def report(
+    head_dim: int, pages: int, stages: int, compressed: bool = True, maxnreg: int | None = None
+) -> dict[str, object]:
+    kernel = compile_hopper(head_dim, pages, stages, compressed=compressed, maxnreg=maxnreg)
     sass = sass_of(kernel.asm["cubin"])
     ptx = kernel.asm["ptx"]
     return {
@@ -144,6 +149,9 @@ def main() -> None:
     ap.add_argument("--pages", default="4", help="pages per tile (tile = 16 x pages tokens)")
     ap.add_argument("--stages", default="3")
     ap.add_argument("--twin", action="store_true", help="also the uncompressed twin")
+    ap.add_argument(
+        "--maxnreg", type=int, default=None, help="registers per thread (default: the launch's; 0: none)"
+    )
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--dump", default=None, help="folder for .ptx/.sass/.ttgir of each variant")
     a = ap.parse_args()
@@ -152,7 +160,7 @@ def main() -> None:
         for p in (int(x) for x in a.pages.split(",")):
             for s in (int(x) for x in a.stages.split(",")):
                 for comp in (True, False) if a.twin else (True,):
-                    r = report(d, p, s, comp)
+                    r = report(d, p, s, comp, a.maxnreg)
                     rows.append(r)
                     if a.dump:
                         os.makedirs(a.dump, exist_ok=True)

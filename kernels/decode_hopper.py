@@ -44,6 +44,9 @@ from .decode_plan import DecodePlan
 from .layout import PAGE_TOKENS
 
 M_ROWS = 16  # MMA rows: the GQA group, padded
+# Registers per thread by head_dim: 168 leaves three programs per SM at head_dim 128 with no spill in the
+# main loop (bench/hopper_resources.py --maxnreg); the compiler's own choice (224) leaves two.
+HOPPER_MAXNREG: dict[int, int] = {128: 168}
 LOG2E = 1.4426950408889634
 _M = ttgl.constexpr(M_ROWS)  # Gluon reads globals only as constexpr
 _NW = ttgl.constexpr(NUM_WARPS)
@@ -251,7 +254,8 @@ def decode_attention_hopper(
     """bf16 ``[B, Hq, D]`` attention of ``q`` over one layer's v3 pages (sm_90; see the module docstring).
 
     ``plan.block_n`` is the tile (16 tokens per page). ``compressed=False`` reads every page as a raw page
-    (the pages must be raw, as an uncompressed pool's are): the same kernel, the raw path.
+    (the pages must be raw, as an uncompressed pool's are): the same kernel, the raw path. ``maxnreg``:
+    registers per thread, None for HOPPER_MAXNREG's, 0 for the compiler's choice.
     """
     fmt = plan.fmt
     if fmt.version != 3:
@@ -289,7 +293,7 @@ def decode_attention_hopper(
         plan.max_splits,
         **consts,
         num_warps=NUM_WARPS,
-        **({"maxnreg": maxnreg} if maxnreg else {}),
+        **({"maxnreg": regs} if (regs := _maxnreg(maxnreg, fmt.head_dim)) else {}),
     )
     if plan.max_splits > 1:
         _merge_kernel[(plan.batch_size, plan.num_q_heads)](
@@ -306,6 +310,10 @@ def decode_attention_hopper(
             num_warps=4,
         )
     return out
+
+
+def _maxnreg(asked: int | None, head_dim: int) -> int | None:
+    return HOPPER_MAXNREG.get(head_dim) if asked is None else (asked or None)
 
 
 _RAW_META: dict[tuple[tuple[int, ...], torch.device], torch.Tensor] = {}

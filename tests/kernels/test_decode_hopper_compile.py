@@ -83,5 +83,5 @@ def test_kernel_compiles_for_sm90() -> None:
     for head_dim, r in rows.items():
         assert r["registers"] <= 255 and r["shared_bytes"] <= 227 * 1024, r
         assert r["ptx_cp_async"] > 0 and r["ptx_ldmatrix"] > 0 and r["ptx_mma"] > 0, r
-        if head_dim <= 128:  # the measured shapes: two programs per SM, no spills inside the loop
-            assert r["loop_local_accesses"] == 0 and r["registers"] * 128 * 2 <= 65536, r
+        if head_dim <= 128:  # the measured shapes: three programs per SM (the plan's), no spill in the loop
+            assert r["loop_local_accesses"] == 0 and r["registers"] * 128 * 3 <= 65536, r
