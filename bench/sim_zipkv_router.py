@@ -4,7 +4,7 @@ Each worker reports every `report_interval_ms` what a zipkv worker reports (work
 `capacity()`: free tokens after the outputs still owed, total, compression ratio, running and queued
 requests, queued prefill tokens, the mean of its last 64 TTFTs and last ~256 inter-token gaps). The
 router's `MemoryStore` (controlplane/state.py) holds the views and the reservations, `place`
-(controlplane/placement.py) ranks the workers, and the request goes to the first ranked worker whose
+(controlplane/placement/) ranks the workers, and the request goes to the first ranked worker whose
 reservation succeeds, as `Dispatcher.start` does; none: 503 (shed). The store runs on the simulation's
 clock. Its methods are coroutines that never await (one router, in memory); they are driven here to
 completion in place (`run_now`), since the simulation has no event loop.
