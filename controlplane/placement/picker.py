@@ -20,22 +20,26 @@ class Weights:
     headroom: float
     slo: float
     queue: float
+    affinity: float = 0.0
 
     @property
     def total(self) -> float:
-        return self.headroom + self.slo + self.queue
+        return self.headroom + self.slo + self.queue + self.affinity
 
 
-def weights(cfg: PlacementConfig, coarse: bool) -> Weights:
-    w = Weights(cfg.weight_headroom, 0.0 if coarse else cfg.weight_slo, cfg.weight_queue)
-    if w.total <= 0:  # only the SLO scorer was weighted and it is off: fall back to headroom
-        return Weights(1.0, 0.0, 0.0)
+def weights(cfg: PlacementConfig, coarse: bool, with_affinity: bool = False) -> Weights:
+    """`with_affinity`: the request has prompt blocks to match (else that scorer is left out, so a short
+    prompt is ranked exactly as without the scorer)."""
+    affinity = cfg.weight_prefix_affinity if with_affinity else 0.0
+    w = Weights(cfg.weight_headroom, 0.0 if coarse else cfg.weight_slo, cfg.weight_queue, affinity)
+    if w.total - w.affinity <= 0:  # only the SLO scorer was weighted and it is off: fall back to headroom
+        return Weights(1.0, 0.0, 0.0, affinity)
     return w
 
 
-def combine(w: Weights, headroom: float, slo: float, queue: float) -> float:
+def combine(w: Weights, headroom: float, slo: float, queue: float, affinity: float = 0.0) -> float:
     """The weighted mean of the scorers, in [0, 1]."""
-    return (w.headroom * headroom + w.slo * slo + w.queue * queue) / w.total
+    return (w.headroom * headroom + w.slo * slo + w.queue * queue + w.affinity * affinity) / w.total
 
 
 def rank(candidates: list[Candidate], top_k: int | None = None) -> tuple[Candidate, ...]:

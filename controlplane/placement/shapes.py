@@ -30,6 +30,7 @@ class Candidate:
     queue: float
     ttft_ms: float
     tpot_ms: float
+    affinity: float = 0.0  # the prefix-affinity scorer (0 when the request had no blocks to match)
 
 
 @dataclass(frozen=True, slots=True)
