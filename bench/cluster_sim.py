@@ -2,6 +2,8 @@
 
     python bench/cluster_sim.py --jobs 2             # -> bench/results/cluster_sim.json + cluster_sim.png
     python bench/cluster_sim.py --workers 8 --hetero-workers 8 --requests 1000 --jobs 2   # smaller
+    python bench/cluster_sim.py --workers 8,32 --pools zipkv,mixed_ratio,mixed_budget \
+        --policies zipkv_affinity --merge --jobs 2   # add rows to the results, keep the others
 
 The trace is sampled: requests --offset .. --offset + --requests (4,000 of 12,031 by default, the first
 1,302 s of the hour), so that the whole sweep runs in about half an hour on two cores; the JSON's `trace`
@@ -34,7 +36,7 @@ from typing import Any
 
 from serving_metrics import SLOS, rate_row
 from sim_calibrate import compression_ratio, spec_for
-from sim_cluster import ZIPKV_POLICIES, ZIPKV_SHED_WAIT_OVER_TTFT, simulate
+from sim_cluster import ZIPKV_POLICIES, simulate, zipkv_config
 from sim_policies import BASELINES
 from sim_report import build_report
 from sim_worker import WorkerSpec
@@ -98,6 +100,7 @@ def run_job(job: dict[str, Any]) -> list[dict[str, object]]:
         slos[0],
         router_prefill_ms_per_token(models),
         decode_ms_per_gib=router_decode_ms_per_gib(models),
+        affinity_weight=job["affinity_weight"],
     )
     head = {"pool": job["pool"], "workers": job["workers"], "policy": job["policy"]}
     rows = []
@@ -170,6 +173,7 @@ def jobs(args: argparse.Namespace, models: dict[str, StepModel]) -> list[dict[st
                                 "per_worker_rps": per,
                                 "requests": args.requests,
                                 "offset": args.offset,
+                                "affinity_weight": args.affinity_weight,
                             }
                         )
     return out
@@ -187,6 +191,18 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--requests", type=int, default=4000, help="trace requests from --offset")
     p.add_argument("--offset", type=int, default=0)
     p.add_argument("--jobs", type=int, default=1, help="simulations run in parallel (processes)")
+    p.add_argument(
+        "--affinity-weight",
+        type=float,
+        default=None,
+        help="placement.weight_prefix_affinity of zipkv_affinity (default: the router's default)",
+    )
+    p.add_argument(
+        "--merge",
+        action="store_true",
+        help="keep --out's rows and replace only those this run simulates (same pool, workers, policy, "
+        "SLO and rate); the run is listed under `additions`",
+    )
     p.add_argument("--out", type=Path, default=RESULTS / "cluster_sim.json")
     p.add_argument("--plot", type=Path, default=RESULTS / "cluster_sim.png")
     return p.parse_args(argv)
@@ -219,10 +235,16 @@ def main(argv: list[str] | None = None) -> int:
         "router_config": {
             "prefill_ms_per_token": round(router_prefill_ms_per_token(models), 5),
             "decode_ms_per_gib": round(router_decode_ms_per_gib(models), 4),
-            "shed_wait_over_ttft": {"zipkv": ZIPKV_SHED_WAIT_OVER_TTFT, "zipkv_no_shed": 0.0},
+            "shed_wait_over_ttft": {n: v.shed_wait_over_ttft for n, v in ZIPKV_POLICIES.items()},
+            "weight_prefix_affinity": {
+                n: zipkv_config(n, affinity_weight=args.affinity_weight).weight_prefix_affinity
+                for n in ZIPKV_POLICIES
+            },
             "report_interval_ms": 200,
         },
     }
+    if args.merge and args.out.is_file():
+        meta, rows = merged(json.loads(args.out.read_text()), meta, rows)
     report = build_report(meta, models, decode_table, replay_table(models), rows)
     args.out.write_text(json.dumps(report, indent=1) + "\n")
     from serving_plots import plot_cluster
@@ -232,6 +254,32 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(line))
     print(f"[cluster_sim] wrote {args.out} and {args.plot} in {time.monotonic() - t0:.0f} s")
     return 0
+
+
+ROW_KEY = ("pool", "workers", "policy", "slo", "per_worker_rps")
+META_KEYS = ("date", "command", "machine", "versions", "wall_s", "trace", "slos", "pools", "router_config")
+
+
+def merged(
+    old: dict[str, Any], meta: dict[str, Any], rows: list[dict[str, object]]
+) -> tuple[dict[str, Any], list[dict[str, object]]]:
+    """The earlier report's rows with this run's in place of the ones it re-simulated; the earlier run's
+    description stays, this run's goes under `additions`. Knees are recomputed over all rows."""
+    if old["trace"]["sampled"] != meta["trace"]["sampled"]:
+        raise SystemExit(f"--merge: {old['trace']['sampled']!r} there, {meta['trace']['sampled']!r} here")
+    new_keys = {tuple(r[k] for k in ROW_KEY) for r in rows}
+    computed = ("knee_rps", "goodput_at_knee_rps", "sustained_rps")
+    kept = [
+        {k: v for k, v in r.items() if k not in computed}
+        for r in old["rows"]
+        if tuple(r[k] for k in ROW_KEY) not in new_keys
+    ]
+    addition = {k: meta[k] for k in ("date", "command", "wall_s")}
+    addition["router_config"] = meta["router_config"]
+    addition["rows"] = len(rows)
+    out = {k: old[k] for k in META_KEYS}
+    out["additions"] = [*old.get("additions", []), addition]
+    return out, kept + rows
 
 
 def _versions() -> dict[str, str]:

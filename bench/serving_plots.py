@@ -13,11 +13,16 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
 
-def _lines(ax: Any, rows: Sequence[dict[str, Any]], label_key: str, y: str) -> None:
+def _lines(
+    ax: Any, rows: Sequence[dict[str, Any]], label_key: str, y: str, colors: dict[str, Any] | None = None
+) -> None:
+    """A line per label; `colors` keeps a label's colour the same in every panel (a panel missing some
+    labels would otherwise shift the colour cycle)."""
     for label in sorted({r[label_key] for r in rows}):
         pts = sorted((r["rate_rps"], r[y]) for r in rows if r[label_key] == label and r[y] is not None)
         if pts:
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", ms=3, label=label)
+            color = colors.get(label) if colors else None
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", ms=3, label=label, color=color)
 
 
 def plot_cluster(rows: Sequence[dict[str, Any]], path: Path, workers: Sequence[int] | None = None) -> None:
@@ -25,6 +30,7 @@ def plot_cluster(rows: Sequence[dict[str, Any]], path: Path, workers: Sequence[i
     pool sizes in `workers` when given)."""
     rows = [r for r in rows if workers is None or r["workers"] in workers]
     pools = sorted({r["pool"] for r in rows})
+    colors = {p: f"C{i % 10}" for i, p in enumerate(sorted({r["policy"] for r in rows}))}  # the default cycle
     cases = sorted({(r["workers"], r["slo"]) for r in rows}, key=lambda c: (c[0], c[1] != "strict"))
     fig, axes = plt.subplots(
         len(cases), len(pools), figsize=(4.2 * len(pools), 3.2 * len(cases)), squeeze=False
@@ -33,7 +39,7 @@ def plot_cluster(rows: Sequence[dict[str, Any]], path: Path, workers: Sequence[i
         for j, pool in enumerate(pools):
             ax = axes[i][j]
             sub = [r for r in rows if (r["workers"], r["slo"], r["pool"]) == (n, slo, pool)]
-            _lines(ax, sub, "policy", "goodput_rps")
+            _lines(ax, sub, "policy", "goodput_rps", colors)
             top = max((r["rate_rps"] for r in sub), default=1.0)
             ax.plot([0, top], [0, top], color="0.85", lw=0.8, zorder=0)
             ax.set_title(f"{pool}, {n} workers, {slo} SLO", fontsize=9)
@@ -41,7 +47,8 @@ def plot_cluster(rows: Sequence[dict[str, Any]], path: Path, workers: Sequence[i
             ax.set_ylabel("goodput (req/s)", fontsize=8)
             ax.tick_params(labelsize=7)
             ax.grid(alpha=0.3)
-    axes[0][0].legend(fontsize=7)
+    handles = [plt.Line2D([], [], color=c, marker="o", ms=3, label=p) for p, c in colors.items()]
+    axes[0][0].legend(handles=handles, fontsize=7)
     fig.suptitle("Cluster simulation: Mooncake conversation trace, goodput against offered load", fontsize=11)
     fig.tight_layout()
     fig.savefig(path, dpi=110)

@@ -47,7 +47,37 @@ def outcome(r: SimRequest) -> Outcome:
 # it further but sheds bursts at light load (at 4 workers, 0.5 req/s each: strict goodput 1.10 against
 # 1.42 at 0.25 and 1.60 with shedding off). The router's default (off) runs as `zipkv_no_shed`.
 ZIPKV_SHED_WAIT_OVER_TTFT = 0.25
-ZIPKV_POLICIES = {"zipkv": ZIPKV_SHED_WAIT_OVER_TTFT, "zipkv_no_shed": 0.0}
+
+
+@dataclass(frozen=True, slots=True)
+class ZipkvVariant:
+    shed_wait_over_ttft: float
+    weight_prefix_affinity: float | None  # None: the router's default (placement.weight_prefix_affinity)
+
+
+# `zipkv` and `zipkv_no_shed` are the router as first simulated (no prefix affinity), so their rows stay
+# comparable with the runs before the scorer existed; `zipkv_affinity` adds the prefix-affinity scorer.
+ZIPKV_POLICIES = {
+    "zipkv": ZipkvVariant(ZIPKV_SHED_WAIT_OVER_TTFT, 0.0),
+    "zipkv_no_shed": ZipkvVariant(0.0, 0.0),
+    "zipkv_affinity": ZipkvVariant(ZIPKV_SHED_WAIT_OVER_TTFT, None),
+    "zipkv_affinity_no_shed": ZipkvVariant(0.0, None),
+}
+
+
+def zipkv_config(
+    name: str, decode_ms_per_gib: float | None = None, affinity_weight: float | None = None
+) -> PlacementConfig:
+    """The router's placement config for a zipkv policy; `affinity_weight` overrides the default weight
+    of `zipkv_affinity` (the weight sweep)."""
+    variant = ZIPKV_POLICIES[name]
+    extra: dict[str, float] = {} if decode_ms_per_gib is None else {"decode_ms_per_gib": decode_ms_per_gib}
+    weight = variant.weight_prefix_affinity
+    if weight is None and affinity_weight is not None:
+        weight = affinity_weight
+    if weight is not None:
+        extra["weight_prefix_affinity"] = weight
+    return PlacementConfig(shed_wait_over_ttft=variant.shed_wait_over_ttft, **extra)
 
 
 def make_policy(
@@ -57,10 +87,10 @@ def make_policy(
     slo: Slo,
     prefill_ms_per_token: float,
     decode_ms_per_gib: float | None = None,
+    affinity_weight: float | None = None,
 ) -> Policy:
     if name in ZIPKV_POLICIES:
-        extra = {} if decode_ms_per_gib is None else {"decode_ms_per_gib": decode_ms_per_gib}
-        cfg = PlacementConfig(shed_wait_over_ttft=ZIPKV_POLICIES[name], **extra)
+        cfg = zipkv_config(name, decode_ms_per_gib, affinity_weight)
         return ZipkvRouter(env, workers, slo, prefill_ms_per_token, cfg)
     if name not in BASELINES:
         raise ValueError(
@@ -78,6 +108,7 @@ def simulate(
     prefill_ms_per_token: float,
     progress: Callable[[str], None] | None = None,
     decode_ms_per_gib: float | None = None,
+    affinity_weight: float | None = None,
 ) -> SimResult:
     env = simpy.Environment()
     gaps = GapHistogram()
@@ -96,7 +127,10 @@ def simulate(
             all_done.succeed()
 
     workers = [SimWorker(env, i, spec, first_token, done, gaps) for i, spec in enumerate(pool)]
-    policy_box.append(make_policy(policy_name, env, workers, slo, prefill_ms_per_token, decode_ms_per_gib))
+    policy = make_policy(
+        policy_name, env, workers, slo, prefill_ms_per_token, decode_ms_per_gib, affinity_weight
+    )
+    policy_box.append(policy)
     counts = [0] * len(workers)
     peak = [0]
 
@@ -118,6 +152,12 @@ def simulate(
 
     env.process(arrivals())
     env.run(until=all_done)
+    return _result(sims, workers, gaps, peak[0], counts)
+
+
+def _result(
+    sims: list[SimRequest], workers: list[SimWorker], gaps: GapHistogram, peak: int, counts: list[int]
+) -> SimResult:
     values, weights = gaps.values_weights()
     end = max((r.done_s for r in sims if not math.isnan(r.done_s)), default=0.0)
     return SimResult(
@@ -125,7 +165,7 @@ def simulate(
         gap_ms=values,
         gap_weights=weights,
         duration_s=end - sims[0].arrival_s,
-        peak_running=peak[0],
+        peak_running=peak,
         per_worker_requests=counts,
         prefix_hit_fraction=sum(w.prefix_hit_tokens for w in workers)
         / max(sum(w.admitted_prompt_tokens for w in workers), 1),

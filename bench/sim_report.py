@@ -3,9 +3,10 @@
 Per (pool, workers, SLO) the summary gives each policy's knee (rate of peak goodput), goodput there, the
 highest rate it sustains at 90% attainment and where it starts shedding (>= 1% of requests refused), and
 zipkv's placement against the best other policy (zipkv's own variants, e.g. `zipkv_no_shed`, are not
-"other"). `stacks` compares the two deployments a team would choose
-between: zipkv workers behind zipkv's router against SGLang's workers behind the best baseline policy and
-behind sglang-router's default (cache_aware).
+"other"); a variant such as `zipkv_affinity` also against the best other policy and against `zipkv`.
+`stacks` compares the two deployments a team would choose between: zipkv workers behind zipkv's router
+against SGLang's workers behind the best baseline policy and behind sglang-router's default
+(cache_aware).
 """
 
 from __future__ import annotations
@@ -33,6 +34,19 @@ def _policy_summary(group: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+def _variant_ratios(policies: dict[str, Any], best_other: float | None) -> dict[str, float | None]:
+    """Each zipkv variant (e.g. `zipkv_affinity`) against the best other policy and against `zipkv`."""
+    out: dict[str, float | None] = {}
+    z = policies["zipkv"]["goodput_at_knee_rps"]
+    for name, p in policies.items():
+        if not name.startswith("zipkv_") or name == "zipkv_no_shed":
+            continue
+        g = p["goodput_at_knee_rps"]
+        out[f"{name}_over_best_other"] = round(g / best_other, 3) if g and best_other else None
+        out[f"{name}_over_zipkv"] = round(g / z, 3) if g and z else None
+    return out
+
+
 def summarise(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     out = []
     keys = sorted({(r["pool"], r["workers"], r["slo"]) for r in rows}, key=str)
@@ -48,6 +62,7 @@ def summarise(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
             best = max(others, key=lambda p: others[p]["goodput_at_knee_rps"] or 0.0)
             z, b = policies["zipkv"]["goodput_at_knee_rps"], others[best]["goodput_at_knee_rps"]
             entry.update(best_other=best, zipkv_over_best_other=round(z / b, 3) if z and b else None)
+            entry.update(_variant_ratios(policies, b))
         out.append(entry)
     return out
 

@@ -4,10 +4,14 @@ Each worker reports every `report_interval_ms` what a zipkv worker reports (work
 `capacity()`: free tokens after the outputs still owed, total, compression ratio, running and queued
 requests, queued prefill tokens, the mean of its last 64 TTFTs and last ~256 inter-token gaps). The
 router's `MemoryStore` (controlplane/state.py) holds the views and the reservations, `place`
-(controlplane/placement.py) ranks the workers, and the request goes to the first ranked worker whose
-reservation succeeds, as `Dispatcher.start` does; none: 503 (shed). The store runs on the simulation's
-clock. Its methods are coroutines that never await (one router, in memory); they are driven here to
-completion in place (`run_now`), since the simulation has no event loop.
+(controlplane/placement/) ranks the workers, and the request goes to the first ranked worker whose
+reservation succeeds, as `Dispatcher.start` does; none: 503 (shed). With
+placement.weight_prefix_affinity > 0 the router's `PrefixIndex` (controlplane/prefix_index.py) is kept
+as the dispatcher keeps it: looked up before placement, the placement recorded after. The trace's block
+ids stand for the blocks' tokens (equal ids are equal 512-token blocks), so the chain is hashed over the
+ids of the prompt's full blocks instead of over token ids; the chain and the index are the router's.
+The store runs on the simulation's clock. Its methods are coroutines that never await (one router,
+in memory); they are driven here to completion in place (`run_now`), since the simulation has no event loop.
 """
 
 from __future__ import annotations
@@ -18,9 +22,11 @@ from typing import Any
 from serving_metrics import Slo
 from sim_worker import SimRequest, SimWorker
 from step_model import KV_BYTES_PER_TOKEN
+from trace_workload import BLOCK_TOKENS
 
 from zipkv.controlplane.config import PlacementConfig
 from zipkv.controlplane.placement import RequestShape, place
+from zipkv.controlplane.prefix_index import PrefixIndex, chain_hashes
 from zipkv.controlplane.state import MemoryStore, WorkerView
 from zipkv.protos.capacity import Capacity
 
@@ -90,6 +96,11 @@ class ZipkvRouter:
         self._interval_s = report_interval_ms / 1000.0
         self._sequence = 0
         self.placed: dict[int, str] = {}  # rid -> reservation id
+        self.prefix: PrefixIndex | None = None
+        if self.cfg.weight_prefix_affinity > 0:
+            if self.cfg.prefix_block_tokens != BLOCK_TOKENS:
+                raise ValueError(f"the trace's blocks are {BLOCK_TOKENS} tokens: set prefix_block_tokens so")
+            self.prefix = PrefixIndex(self.cfg.prefix_index_blocks, self.cfg.prefix_block_tokens)
         self._report_all()
         env.process(self._reports())
 
@@ -117,14 +128,23 @@ class ZipkvRouter:
             prefill_ms_per_token=self.prefill_ms_per_token,
         )
 
+    def block_hashes(self, r: SimRequest) -> tuple[int, ...]:
+        """The router's chain over the prompt's full blocks, a block's trace id as its payload."""
+        full = r.tr.input_tokens // BLOCK_TOKENS
+        return chain_hashes((b.to_bytes(8, "little") for b in r.tr.block_ids[:full]), MODEL.encode())
+
     def choose(self, r: SimRequest, now_s: float) -> int | None:
         shape = self.shape(r)
-        decision = place(self.store.snapshot(), shape, self.cfg, self.clock(), top_k=9)
+        hashes = self.block_hashes(r) if self.prefix is not None else ()
+        match = self.prefix.match(hashes) if self.prefix is not None else None
+        decision = place(self.store.snapshot(), shape, self.cfg, self.clock(), top_k=9, prefix=match)
         rid = f"r{r.rid}"
         for cand in decision.ranked:
             wid = cand.worker.worker_id
             if run_now(self.store.reserve(wid, rid, shape.need_tokens, self.clock())):
                 self.placed[r.rid] = wid
+                if self.prefix is not None:
+                    self.prefix.record(hashes, wid)
                 return int(wid[1:])
         return None
 

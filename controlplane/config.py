@@ -70,6 +70,10 @@ class StateConfig(Strict):
         return self
 
 
+# bench/cluster_sim.py chose it (docs/benchmarks.md, "Serving at cluster scale (simulation)").
+AFFINITY_WEIGHT_DEFAULT = 1.0
+
+
 class PlacementConfig(Strict):
     stale_after_ms: int = Field(
         default=1000, gt=0, description="older reports are compared on the coarse signal"
@@ -96,12 +100,34 @@ class PlacementConfig(Strict):
         "(0 = off): past the knee a late request only delays the ones behind it",
     )
 
+    weight_prefix_affinity: float = Field(
+        default=AFFINITY_WEIGHT_DEFAULT,
+        ge=0,
+        description="weight of the prefix-affinity scorer (0 = off): the fraction of the prompt's leading "
+        "blocks the worker last served; at most the sum of the other weights",
+    )
+    prefix_block_tokens: int = Field(
+        default=512, gt=0, description="tokens per hashed prompt block of the prefix index"
+    )
+    prefix_index_blocks: int = Field(
+        default=131072,
+        gt=0,
+        description="prefix index entries (block hash -> worker) kept, least recently used dropped first",
+    )
+
     @model_validator(mode="after")
     def _check(self) -> PlacementConfig:
         if self.expire_after_ms < self.stale_after_ms:
             raise ValueError("placement.expire_after_ms must be >= placement.stale_after_ms")
-        if self.weight_headroom + self.weight_slo + self.weight_queue <= 0:
+        load_weights = self.weight_headroom + self.weight_slo + self.weight_queue
+        if load_weights <= 0:
             raise ValueError("placement weights are all zero: give at least one scorer a positive weight")
+        if self.weight_prefix_affinity > load_weights:
+            raise ValueError(
+                f"placement.weight_prefix_affinity ({self.weight_prefix_affinity}) exceeds the sum of the "
+                f"headroom, slo and queue weights ({load_weights}): affinity alone would outrank every load "
+                "signal and pile a conversation's turns on one worker; lower it"
+            )
         return self
 
 

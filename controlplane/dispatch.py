@@ -25,6 +25,7 @@ from zipkv.controlplane.config import RouterConfig
 from zipkv.controlplane.grpc_auth import bearer_metadata, open_channel
 from zipkv.controlplane.metrics import RouterMetrics
 from zipkv.controlplane.placement import Decision, RequestShape, place
+from zipkv.controlplane.prefix_index import PrefixIndex, PrefixMatch
 from zipkv.controlplane.state import Store
 from zipkv.controlplane.telemetry import trace_metadata
 from zipkv.controlplane.worker_stream import Stream
@@ -88,6 +89,13 @@ class Dispatcher:
         sec = cfg.security
         self._tls = sec.tls.files(sec.tls.worker_server_name) if sec.tls else None
         self._auth = bearer_metadata(sec.dispatch_token)
+        # Where each prompt block went (prefix affinity); router-local, bounded (prefix_index.py).
+        pl = cfg.placement
+        self.prefix: PrefixIndex | None = (
+            PrefixIndex(pl.prefix_index_blocks, pl.prefix_block_tokens)
+            if pl.weight_prefix_affinity > 0
+            else None
+        )
 
     def spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         task = asyncio.ensure_future(coro)
@@ -105,17 +113,23 @@ class Dispatcher:
             await channel.close(None)
         self._stubs.clear()
 
-    def decide(self, shape: RequestShape) -> Decision:
+    def decide(self, shape: RequestShape, prefix: PrefixMatch | None = None) -> Decision:
         with self.tracer.start_as_current_span("zipkv.placement") as span:
             t0 = time.perf_counter()
             decision = place(
-                self.store.snapshot(), shape, self.cfg.placement, self.clock(), top_k=self._top_k
+                self.store.snapshot(),
+                shape,
+                self.cfg.placement,
+                self.clock(),
+                top_k=self._top_k,
+                prefix=prefix,
             )
             self.metrics.placement_ms.observe((time.perf_counter() - t0) * 1000.0)
             span.set_attribute("zipkv.placement.candidates", len(decision.ranked))
             span.set_attribute("zipkv.placement.coarse", decision.coarse)
             if decision.best is not None:
                 span.set_attribute("zipkv.worker.id", decision.best.worker.worker_id)
+                span.set_attribute("zipkv.placement.prefix_affinity", decision.best.affinity)
         if decision.coarse:
             self.metrics.stale_reports.inc()
         return decision
@@ -133,6 +147,18 @@ class Dispatcher:
             f"{shape.model!r} (largest: {largest}); lower max_tokens or shorten the prompt",
         )
 
+    def _nobody(self, decision: Decision, shape: RequestShape) -> DispatchError:
+        """Why no worker was ranked: 400 when every worker is too small for it, else 503."""
+        if set(decision.filtered) == {"too_large"}:
+            return self._too_large(shape)
+        why = ", ".join(f"{n} {r}" for r, n in sorted(decision.filtered.items())) or "no worker serves it"
+        return DispatchError(
+            503,
+            "no_worker",
+            f"no worker can take this request now ({why}); retry later",
+            retry_after_s=self.cfg.limits.retry_after_s,
+        )
+
     def stream_failed(self) -> None:
         self.metrics.stream_errors.inc()
 
@@ -141,18 +167,20 @@ class Dispatcher:
         token path: the token goes out without waiting for the store."""
         self.spawn(self.store.mark_started(worker_id, request_id, self.clock()))
 
+    def _prefix_match(
+        self, shape: RequestShape, prompt_ids: list[int]
+    ) -> tuple[tuple[int, ...], PrefixMatch | None]:
+        """The prompt's block hashes and who last served them (none without the prefix index)."""
+        if self.prefix is None:
+            return (), None
+        hashes = self.prefix.hashes(prompt_ids, shape.model)
+        return hashes, self.prefix.match(hashes)
+
     async def start(self, shape: RequestShape, prompt_ids: list[int], sampling: Sampling) -> Stream:
-        decision = self.decide(shape)
-        if not decision.ranked and set(decision.filtered) == {"too_large"}:
-            raise self._too_large(shape)
+        hashes, match = self._prefix_match(shape, prompt_ids)
+        decision = self.decide(shape, match)
         if not decision.ranked:
-            why = ", ".join(f"{n} {r}" for r, n in sorted(decision.filtered.items())) or "no worker serves it"
-            raise DispatchError(
-                503,
-                "no_worker",
-                f"no worker can take this request now ({why}); retry later",
-                retry_after_s=self.cfg.limits.retry_after_s,
-            )
+            raise self._nobody(decision, shape)
         base_id = uuid.uuid4().hex
         wire_sampling = sampling.wire(shape.max_new_tokens)
         attempts = 0
@@ -191,6 +219,8 @@ class Dispatcher:
             except BaseException:
                 await self.release(w.worker_id, rid)
                 raise
+            if self.prefix is not None:  # the worker took it: its prefix cache now holds these blocks
+                self.prefix.record(hashes, w.worker_id)
             return stream
         raise DispatchError(
             503,
