@@ -7,6 +7,9 @@ The pipeline (`pipeline.place`), one small module per stage:
     scorers/headroom.py   (headroom_tokens - need_tokens) / total_tokens
     scorers/slo.py        min(slack(ttft_ms, slo_ttft_ms), slack(tpot_ms, slo_tpot_ms))
     scorers/queue.py      1 / (1 + queued_requests)
+    scorers/prefix_affinity.py   the fraction of the prompt's leading blocks the worker last served (the
+                          router's prefix index, controlplane/prefix_index.py, passed in as a frozen
+                          PrefixMatch; its weight only counts for a prompt with at least one full block)
     picker.py             the weights (SLO dropped when any report is stale), the weighted mean, the ranking
                           (best first, ties on worker_id, only the best top_k when given)
     shapes.py             RequestShape (what is placed), Candidate and Decision (the answer)

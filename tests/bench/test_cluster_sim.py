@@ -14,9 +14,10 @@ import simpy
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 
+from cluster_sim import META_KEYS, merged
 from serving_metrics import SLOS
 from sim_calibrate import calibrated_models, replay_table, spec_for
-from sim_cluster import simulate
+from sim_cluster import simulate, zipkv_config
 from sim_kv_cache import KvCache
 from sim_policies import KvQueueCap, LeastLoad, RoundRobin, raw_utilisation
 from sim_worker import GapHistogram, SimRequest, SimWorker
@@ -129,6 +130,47 @@ def test_a_run_through_the_routers_placement_accounts_for_every_request() -> Non
     assert all(o.ttft_s > 0 and math.isfinite(o.mean_itl_ms) for o in res.outcomes if o.ok)
     assert sum(res.gap_weights) > 0 and min(res.gap_ms) > 0
     assert 0.0 <= res.prefix_hit_fraction < 1.0
+
+
+def test_zipkv_variants_differ_only_in_shedding_and_affinity() -> None:
+    assert zipkv_config("zipkv").weight_prefix_affinity == 0.0  # the router as first simulated
+    assert zipkv_config("zipkv", affinity_weight=2.0).weight_prefix_affinity == 0.0
+    default = zipkv_config("zipkv_affinity")
+    assert default.weight_prefix_affinity > 0 and default.shed_wait_over_ttft == 0.25
+    assert zipkv_config("zipkv_affinity", affinity_weight=2.0).weight_prefix_affinity == 2.0
+    assert zipkv_config("zipkv_affinity_no_shed").shed_wait_over_ttft == 0.0
+
+
+def test_prefix_affinity_serves_more_prompt_tokens_from_cache() -> None:
+    # 400 trace requests on 4 workers: without affinity a conversation's next turn finds its worker about
+    # a quarter of the time; with it, whenever that worker has the headroom and the shortest wait.
+    models, _ = calibrated_models()
+    reqs = load_trace(limit=400)
+    pool = [spec_for("zipkv", models["zipkv"])] * 4
+    hit = {
+        p: simulate(pool, p, reqs, arrivals_s(reqs, 2.0), SLOS[0], 0.03).prefix_hit_fraction
+        for p in ("zipkv", "zipkv_affinity")
+    }
+    assert hit["zipkv_affinity"] > 1.2 * hit["zipkv"] > 0
+
+
+def test_merge_keeps_earlier_rows_and_replaces_the_resimulated_ones() -> None:
+    key = {"pool": "zipkv", "workers": 8, "slo": "strict", "per_worker_rps": 1.0}
+    trace = {"sampled": "requests 0..3999"}
+    old: dict[str, Any] = {k: k for k in META_KEYS}
+    old["trace"] = trace
+    old["rows"] = [
+        {**key, "policy": "cache_aware", "goodput_rps": 5.0, "knee_rps": 8.0},
+        {**key, "policy": "zipkv_affinity", "goodput_rps": 1.0, "knee_rps": 8.0},
+    ]
+    meta: dict[str, Any] = {"date": "d2", "command": "c2", "wall_s": 1.0, "trace": trace, "router_config": {}}
+    new: list[dict[str, object]] = [{**key, "policy": "zipkv_affinity", "goodput_rps": 6.0}]
+    out_meta, rows = merged(old, meta, new)
+    assert [(r["policy"], r["goodput_rps"]) for r in rows] == [("cache_aware", 5.0), ("zipkv_affinity", 6.0)]
+    assert "knee_rps" not in rows[0]  # recomputed over all rows by build_report
+    assert out_meta["command"] == "command" and out_meta["additions"][0]["command"] == "c2"
+    with pytest.raises(SystemExit):
+        merged(old, {**meta, "trace": {"sampled": "requests 0..999"}}, new)
 
 
 def test_run_now_refuses_a_coroutine_that_suspends() -> None:
