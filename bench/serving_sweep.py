@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from serving_client import bench_args, dataset_rows, import_bench_serving, run_rate
+from serving_client import API_PATHS, BACKEND, bench_args, dataset_rows, import_bench_serving, run_rate
 from trace_workload import LLAMA3_CONTEXT_TOKENS, LLAMA3_PLAIN_VOCAB, arrivals_s, load_trace, summary
 
 WARMUP_SALT = 10_000
@@ -32,7 +32,8 @@ def starts_in_time(elapsed_s: float, span_s: float, drain_s: float, deadline_s: 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python bench/serving_sweep.py", description=__doc__.split("\n")[0])
-    p.add_argument("--system", required=True, help="zipkv | zipkv_uncompressed | sglang_gateway")
+    p.add_argument("--system", required=True, help="a serving_systems.SYSTEMS name (the record's folder)")
+    p.add_argument("--backend", choices=sorted(API_PATHS), default=BACKEND, help="bench_serving's backend")
     p.add_argument("--base-url", required=True, help="the system's OpenAI endpoint, without /v1")
     p.add_argument("--model", required=True, help="the served model name")
     p.add_argument("--tokenizer", required=True, help="folder of bench/id_tokenizer.py's tokenizer")
@@ -55,7 +56,9 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     reqs = load_trace(args.max_context_tokens, args.requests, args.offset)
     workload = {**summary(reqs), "offset": args.offset, "max_context_tokens": args.max_context_tokens}
-    bargs = bench_args(serving, args.base_url, args.model, args.tokenizer, out / "bench_serving.jsonl")
+    bargs = bench_args(
+        serving, args.base_url, args.model, args.tokenizer, out / "bench_serving.jsonl", args.backend
+    )
     # The drain a rate is expected to take: the slowest wall time past the arrivals of the rates so far;
     # before the first, the warm-up's (an over-estimate where it compiles kernels, replaced once a rate ran).
     drain_s, measured = 0.0, False
@@ -92,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
             "salt": k + 1,
             "duration_s": got["bench_serving"].get("duration"),
             "wall_s": round(time.monotonic() - started, 2),
-            "client": "sglang.benchmark.serving 0.5.17 (bench_serving), backend sglang-oai"
+            "client": f"sglang.benchmark.serving 0.5.17 (bench_serving), backend {args.backend}"
             + (" (CPU import shim)" if shimmed else ""),
             "workload": workload,
             "bench_serving": got["bench_serving"],
