@@ -35,7 +35,7 @@ sglang.srt.server_args | ServerArgs.get_attention_backends | self |
 sglang.srt.server_args | ServerArgs | | attention_backend prefill_attention_backend decode_attention_backend \
     page_size tp_size max_total_tokens disable_radix_cache chunked_prefill_size disable_overlap_schedule \
     disable_cuda_graph disable_prefill_cuda_graph cuda_graph_max_bs_decode kv_cache_dtype dtype \
-    enable_trace otlp_traces_endpoint
+    enable_trace otlp_traces_endpoint pp_size enable_dp_attention
 sglang.srt.layers.attention.base_attn_backend | AttentionBackend.forward | \
     self q k v layer forward_batch save_kv_cache **kwargs |
 sglang.srt.layers.attention.base_attn_backend | AttentionBackend.forward_decode | \
