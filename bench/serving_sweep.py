@@ -30,6 +30,22 @@ def starts_in_time(elapsed_s: float, span_s: float, drain_s: float, deadline_s: 
     return deadline_s <= 0 or elapsed_s + span_s + drain_s <= deadline_s
 
 
+def scrape_placements(url: str, metric: str) -> dict[str, float] | None:
+    """The per-worker counter now (cumulative: a rate's split is its difference from the rate before);
+    None when there is nothing to read or the read failed (the rate's record says so, the sweep goes on)."""
+    if not url or not metric:
+        return None
+    from serving_systems import placements
+
+    from zipkv.stack.local_stack import http_get
+
+    try:
+        code, body = http_get(url, 5.0)
+    except OSError:
+        return None
+    return placements(body.decode(errors="replace"), metric) if code == 200 else None
+
+
 def _parse(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python bench/serving_sweep.py", description=__doc__.split("\n")[0])
     p.add_argument("--system", required=True, help="a serving_systems.SYSTEMS name (the record's folder)")
@@ -42,6 +58,8 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--offset", type=int, default=0, help="first trace request")
     p.add_argument("--max-context-tokens", type=int, default=LLAMA3_CONTEXT_TOKENS)
     p.add_argument("--plain-vocab", type=int, default=LLAMA3_PLAIN_VOCAB, help="prompt ids are below this")
+    p.add_argument("--placements-url", default="", help="Prometheus text counting requests per worker")
+    p.add_argument("--placements-metric", default="", help="that counter's name")
     p.add_argument("--warmup-requests", type=int, default=4)
     p.add_argument("--deadline-s", type=float, default=0.0, help="skip rates that would start after this")
     p.add_argument("--out-dir", type=Path, required=True)
@@ -100,6 +118,7 @@ def main(argv: list[str] | None = None) -> int:
             "workload": workload,
             "bench_serving": got["bench_serving"],
             "requests": got["requests"],
+            "placements_after": scrape_placements(args.placements_url, args.placements_metric),
         }
         (out / f"rate_{rate:g}.json").write_text(json.dumps(record) + "\n")
         drain_s = max(drain_s if measured else 0.0, record["wall_s"] - expected_s)

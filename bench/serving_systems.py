@@ -93,6 +93,10 @@ def server_envs(replicas: int, base: dict[str, str]) -> list[dict[str, str]]:
     return [{**base, "CUDA_VISIBLE_DEVICES": str(k)} for k in range(replicas)]
 
 
+ZIPKV_PLACEMENTS = "zipkv_router_placements_total"  # the router's requests per worker (controlplane/metrics.py)
+GATEWAY_PLACEMENTS = "smg_worker_selection_total"  # sglang-router 0.3.2's selections per worker
+
+
 @dataclass
 class Running:
     base_url: str
@@ -100,6 +104,10 @@ class Running:
     note: str
     stop_fns: list[Any] = field(default_factory=list)
     timings_s: dict[str, float] = field(default_factory=dict)
+    # Where the requests each worker got are counted (Prometheus text), and the counter's name: the split
+    # over the workers is what the placement policy did.
+    placements_url: str = ""
+    placements_metric: str = ""
 
     def stop(self) -> None:
         for fn in reversed(self.stop_fns):
@@ -152,6 +160,7 @@ def start_zipkv(opts: dict[str, Any], compression: bool) -> Running:
         f"{compression}{', one GPU each' if sglang else ''})"
     )
     run = Running(stack.base_urls[0], stack.model_name, note, [stack.stop])
+    run.placements_url, run.placements_metric = f"{stack.base_urls[0]}/metrics", ZIPKV_PLACEMENTS
     run.timings_s["ready"] = round(time.monotonic() - t0, 1)
     return run
 
@@ -244,15 +253,26 @@ def start_sglang_server(opts: dict[str, Any], out: Path) -> Running:
     return run
 
 
-def gateway_cmd(policy: str, worker_urls: list[str], port: int) -> list[str]:
+def gateway_cmd(policy: str, worker_urls: list[str], port: int, metrics_port: int) -> list[str]:
     """sglang-router 0.3.2 in front of the servers; its retries and circuit breaker stay at their defaults
-    (what a deployment of the gateway gets)."""
+    (what a deployment of the gateway gets); its Prometheus metrics on `metrics_port`."""
     if policy not in GATEWAY_CHOICES:
         raise ValueError(f"sglang-router 0.3.2 has no policy {policy!r} (it has {GATEWAY_CHOICES})")
     if not worker_urls:
         raise ValueError("the gateway needs at least one worker URL")
     cmd = [sys.executable, "-m", "sglang_router.launch_router", "--host", "127.0.0.1", "--port", str(port)]
+    cmd += ["--prometheus-host", "127.0.0.1", "--prometheus-port", str(metrics_port)]
     return [*cmd, "--policy", policy, "--worker-urls", *worker_urls]
+
+
+def placements(text: str, metric: str) -> dict[str, float]:
+    """A counter's samples from Prometheus text, keyed by their labels (`{worker="...",mode="..."}`)."""
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if line.startswith(metric + "{") or line.startswith(metric + " "):
+            key, _, value = line[len(metric) :].rpartition(" ")
+            out[key.strip() or "{}"] = out.get(key.strip() or "{}", 0.0) + float(value)
+    return out
 
 
 def start_sglang_gateway(opts: dict[str, Any], out: Path, policy: str) -> Running:
@@ -276,9 +296,11 @@ def start_sglang_gateway(opts: dict[str, Any], out: Path, policy: str) -> Runnin
             left_s = max(opts["ready_s"] - (time.monotonic() - t0), 1.0)
             _wait_http(f"{url}/v1/models", proc, left_s, f"SGLang's server {k}", log)
         run.timings_s["servers_ready"] = round(time.monotonic() - t0, 1)
-        port = free_port()
+        port, metrics_port = free_port(), free_port()
         log = out / "sglang_gateway.log"
-        gateway = _spawn(gateway_cmd(policy, urls, port), log)
+        gateway = _spawn(gateway_cmd(policy, urls, port, metrics_port), log)
+        run.placements_url = f"http://127.0.0.1:{metrics_port}/metrics"
+        run.placements_metric = GATEWAY_PLACEMENTS
         run.stop_fns.append(_stopper(gateway))  # stop() runs last-in-first: the gateway before its servers
         run.base_url = f"http://127.0.0.1:{port}"
         _wait_http(f"{run.base_url}/health", gateway, 60.0, "SGLang's gateway", log)

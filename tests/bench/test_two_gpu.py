@@ -48,16 +48,16 @@ def test_gateway_systems_name_sglang_router_0_3_2_policies() -> None:
 
 def test_gateway_command_lists_every_worker_after_its_policy() -> None:
     urls = ["http://127.0.0.1:30001", "http://127.0.0.1:30002"]
-    cmd = gateway_cmd("cache_aware", urls, 31000)
+    cmd = gateway_cmd("cache_aware", urls, 31000, 31001)
     assert cmd[1:3] == ["-m", "sglang_router.launch_router"]
     assert cmd[cmd.index("--policy") + 1] == "cache_aware"
     assert cmd[cmd.index("--port") + 1] == "31000"
     # --worker-urls takes every argument after it (nargs="*"): the URLs must end the command
     assert cmd[cmd.index("--worker-urls") + 1 :] == urls
     with pytest.raises(ValueError):
-        gateway_cmd("least_load", urls, 31000)
+        gateway_cmd("least_load", urls, 31000, 31001)
     with pytest.raises(ValueError):
-        gateway_cmd("cache_aware", [], 31000)
+        gateway_cmd("cache_aware", [], 31000, 31001)
 
 
 def test_the_client_talks_generate_to_the_gateway_and_completions_to_the_rest() -> None:
@@ -196,3 +196,20 @@ def test_tp2_engine_arguments_are_sglang_0_5_17_server_args() -> None:
     fields = set(re.findall(r"^    (\w+): ", source.read_text(), flags=re.M))
     unknown = sorted(set(engine_kwargs("zipkv", "tp2", "m", BUDGET_TOKENS)) - fields)
     assert not unknown, f"not SGLang 0.5.17 server arguments: {unknown}"
+
+
+def test_placements_are_read_per_worker_from_prometheus_text() -> None:
+    from serving_systems import GATEWAY_PLACEMENTS, ZIPKV_PLACEMENTS, placements
+
+    text = "\n".join([
+        "# HELP zipkv_router_placements_total requests placed on a worker",
+        "# TYPE zipkv_router_placements_total counter",
+        'zipkv_router_placements_total{mode="headroom",worker="w-a"} 7.0',
+        'zipkv_router_placements_total{mode="headroom",worker="w-b"} 5.0',
+        'zipkv_router_placements_created{mode="headroom",worker="w-a"} 1.7e9',
+        'smg_worker_selection_total{worker="http://127.0.0.1:1"} 3',
+    ])  # fmt: skip
+    assert placements(text, ZIPKV_PLACEMENTS) == {
+        '{mode="headroom",worker="w-a"}': 7.0, '{mode="headroom",worker="w-b"}': 5.0}  # fmt: skip
+    assert placements(text, GATEWAY_PLACEMENTS) == {'{worker="http://127.0.0.1:1"}': 3.0}
+    assert placements(text, "absent_total") == {}
