@@ -93,7 +93,7 @@ def server_envs(replicas: int, base: dict[str, str]) -> list[dict[str, str]]:
     return [{**base, "CUDA_VISIBLE_DEVICES": str(k)} for k in range(replicas)]
 
 
-ZIPKV_PLACEMENTS = "zipkv_router_placements_total"  # the router's requests per worker (controlplane/metrics.py)
+ZIPKV_PLACEMENTS = "zipkv_router_placements_total"  # requests per worker, controlplane/metrics.py
 GATEWAY_PLACEMENTS = "smg_worker_selection_total"  # sglang-router 0.3.2's selections per worker
 
 
