@@ -25,7 +25,8 @@
 # REPLICAS=2 (two GPUs, bench/run_two_gpu.sh): zipkv's router over two Ray Serve replicas (one GPU each),
 # or SYSTEMS=sglang_gateway_cache_aware / sglang_gateway_power_of_two: one SGLang server per GPU behind
 # sglang-router 0.3.2 (its wheel carried as .carry/sglang_router/*.whl, installed into /tmp/routersite);
-# RATES default to 1,2,4,6 (twice the one-GPU sweep's: two workers' knee); the KV budget is per GPU.
+# RATES default to 1,2,4,6,8 (past two workers' knee: the simulation puts zipkv's beyond 6 req/s); the KV
+# budget is per GPU.
 set -u
 T0=$(date +%s)
 OUT=${OUT:?set OUT to a folder for the records and logs}
@@ -37,7 +38,7 @@ if [ "$ENGINE" = reference ]; then  # no device call to fit: 600 s per system
   RATES=${RATES:-0.5,1}; REQUESTS=${REQUESTS:-12}; DEADLINE_S=${DEADLINE_S:-$(( 600 * ${#LIST[@]} ))}
 fi
 REPLICAS=${REPLICAS:-1}
-[ "$REPLICAS" -gt 1 ] && RATES=${RATES:-1,2,4,6}
+[ "$REPLICAS" -gt 1 ] && RATES=${RATES:-1,2,4,6,8}
 RATES=${RATES:-0.5,1,2,3}; REQUESTS=${REQUESTS:-48}; DEADLINE_S=${DEADLINE_S:-560}
 PYPATH=""
 if [ "$ENGINE" = sglang ]; then

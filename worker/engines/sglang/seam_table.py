@@ -77,6 +77,8 @@ sglang.srt.mem_cache.kv_cache_configurator | KVCacheConfigurator._build_token_to
     self * sizes token_to_kv_pool is_dsv4_model req_to_token_pool token_to_kv_pool_allocator |
 sglang.srt.mem_cache.kv_cache_configurator | KVCacheConfigurator | | \
     device model_config server_args kv_cache_dtype layer_info
+sglang.srt.configs.model_config | ModelConfig.get_num_kv_heads | self tensor_parallel_size |
+sglang.srt.configs.model_config | ModelConfig.get_num_attention_heads | self tensor_parallel_size |
 sglang.srt.managers.scheduler_components.invariant_checker | SchedulerInvariantChecker._check_full_pool | \
     self ps uncached |
 sglang.srt.managers.scheduler_components.invariant_checker | SchedulerInvariantChecker | | \
