@@ -20,7 +20,8 @@
 # Carries, built here (git-ignored): .carry/sglang/parts/site.tar.xz and .carry/ray/site.tar.xz as for the
 # one-GPU runs (bench/run_serving_gpu.sh); .carry/sglang_router/sglang_router-0.3.2-*.whl by
 #   python -m pip download sglang-router==0.3.2 --no-deps -d .carry/sglang_router
-# (its imports, setproctitle, orjson, aiohttp, fastapi and uvicorn, come with SGLang's site);
+# (its imports, setproctitle, orjson, aiohttp, fastapi and uvicorn, come with SGLang's site; on a CPU,
+# tests/bench/test_gateway_probe.py checks its request path with ZIPKV_SGLANG_ROUTER_SITE set);
 # .carry/llama31_8b/config.json: a copy of bench/configs/llama31_8b.json.
 #
 # Each call writes $OUT (the device call's folder); afterwards, here, with the calls' folders fetched:

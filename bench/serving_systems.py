@@ -94,7 +94,8 @@ def server_envs(replicas: int, base: dict[str, str]) -> list[dict[str, str]]:
 
 
 ZIPKV_PLACEMENTS = "zipkv_router_placements_total"  # requests per worker, controlplane/metrics.py
-GATEWAY_PLACEMENTS = "smg_worker_selection_total"  # sglang-router 0.3.2's selections per worker
+GATEWAY_PLACEMENTS = "smg_worker_cb_outcomes_total"  # sglang-router 0.3.2: per worker and outcome (its
+# circuit breaker counts every answer a worker gave; its smg_worker_selection_total has no worker label)
 
 
 @dataclass

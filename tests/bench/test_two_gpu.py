@@ -207,9 +207,9 @@ def test_placements_are_read_per_worker_from_prometheus_text() -> None:
         'zipkv_router_placements_total{mode="headroom",worker="w-a"} 7.0',
         'zipkv_router_placements_total{mode="headroom",worker="w-b"} 5.0',
         'zipkv_router_placements_created{mode="headroom",worker="w-a"} 1.7e9',
-        'smg_worker_selection_total{worker="http://127.0.0.1:1"} 3',
+        'smg_worker_cb_outcomes_total{worker="http://127.0.0.1:1",outcome="success"} 3',
     ])  # fmt: skip
     assert placements(text, ZIPKV_PLACEMENTS) == {
         '{mode="headroom",worker="w-a"}': 7.0, '{mode="headroom",worker="w-b"}': 5.0}  # fmt: skip
-    assert placements(text, GATEWAY_PLACEMENTS) == {'{worker="http://127.0.0.1:1"}': 3.0}
+    assert placements(text, GATEWAY_PLACEMENTS) == {'{worker="http://127.0.0.1:1",outcome="success"}': 3.0}
     assert placements(text, "absent_total") == {}
