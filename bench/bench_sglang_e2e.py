@@ -6,7 +6,11 @@ SGLang's scheduler dies with it and the next system starts on a free GPU). All s
 shape, dummy weights), page size 16, temperature 0, ignore_eos, and the KV budget: max_total_tokens =
 46 * 8448 for the uncompressed systems; zipkv gets the same bytes (its pool budget is max_total_tokens x the
 uncompressed bytes per token, and it may hold more tokens in them). Milestone ``m2`` (the default): decode
-CUDA graphs and the overlap scheduler on, radix cache and chunked prefill off.
+CUDA graphs and the overlap scheduler on, radix cache and chunked prefill off. Milestone ``tp2``: ``m2`` at
+tp_size=2 on two GPUs (each rank holds half the KV heads; zipkv's ranks admit on the raw view, see
+worker/engines/sglang/allocator.py), e.g. ``--runs zipkv:tp2:online,zipkv_uncompressed:tp2:online,
+flashinfer:tp2:online``: greedy identity and the FlashInfer ratio are reported under ``WORKLOAD:tp2``;
+``device`` lists every GPU.
 
 Workloads (all requests submitted at once):
 - ``offline_8192x256``: 64 requests, 8192 random input ids, 256 new tokens (the ZipFusion setup).
@@ -15,6 +19,7 @@ Workloads (all requests submitted at once):
   included: 8192 decode steps at ~8-10 ms take 65-80 s. 32 x 9216 tokens fit every system's budget, so the
   running batch is equal and the throughput ratio isolates the attention kernel over compressed pages.
 - ``small_1024x32``: 8 requests, 1024 -> 32 tokens (smoke runs).
+- ``online_1024x2048``: online's 32 requests with 2048 new tokens (the TP=2 runs: three fit one call).
 - ``prefix_3072x32``: 16 requests sharing a cached 2048-token prefix (milestone 3: radix cache, chunking).
 - ``evict_4096x32``: 192 distinct 4096-token prompts, more than the budget holds: the radix cache must evict
   compressed pages to admit the later ones (milestone 3 under memory pressure).
@@ -25,8 +30,8 @@ and ``zipkv_over_flashinfer`` (throughput ratios per workload). ``--merge`` adds
 
     python bench/bench_sglang_e2e.py --model DIR --runs zipkv:m2,flashinfer:m2:offline:240
     python bench/bench_sglang_e2e.py --model DIR --runs zipkv:m2:online,flashinfer:m2:online --merge
-Run spec: SYSTEM:MILESTONE[:WORKLOAD[:TIMEOUT_S]], WORKLOAD offline (default) | online | small | prefix |
-evict.
+Run spec: SYSTEM:MILESTONE[:WORKLOAD[:TIMEOUT_S]], WORKLOAD offline (default) | online | small | medium |
+prefix | evict.
 """
 
 from __future__ import annotations
@@ -174,7 +179,8 @@ def summarize(results: dict[str, Any]) -> None:
 def device_name() -> str:
     q = ["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"]
     with contextlib.suppress(OSError, subprocess.SubprocessError):
-        return subprocess.run(q, capture_output=True, text=True, timeout=30, check=True).stdout.strip()
+        out = subprocess.run(q, capture_output=True, text=True, timeout=30, check=True).stdout
+        return "; ".join(line.strip() for line in out.splitlines() if line.strip())  # one GPU per line
     return "unknown (nvidia-smi failed)"
 
 
@@ -190,7 +196,8 @@ def parent(args: argparse.Namespace) -> None:
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "commands": [*old.get("commands", []), args.command or shlex.join(sys.argv)],
         "budget_tokens": args.budget_tokens,
-        "rows": list(old.get("rows", [])),
+        # Each row keeps the machine it ran on: merged files mix one-GPU and two-GPU (tp2) runs.
+        "rows": [{"device": old.get("device"), **r} for r in old.get("rows", [])],
     }
     results["command"] = " ; ".join(results["commands"])  # E1 then E2 when merged
     deadline = time.monotonic() + args.deadline_s
@@ -199,7 +206,7 @@ def parent(args: argparse.Namespace) -> None:
         if left < 30:
             print(f"{spec.name}: skipped, {left}s left", flush=True)
             continue
-        row = run_one(args, spec, left)
+        row = {"device": results["device"], **run_one(args, spec, left)}
         key = (spec.system, spec.workload.name, spec.milestone)
         results["rows"] = [r for r in results["rows"] if (r["system"], r["workload"], r["milestone"]) != key]
         results["rows"].append(row)

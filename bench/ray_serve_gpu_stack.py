@@ -1,4 +1,5 @@
-"""The stack that bench/ray_serve_gpu.py checks: `zipkv up`'s router and one Ray Serve worker replica, started
+"""The stack that bench/ray_serve_gpu.py checks: `zipkv up`'s router and its Ray Serve worker replicas (one
+unless the options say more; the serving sweep's two-GPU run starts two), started
 with that bench's engine, waited on until the replica reports, and queried through Serve.
 
 Kept apart from the request checks and the JSON record so that this side (start, readiness, stop, the
@@ -61,8 +62,8 @@ class ServeStack(LocalStack):
         self._say(f"Ray up in {self.timings_s['ray_start']:.1f} s")
         logging.getLogger("ray.serve").setLevel(logging.WARNING)
         serve.start(proxy_location="Disabled")
-        args = {**self.replica_args(report_addresses, 1), **self.worker_args}
-        self._say(f"starting the worker replica: {json.dumps(args)}")
+        args = {**self.replica_args(report_addresses, o.workers), **self.worker_args}
+        self._say(f"starting {o.workers} worker replica(s): {json.dumps(args)}")
         self.timings_s["serve_run_at"] = time.monotonic()
         # serve.run returns only once the replica's constructor (the engine's whole start-up) is done; on a
         # thread, so that the wait below keeps its deadline and shows progress meanwhile.
@@ -80,18 +81,20 @@ class ServeStack(LocalStack):
     def _wait_ready(self, timeout_s: float) -> None:
         t0 = time.monotonic()
         last_note = t0
-        while not self.workers():
+        want = self.options.workers  # every replica reports before the stack counts as up
+        while len(self.workers()) < want:
             now = time.monotonic()
             self._raise_if_failed(now - t0, timeout_s)
             if now - last_note >= 15.0:
                 last_note = now
                 tail = replica_log_tail(1)
                 self._say(
-                    f"waiting for the replica's first report ({now - t0:.0f} s){self.wait_note}"
+                    f"waiting for the replicas' first reports ({len(self.workers())}/{want} in, "
+                    f"{now - t0:.0f} s){self.wait_note}"
                     + (f"\n      last log line: {tail[-1]}" if tail else "")
                 )
             time.sleep(0.3)
-        self._say("1/1 workers reporting: ready")
+        self._say(f"{want}/{want} workers reporting: ready")
 
     def _raise_if_failed(self, waited_s: float, timeout_s: float) -> None:
         """Fail the wait at once when the replica's start raised or a router exited, not at the deadline."""

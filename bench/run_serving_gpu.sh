@@ -22,6 +22,11 @@
 # machine, and the trace's first 10 share one timestamp, a rate needs two; SGLang's server needs the GPU).
 # Expected per call: SGLang up in ~40 s warm (~190 s of JIT cold, the first call), zipkv ~90 s; the sweep
 # ~5 min (arrivals span 47 / rate s per rate, plus the drain).
+# REPLICAS=2 (two GPUs, bench/run_two_gpu.sh): zipkv's router over two Ray Serve replicas (one GPU each),
+# or SYSTEMS=sglang_gateway_cache_aware / sglang_gateway_power_of_two: one SGLang server per GPU behind
+# sglang-router 0.3.2 (its wheel carried as .carry/sglang_router/*.whl, installed into /tmp/routersite);
+# RATES default to 1,2,4,6,8 (past two workers' knee: the simulation puts zipkv's beyond 6 req/s); the KV
+# budget is per GPU.
 set -u
 T0=$(date +%s)
 OUT=${OUT:?set OUT to a folder for the records and logs}
@@ -32,6 +37,8 @@ IFS=',' read -ra LIST <<<"$SYSTEMS"
 if [ "$ENGINE" = reference ]; then  # no device call to fit: 600 s per system
   RATES=${RATES:-0.5,1}; REQUESTS=${REQUESTS:-12}; DEADLINE_S=${DEADLINE_S:-$(( 600 * ${#LIST[@]} ))}
 fi
+REPLICAS=${REPLICAS:-1}
+[ "$REPLICAS" -gt 1 ] && RATES=${RATES:-1,2,4,6,8}
 RATES=${RATES:-0.5,1,2,3}; REQUESTS=${REQUESTS:-48}; DEADLINE_S=${DEADLINE_S:-560}
 PYPATH=""
 if [ "$ENGINE" = sglang ]; then
@@ -48,6 +55,16 @@ if [ "$ENGINE" = sglang ]; then
     fi
     [ -d /tmp/raysite/ray ] && PYPATH=/tmp/raysite
   fi
+  if [[ "$SYSTEMS" == *sglang_gateway_* ]]; then
+    if [ ! -d /tmp/routersite/sglang_router ]; then
+      WHEEL=$(ls .carry/sglang_router/sglang_router-0.3.2-*.whl 2>/dev/null | head -1)
+      [ -n "$WHEEL" ] || { echo "FAILED: no /tmp/routersite and no .carry/sglang_router/sglang_router-0.3.2-*.whl: carry it"; exit 1; }
+      step "installing $WHEEL into /tmp/routersite"
+      # --no-deps: its imports (setproctitle, orjson, aiohttp, fastapi, uvicorn) come with SGLang's site
+      python3 -m pip install -q --no-deps --target /tmp/routersite "$WHEEL" || { echo "FAILED: pip $WHEEL"; exit 1; }
+    fi
+    PYPATH=${PYPATH:+$PYPATH:}/tmp/routersite
+  fi
   PYPATH=${PYPATH:+$PYPATH:}/tmp/site
   export CUDA_HOME=/usr/local/cuda PATH=/usr/local/cuda/bin:$PATH FLASHINFER_WORKSPACE_BASE=/tmp/fiws \
     FLASHINFER_CUDA_ARCH_LIST=9.0a MAX_JOBS=16 TVM_FFI_CACHE_DIR=/tmp/tvmffi HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
@@ -59,12 +76,14 @@ if [ "$ENGINE" = sglang ]; then
   SGLANG_ARGS=${SGLANG_ARGS:-'{"load_format": "dummy", "mem_fraction_static": 0.85, "chunked_prefill_size": 8192, "cuda_graph_max_bs_decode": 64, "sampling_backend": "pytorch", "grammar_backend": "none", "disable_radix_cache": false, "disable_prefill_cuda_graph": true, "log_level": "info", "random_seed": 0}'}
   KV=${KV_BUDGET_MIB:-48576}
   python3 -m pip install -q --no-deps --no-build-isolation -e . >"$OUT/pip.log" 2>&1 || tail -5 "$OUT/pip.log"
-  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/device.txt"
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/device_gpus.txt"
+  # One line: "N x NAME, DRIVER, MEMORY" (two-GPU runs say two)
+  echo "$(wc -l <"$OUT/device_gpus.txt") x $(head -1 "$OUT/device_gpus.txt")" >"$OUT/device.txt"
 else
   MODEL=${MODEL:-}; CONTEXT=${CONTEXT:-1024}; SGLANG_ARGS=${SGLANG_ARGS:-'{}'}; KV=${KV_BUDGET_MIB:-64}
   # Off the GPU machine: SGLang's wheel source (scripts/setup.sh unzips it) gives bench_serving.
   PYPATH=$(pwd)/.cache/sglang-0.5.17
-  echo "$(uname -m) CPU (dry run, ENGINE=reference)" >"$OUT/device.txt"
+  echo "$(uname -m) CPU (dry run, ENGINE=reference, $REPLICAS replica(s))" >"$OUT/device.txt"
 fi
 export PYTHONPATH=${PYPATH}${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 RAY_USAGE_STATS_ENABLED=0 GRPC_VERBOSITY=ERROR
 RC=0
@@ -75,6 +94,7 @@ for SYSTEM in "${LIST[@]}"; do
   [ "$LEFT" -gt 60 ] || { step "no time left for $SYSTEM"; RC=1; break; }
   step "$SYSTEM: starting (deadline ${LEFT}s)"
   timeout -k 15 "$LEFT" python3 bench/serving_run.py --system "$SYSTEM" --engine "$ENGINE" --model "$MODEL" \
+    --replicas "$REPLICAS" \
     --kv-budget-mib "$KV" --max-running "${MAX_RUNNING:-64}" --max-context-tokens "$CONTEXT" \
     --sglang-args "$SGLANG_ARGS" --rates "$RATES" --requests "$REQUESTS" --offset "${OFFSET:-0}" \
     --ready-s "${READY_S:-400}" --deadline-s "$LEFT" --out-dir "$OUT/serving" || RC=$?
@@ -84,7 +104,7 @@ done
 for f in $(grep -l "ServeReplica:zipkv" /tmp/ray/session_latest/logs/worker-*.err 2>/dev/null); do tail -n 300 "$f"; done \
   >"$OUT/serving/replica_process.log" 2>/dev/null
 python3 bench/serving_goodput.py --in "$OUT/serving" --device "$(cat "$OUT/device.txt")" \
-  --command "$([ "$ENGINE" = reference ] && echo "ENGINE=reference ")SYSTEMS=$SYSTEMS RATES=$RATES REQUESTS=$REQUESTS bash bench/run_serving_gpu.sh" \
+  --command "$([ "$ENGINE" = reference ] && echo "ENGINE=reference ")REPLICAS=$REPLICAS SYSTEMS=$SYSTEMS RATES=$RATES REQUESTS=$REQUESTS bash bench/run_serving_gpu.sh" \
   --out "$OUT/serving_goodput.json" | tail -4
 step "total (rc $RC)"
 exit $RC

@@ -9,6 +9,9 @@
 # Online call (ONLINE=1): online_1024x8192 for zipkv, flashinfer, then zipkv_uncompressed if time is left,
 # merged into the offline results: copy the offline call's sglang_e2e.json to bench/results/ first.
 #     ONLINE=1 bash bench/run_sglang_e2e_gpu.sh
+# Tensor parallel call (TP2=1, two GPUs: nvidia-h200-x2, bench/run_two_gpu.sh): medium_1024x2048 at tp_size=2
+# for zipkv, zipkv_uncompressed (greedy identity), flashinfer (the ratio), merged like ONLINE=1.
+#     TP2=1 bash bench/run_sglang_e2e_gpu.sh
 # RUNS=... overrides the runs (SYSTEM:MILESTONE[:offline|online|small[:TIMEOUT_S]], comma-separated).
 # Expected (2026-11-30 timings): setup 20 s cold, 5 s warm; offline zipkv 120-150 s (cold Triton JIT), the
 # uncompressed twin and Triton 60-80 s, FlashInfer 110-190 s; online ~110-150 s per system on a warm machine.
@@ -24,7 +27,12 @@ python3 -m pip install -q --no-deps --no-build-isolation -e . >"$OUT/pip.log" 2>
 python3 -c "import importlib.metadata as m; print('sglang', m.version('sglang'), [e.value for e in m.entry_points(group='sglang.srt.plugins')])"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 MERGE=()
-if [ "${ONLINE:-0}" = 1 ]; then
+if [ "${TP2:-0}" = 1 ]; then
+  [ "$(nvidia-smi -L | wc -l)" -ge 2 ] || { echo "FAILED: TP2=1 needs two GPUs"; nvidia-smi -L; exit 1; }
+  DEFAULT_RUNS="zipkv:tp2:medium:180,zipkv_uncompressed:tp2:medium:150,flashinfer:tp2:medium:220"
+  if [ -f bench/results/sglang_e2e.json ]; then cp bench/results/sglang_e2e.json "$OUT/sglang_e2e.json"; fi
+  MERGE=(--merge)
+elif [ "${ONLINE:-0}" = 1 ]; then
   DEFAULT_RUNS="zipkv:m2:online:200,flashinfer:m2:online:240,zipkv_uncompressed:m2:online"
   if [ -f bench/results/sglang_e2e.json ]; then cp bench/results/sglang_e2e.json "$OUT/sglang_e2e.json"; fi
   MERGE=(--merge)
@@ -35,5 +43,5 @@ RUNS=${RUNS:-$DEFAULT_RUNS}
 LEFT=$(( ${DEADLINE_S:-560} - ($(date +%s) - T0) ))
 python3 bench/bench_sglang_e2e.py --model .carry/llama31_8b --deadline-s "$LEFT" --timeout-s 240 --runs "$RUNS" \
   "${MERGE[@]}" --out "$OUT/sglang_e2e.json" --logs "$OUT/logs" \
-  --command "ONLINE=${ONLINE:-0} RUNS=$RUNS bash bench/run_sglang_e2e_gpu.sh"
+  --command "ONLINE=${ONLINE:-0} TP2=${TP2:-0} RUNS=$RUNS bash bench/run_sglang_e2e_gpu.sh"
 echo "total $(( $(date +%s) - T0 )) s"

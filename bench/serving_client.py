@@ -5,7 +5,10 @@ the Mooncake trace (trace_workload.py: token-id prompts, output lengths, arrival
 prompts salted per rate so no rate reuses another's cached prefixes), runs bench_serving's own
 `benchmark()` against an OpenAI /v1/completions endpoint (backend `sglang-oai`: `prompt` is the id list,
 `max_tokens` the trace's output, `ignore_eos`, temperature 0, streamed) and saves every request's TTFT,
-inter-chunk gaps, output length, error, start and latency.
+inter-chunk gaps, output length, error, start and latency. In front of SGLang's gateway the backend is
+`sglang` instead (POST /generate with `input_ids`, the same sampling, streamed): sglang-router 0.3.2
+refuses a token-id `prompt` on /v1/completions but forwards /generate's `input_ids`, and routes on them
+(its cache-aware tree keys on the ids as text).
 
 Two things bench_serving 0.5.17 cannot do from its command line, done here through its library API:
 - a dataset of token-id prompts with given output lengths and arrival times read from a file: its
@@ -33,7 +36,9 @@ from typing import Any
 
 from trace_workload import TraceRequest, prompt_token_ids
 
-BACKEND = "sglang-oai"
+BACKEND = "sglang-oai"  # /v1/completions with the id list as `prompt`: zipkv's router, SGLang's server
+GATEWAY_BACKEND = "sglang"  # /generate with `input_ids`: what SGLang's gateway forwards for token ids
+API_PATHS = {BACKEND: "/v1/completions", GATEWAY_BACKEND: "/generate"}
 SHED_REASONS = ("Service Unavailable", "Too Many Requests")
 
 
@@ -72,13 +77,17 @@ def import_bench_serving() -> tuple[Any, bool]:
         return serving, True
 
 
-def bench_args(serving: Any, base_url: str, model: str, tokenizer: str, out_file: Path) -> argparse.Namespace:
+def bench_args(
+    serving: Any, base_url: str, model: str, tokenizer: str, out_file: Path, backend: str = BACKEND
+) -> argparse.Namespace:
     """bench_serving's own parsed arguments (its defaults), for one run against `base_url`."""
+    if backend not in API_PATHS:
+        raise ValueError(f"backend {backend!r}: one of {sorted(API_PATHS)}")
     captured: list[argparse.Namespace] = []
     argv = [
         "bench_serving",
         "--backend",
-        BACKEND,
+        backend,
         "--base-url",
         base_url,
         "--model",
@@ -121,7 +130,8 @@ def run_rate(serving: Any, args: argparse.Namespace, rows: list[Any]) -> dict[st
     serving.set_global_args(args)
     index = {id(r.prompt): i for i, r in enumerate(rows)}
     per: list[dict[str, Any] | None] = [None] * len(rows)
-    real_func = serving.ASYNC_REQUEST_FUNCS[BACKEND]
+    backend = str(args.backend)
+    real_func = serving.ASYNC_REQUEST_FUNCS[backend]
     real_get = serving.get_request
 
     async def recorded(request_func_input: Any, pbar: Any = None) -> Any:
@@ -139,13 +149,13 @@ def run_rate(serving: Any, args: argparse.Namespace, rows: list[Any]) -> dict[st
         return out
 
     tokenizer = serving.get_tokenizer(args.tokenizer)
-    serving.ASYNC_REQUEST_FUNCS[BACKEND] = recorded
+    serving.ASYNC_REQUEST_FUNCS[backend] = recorded
     serving.get_request = functools.partial(real_get, use_trace_timestamps=True, slowdown_factor=1.0)
     try:
         result = asyncio.run(
             serving.benchmark(
-                backend=BACKEND,
-                api_url=f"{args.base_url}/v1/completions",
+                backend=backend,
+                api_url=f"{args.base_url}{API_PATHS[backend]}",
                 base_url=args.base_url,
                 model_id=args.model,
                 tokenizer=tokenizer,
@@ -161,7 +171,7 @@ def run_rate(serving: Any, args: argparse.Namespace, rows: list[Any]) -> dict[st
             )
         )
     finally:
-        serving.ASYNC_REQUEST_FUNCS[BACKEND], serving.get_request = real_func, real_get
+        serving.ASYNC_REQUEST_FUNCS[backend], serving.get_request = real_func, real_get
     t0 = min((rec["start_s"] for rec in per if rec is not None), default=0.0)
     for rec in per:
         if rec is not None:

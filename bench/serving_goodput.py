@@ -8,7 +8,9 @@ Rows: one per system, SLO and rate, with `system`, `slo`, `rate_rps`, `goodput_r
 `ttft_p99_s`, `itl_p50_ms`, `itl_p99_ms`, `output_tokens_per_s`, `knee_rps` (serving_metrics.py defines
 each) and the counts behind them; `in_flight` per system and rate: requests sent and not yet finished,
 sampled every second from the client's own start and latency of each request. `headline`: zipkv's goodput at
-its knee over sglang_gateway's at its knee, per SLO.
+its knee over SGLang's at its knee, per SLO: `sglang_gateway` (one GPU: SGLang's server directly) or, on two
+GPUs, the best of the gateway's policies (`sglang_gateway_POLICY`), named in `baseline`. `--in` may be
+given more than once (one folder per device call); a system found in two of them is an error, not a merge.
 """
 
 from __future__ import annotations
@@ -53,12 +55,23 @@ def rows_for(rate_file: dict[str, Any]) -> list[dict[str, object]]:
     ]
 
 
+def best_baseline(at: dict[str, float | None]) -> str | None:
+    """SGLang's system to compare with: its server directly when measured, else the gateway policy with the
+    highest goodput at its knee (ties: the name first in order, so the choice is reproducible)."""
+    if "sglang_gateway" in at:
+        return "sglang_gateway"
+    gateways = sorted(k for k in at if k.startswith("sglang_gateway_"))
+    return max(gateways, key=lambda k: at[k] or 0.0) if gateways else None
+
+
 def headline(rows: list[dict[str, Any]]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for slo in SLOS:
         at = {r["system"]: r["goodput_at_knee_rps"] for r in rows if r["slo"] == slo.name}
-        z, s = at.get("zipkv"), at.get("sglang_gateway")
+        base = best_baseline(at)
+        z, s = at.get("zipkv"), at.get(base) if base else None
         out[slo.name] = {
+            "baseline": base,
             "zipkv_goodput_at_knee_rps": z,
             "sglang_gateway_goodput_at_knee_rps": s,
             "zipkv_over_sglang_gateway": round(z / s, 3) if z and s else None,
@@ -66,26 +79,47 @@ def headline(rows: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def build(in_dir: Path, device: str, command: str) -> dict[str, Any]:
+def rate_files(in_dirs: list[Path]) -> list[Path]:
+    """Every SYSTEM/rate_R.json under the folders, each system from one folder only: two calls that both
+    measured a system would otherwise mix their rates silently."""
+    owner: dict[str, Path] = {}
+    files: list[Path] = []
+    for d in in_dirs:
+        for path in sorted(d.glob("*/rate_*.json")):
+            system = path.parent.name
+            if owner.setdefault(system, d) != d:
+                raise SystemExit(f"{system} is in both {owner[system]} and {d}: keep one of them")
+            files.append(path)
+    return files
+
+
+def build(in_dir: Path | list[Path], device: str, command: str) -> dict[str, Any]:
+    in_dirs = in_dir if isinstance(in_dir, list) else [in_dir]
     rows: list[dict[str, object]] = []
     flight: dict[str, dict[str, list[int]]] = {}
     systems: dict[str, Any] = {}
-    client = None
+    clients: set[str] = set()
     workload = None
-    for path in sorted(in_dir.glob("*/rate_*.json")):
+    for path in rate_files(in_dirs):
         rec = json.loads(path.read_text())
         rows += rows_for(rec)
         flight.setdefault(rec["system"], {})[f"{rec['rate_rps']:g}"] = in_flight(rec["requests"])
-        client, workload = rec["client"], rec["workload"]
-    for path in sorted(in_dir.glob("*/system.json")):
-        rec = json.loads(path.read_text())
-        systems[rec["system"]] = {
-            k: rec.get(k) for k in ("note", "startup_s", "options", "sweep_rc", "wall_s")
-        }
+        clients.add(rec["client"])
+        if workload is not None and rec["workload"] != workload:
+            raise SystemExit(f"{path}: another trace window than the other records ({rec['workload']})")
+        workload = rec["workload"]
+    for d in in_dirs:
+        for path in sorted(d.glob("*/system.json")):
+            rec = json.loads(path.read_text())
+            systems[rec["system"]] = {
+                k: rec.get(k) for k in ("note", "startup_s", "options", "sweep_rc", "wall_s")
+            }
     if not rows:
         raise SystemExit(
-            f"no rate records under {in_dir} (expected SYSTEM/rate_R.json from serving_sweep.py)"
+            f"no rate records under {', '.join(map(str, in_dirs))} (expected SYSTEM/rate_R.json from "
+            "serving_sweep.py)"
         )
+    client = " | ".join(sorted(clients))  # the backends differ: /generate through the gateway
     keyed = with_knees(rows, ("system", "slo"))
     keyed.sort(key=lambda r: (str(r["system"]), str(r["slo"]), float(r["rate_rps"])))  # type: ignore[arg-type]
     return {
@@ -104,7 +138,9 @@ def build(in_dir: Path, device: str, command: str) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python bench/serving_goodput.py", description=__doc__.split("\n")[0])
-    p.add_argument("--in", dest="in_dir", type=Path, required=True, help="serving_sweep.py's --out-dir")
+    p.add_argument(
+        "--in", dest="in_dir", type=Path, action="append", required=True, help="serving_sweep.py's --out-dir"
+    )
     p.add_argument("--device", required=True)
     p.add_argument("--command", required=True)
     p.add_argument("--out", type=Path, default=RESULTS / "serving_goodput.json")

@@ -4,6 +4,7 @@
         --rates 0.5,1,2,4 --requests 48 --out-dir $OUT/serving            # on the GPU machine
     python bench/serving_run.py --system zipkv --engine reference --max-context-tokens 1024 \\
         --rates 0.5,1 --requests 8 --out-dir /tmp/serving                   # the same path on a CPU
+    python bench/serving_run.py --system sglang_gateway_cache_aware --replicas 2 ...  # two GPUs
 
 The sweep runs as its own process (bench/serving_sweep.py, SGLang's bench_serving) under a deadline;
 OUT_DIR/SYSTEM/system.json records what ran (flags, start-up times, the stand-in when there is one);
@@ -22,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from id_tokenizer import build as build_tokenizer
-from serving_systems import start
+from serving_systems import SYSTEMS, client_backend, start
 from step_model import KV_BYTES_PER_TOKEN
 from trace_workload import load_trace, native_rate_rps
 
@@ -32,7 +33,8 @@ TINY_VOCAB = 259  # the built-in tiny model's (controlplane/tokenizer.py ByteTok
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python bench/serving_run.py", description=__doc__.split("\n")[0])
-    p.add_argument("--system", required=True, choices=["zipkv", "zipkv_uncompressed", "sglang_gateway"])
+    p.add_argument("--system", required=True, choices=SYSTEMS)
+    p.add_argument("--replicas", type=int, default=1, help="workers, one GPU each (the KV budget: each's)")
     p.add_argument("--engine", choices=["sglang", "reference"], default="sglang")
     p.add_argument("--model", default="", help="model folder with config.json (empty: the tiny model)")
     p.add_argument("--kv-budget-mib", type=float, default=48576.0, help="KV memory, raw (388,608 tokens)")
@@ -75,6 +77,7 @@ def main(argv: list[str] | None = None) -> int:
         "sglang_args": json.loads(args.sglang_args),
         "tokenizer": str(tok),
         "ready_s": args.ready_s,
+        "replicas": args.replicas,
     }
     record: dict[str, Any] = {"system": args.system, "options": opts, "argv": sys.argv[1:]}
     run = start(args.system, opts, out)
@@ -93,6 +96,12 @@ def main(argv: list[str] | None = None) -> int:
             run.model,
             "--tokenizer",
             str(tok),
+            "--backend",
+            client_backend(args.system),
+            "--placements-url",
+            run.placements_url,
+            "--placements-metric",
+            run.placements_metric,
             "--rates",
             args.rates,
             "--requests",

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from serving_client import bench_args, dataset_rows, import_bench_serving, run_rate
+from serving_client import API_PATHS, BACKEND, bench_args, dataset_rows, import_bench_serving, run_rate
 from trace_workload import LLAMA3_CONTEXT_TOKENS, LLAMA3_PLAIN_VOCAB, arrivals_s, load_trace, summary
 
 WARMUP_SALT = 10_000
@@ -30,9 +30,26 @@ def starts_in_time(elapsed_s: float, span_s: float, drain_s: float, deadline_s: 
     return deadline_s <= 0 or elapsed_s + span_s + drain_s <= deadline_s
 
 
+def scrape_placements(url: str, metric: str) -> dict[str, float] | None:
+    """The per-worker counter now (cumulative: a rate's split is its difference from the rate before);
+    None when there is nothing to read or the read failed (the rate's record says so, the sweep goes on)."""
+    if not url or not metric:
+        return None
+    from serving_systems import placements
+
+    from zipkv.stack.local_stack import http_get
+
+    try:
+        code, body = http_get(url, 5.0)
+    except OSError:
+        return None
+    return placements(body.decode(errors="replace"), metric) if code == 200 else None
+
+
 def _parse(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python bench/serving_sweep.py", description=__doc__.split("\n")[0])
-    p.add_argument("--system", required=True, help="zipkv | zipkv_uncompressed | sglang_gateway")
+    p.add_argument("--system", required=True, help="a serving_systems.SYSTEMS name (the record's folder)")
+    p.add_argument("--backend", choices=sorted(API_PATHS), default=BACKEND, help="bench_serving's backend")
     p.add_argument("--base-url", required=True, help="the system's OpenAI endpoint, without /v1")
     p.add_argument("--model", required=True, help="the served model name")
     p.add_argument("--tokenizer", required=True, help="folder of bench/id_tokenizer.py's tokenizer")
@@ -41,6 +58,8 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--offset", type=int, default=0, help="first trace request")
     p.add_argument("--max-context-tokens", type=int, default=LLAMA3_CONTEXT_TOKENS)
     p.add_argument("--plain-vocab", type=int, default=LLAMA3_PLAIN_VOCAB, help="prompt ids are below this")
+    p.add_argument("--placements-url", default="", help="Prometheus text counting requests per worker")
+    p.add_argument("--placements-metric", default="", help="that counter's name")
     p.add_argument("--warmup-requests", type=int, default=4)
     p.add_argument("--deadline-s", type=float, default=0.0, help="skip rates that would start after this")
     p.add_argument("--out-dir", type=Path, required=True)
@@ -55,7 +74,9 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     reqs = load_trace(args.max_context_tokens, args.requests, args.offset)
     workload = {**summary(reqs), "offset": args.offset, "max_context_tokens": args.max_context_tokens}
-    bargs = bench_args(serving, args.base_url, args.model, args.tokenizer, out / "bench_serving.jsonl")
+    bargs = bench_args(
+        serving, args.base_url, args.model, args.tokenizer, out / "bench_serving.jsonl", args.backend
+    )
     # The drain a rate is expected to take: the slowest wall time past the arrivals of the rates so far;
     # before the first, the warm-up's (an over-estimate where it compiles kernels, replaced once a rate ran).
     drain_s, measured = 0.0, False
@@ -92,11 +113,12 @@ def main(argv: list[str] | None = None) -> int:
             "salt": k + 1,
             "duration_s": got["bench_serving"].get("duration"),
             "wall_s": round(time.monotonic() - started, 2),
-            "client": "sglang.benchmark.serving 0.5.17 (bench_serving), backend sglang-oai"
+            "client": f"sglang.benchmark.serving 0.5.17 (bench_serving), backend {args.backend}"
             + (" (CPU import shim)" if shimmed else ""),
             "workload": workload,
             "bench_serving": got["bench_serving"],
             "requests": got["requests"],
+            "placements_after": scrape_placements(args.placements_url, args.placements_metric),
         }
         (out / f"rate_{rate:g}.json").write_text(json.dumps(record) + "\n")
         drain_s = max(drain_s if measured else 0.0, record["wall_s"] - expected_s)

@@ -4,6 +4,7 @@ bench_sglang_e2e.py orchestrates the runs and records the results; this module i
 with the parser for ``--runs`` (``SYSTEM:MILESTONE[:WORKLOAD[:TIMEOUT_S]]``) and the SGLang engine arguments
 every system shares (page size 16, dummy weights, temperature 0, one KV budget). Split from the bench so the
 run matrix can be read and tested (tests/bench/test_sglang_e2e_metrics.py) without the orchestration.
+Milestone ``tp2`` is ``m2`` at tensor parallelism 2 (two GPUs).
 """
 
 from __future__ import annotations
@@ -27,6 +28,9 @@ MILESTONES: dict[str, dict[str, Any]] = {
     },
     "m3": {"disable_prefill_cuda_graph": True, "chunked_prefill_size": 2048, "cuda_graph_max_bs_decode": 64},
 }
+# Tensor parallelism over two GPUs: milestone 2's flags with tp_size=2 (each GPU holds half the KV heads, so
+# the same max_total_tokens is half the KV bytes per GPU, for every system alike).
+MILESTONES["tp2"] = {**MILESTONES["m2"], "tp_size": 2}
 BUDGET_TOKENS = 46 * 8448
 DECODE_LOG_INTERVAL = 10  # SGLang's Decode batch line every this many decode steps (its default is 40)
 
@@ -44,6 +48,9 @@ WORKLOADS = {
     "offline": Workload("offline_8192x256", 64, 8192, 256),
     "online": Workload("online_1024x8192", 32, 1024, 8192),
     "small": Workload("small_1024x32", 8, 1024, 32),
+    # online's shape with a quarter of the decode (2048 tokens: 128 pages per request fill and compress),
+    # so the three TP=2 systems fit one device call with their two-process starts.
+    "medium": Workload("online_1024x2048", 32, 1024, 2048),
     # Milestone 3's paths: prompts longer than m3's 2048-token prefill chunk, sharing a cached 2048-token
     # prefix (its pages compressed), so extend reads compressed prefix pages and prefill runs in chunks.
     "prefix": Workload("prefix_3072x32", 16, 3072, 32, shared_prefix_tokens=2048),

@@ -245,3 +245,30 @@ def test_chunked_prefill_completes_the_partial_page_of_the_previous_chunk(fmt: P
     fill(alloc, second, seed=2)
     assert alloc.compress_step() == 1  # page B, completed by chunk 2 (found on the device from last_loc)
     assert alloc.compress_step() == 0  # page C holds 8 tokens: not full
+
+
+def test_ranks_agree_on_headroom_whatever_their_pages_compress_to(fmt: PageFormat) -> None:
+    # Tensor parallelism: each rank compresses its own heads to its own sizes; both must admit alike.
+    ranks = [make(128 * PAGE_TOKENS, fmt=fmt) for _ in range(2)]
+    for alloc in ranks:
+        alloc.agree_across_ranks()
+    before = [a.available_size() for a in ranks]
+    assert before[0] == before[1]
+    n = 96 * PAGE_TOKENS
+    for k, alloc in enumerate(ranks):
+        out = alloc.alloc_extend(
+            torch.tensor([0]), torch.tensor([0]), torch.tensor([n]), torch.tensor([n]), torch.tensor([-1]), n
+        )
+        assert out is not None
+        alloc.compress_step()
+        if k == 0:  # rank 0's pages hold random KV; rank 1's are zeros, which compress further
+            fill(alloc, out)
+        for _ in range(5):
+            alloc.compress_step()
+    pools = [a.pool.stats() for a in ranks]
+    assert pools[0].compressed_pages == pools[1].compressed_pages == 96
+    assert pools[0].headroom_pages != pools[1].headroom_pages  # alone, the ranks would admit differently
+    # the bytes compression saved are not lent: both see the raw view, the same number
+    assert ranks[0].available_size() == ranks[1].available_size() == before[0] - n
+    with pytest.raises(RuntimeError, match="empty pool"):
+        ranks[0].agree_across_ranks()

@@ -18,6 +18,12 @@ allocator base class. Rules that keep it sync-free on the scheduling path:
   forward stream, after step N's writes), so the encoder never reads a page before its last token is written.
 - ``available_size()`` = new raw pages that fit (`PagePool.headroom_pages`) x 16, bounded by the free page
   ids: live, so SGLang's admission, retraction and load metrics see compressed capacity.
+- Under tensor parallelism every rank's scheduler decides alone, on its own pool, and the ranks must decide
+  alike (their forward steps meet in collectives). Each rank compresses its own heads, so its byte headroom
+  is its own; `agree_across_ranks` bounds the headroom by what the empty pool fits at raw size, the same
+  number on every rank, less the pages held (the same on every rank). The bound is what the uncompressed
+  pool would admit: at TP > 1 the kernel reads compressed pages but the bytes compression saves are not
+  lent out, until the ranks exchange their headroom (a collective per admission, not built).
 """
 
 from __future__ import annotations
@@ -71,14 +77,25 @@ class ZipkvAllocator:
         )
         self.prefix_cache: PrefixCache | None = None  # SGLang's radix cache, when on (set by the seams)
         self.stats_board: KVStatsBoard | None = None  # the replica's /metrics source (set by the seams)
+        self.rank_agreed_pages: int | None = None  # set under tensor parallelism (agree_across_ranks)
 
     # ---- capacity -----------------------------------------------------------------------------------
     def free_page_ids(self) -> int:
         return self.max_pages - 1 - self._live_pages
 
+    def agree_across_ranks(self) -> None:
+        """Bound the headroom by a number every tensor-parallel rank computes alike (module docstring):
+        the raw pages the pool fits now, while it is empty (same budget, format and layers on every rank)."""
+        if self._live_pages:
+            raise RuntimeError("agree_across_ranks must run on the empty pool, before any page is held")
+        self.rank_agreed_pages = self.headroom_pages()
+
     def headroom_pages(self) -> int:
-        """New (raw) pages that fit now: pool bytes and free page ids."""
-        return min(self.pool.headroom_pages(), self.free_page_ids())
+        """New (raw) pages that fit now: pool bytes and free page ids (and the ranks' bound, when set)."""
+        fit = min(self.pool.headroom_pages(), self.free_page_ids())
+        if self.rank_agreed_pages is not None:
+            fit = min(fit, max(0, self.rank_agreed_pages - self._live_pages))
+        return fit
 
     def available_size(self) -> int:
         """The headroom in tokens, under SGLang's name for it: new (raw) pages that fit now, under

@@ -46,7 +46,9 @@ class ZipkvAttnBackend(AttentionBackend):
         self.token_to_kv_pool = pool
         self.req_to_token_pool = runner.req_to_token_pool
         self.forward_metadata = None
-        heads = runner.model_config.num_attention_heads
+        # This rank's query heads: under tensor parallelism q arrives with its share only (SGLang's own
+        # backends divide the same way).
+        heads = runner.model_config.get_num_attention_heads(runner.server_args.tp_size)
         self.impl = ZipkvAttention(
             pool.kv,
             runner.token_to_kv_pool_allocator,

@@ -35,7 +35,7 @@ sglang.srt.server_args | ServerArgs.get_attention_backends | self |
 sglang.srt.server_args | ServerArgs | | attention_backend prefill_attention_backend decode_attention_backend \
     page_size tp_size max_total_tokens disable_radix_cache chunked_prefill_size disable_overlap_schedule \
     disable_cuda_graph disable_prefill_cuda_graph cuda_graph_max_bs_decode kv_cache_dtype dtype \
-    enable_trace otlp_traces_endpoint
+    enable_trace otlp_traces_endpoint pp_size enable_dp_attention
 sglang.srt.layers.attention.base_attn_backend | AttentionBackend.forward | \
     self q k v layer forward_batch save_kv_cache **kwargs |
 sglang.srt.layers.attention.base_attn_backend | AttentionBackend.forward_decode | \
@@ -77,6 +77,8 @@ sglang.srt.mem_cache.kv_cache_configurator | KVCacheConfigurator._build_token_to
     self * sizes token_to_kv_pool is_dsv4_model req_to_token_pool token_to_kv_pool_allocator |
 sglang.srt.mem_cache.kv_cache_configurator | KVCacheConfigurator | | \
     device model_config server_args kv_cache_dtype layer_info
+sglang.srt.configs.model_config | ModelConfig.get_num_kv_heads | self tensor_parallel_size |
+sglang.srt.configs.model_config | ModelConfig.get_num_attention_heads | self tensor_parallel_size |
 sglang.srt.managers.scheduler_components.invariant_checker | SchedulerInvariantChecker._check_full_pool | \
     self ps uncached |
 sglang.srt.managers.scheduler_components.invariant_checker | SchedulerInvariantChecker | | \

@@ -54,8 +54,12 @@ def _zipkv_backend(server_args: Any) -> str | None:
         raise ValueError(
             f"zipkv pages hold 16 tokens: start SGLang with page_size=16 (got {server_args.page_size})"
         )
-    if server_args.tp_size != 1:
-        raise ValueError(f"zipkv on SGLang runs with tp_size=1 in this version (got {server_args.tp_size})")
+    if server_args.tp_size < 1 or server_args.enable_dp_attention or server_args.pp_size != 1:
+        raise ValueError(
+            "zipkv on SGLang runs with tensor parallelism only (tp_size >= 1, no DP attention, pp_size=1); "
+            f"got tp_size={server_args.tp_size}, enable_dp_attention={server_args.enable_dp_attention}, "
+            f"pp_size={server_args.pp_size}"
+        )
     if server_args.kv_cache_dtype not in (None, "auto", "bfloat16", "bf16"):
         raise ValueError(f"zipkv stores bf16 KV: drop kv_cache_dtype={server_args.kv_cache_dtype!r}")
     return str(prefill)
@@ -114,7 +118,8 @@ def install() -> None:
         info = self.layer_info
         pool = _classes()["kv_cache"](
             raw_tokens=max_total_num_tokens,
-            head_num=self.model_config.get_num_kv_heads(1),
+            # This rank's KV heads (SGLang's own pools divide them the same way).
+            head_num=self.model_config.get_num_kv_heads(self.server_args.tp_size),
             head_dim=self.model_config.head_dim,
             layer_num=info.num_effective_layers,
             device=self.device,
@@ -135,6 +140,8 @@ def install() -> None:
         pool = kwargs["token_to_kv_pool"]
         if _CLASSES and isinstance(pool, _CLASSES["kv_cache"]):  # built by _build_mha_kv_pool above
             allocator: Any = _CLASSES["allocator"](pool)
+            if self.server_args.tp_size > 1:  # the ranks' schedulers must admit alike (allocator.py)
+                allocator.agree_across_ranks()
             board = KVStatsBoard.from_env()  # the replica's /metrics reads it (kv_stats_board.py)
             if board is not None:
                 allocator.stats_board = board

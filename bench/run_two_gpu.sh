@@ -1,0 +1,47 @@
+#!/bin/bash
+# Two GPUs (device kind nvidia-h200-x2): the serving sweep with two workers, zipkv's router against SGLang's
+# gateway, and SGLang at tensor parallelism 2, zipkv against FlashInfer. One device call per STEP, made back
+# to back inside the machine's warm window (30 s between calls), because no two carries fit one call's
+# 64 MiB (SGLang's site 52 MiB, the gateway's wheel 31 MiB, Ray 22 MiB); each call finds what the calls
+# before it extracted under /tmp (SGLang in /tmp/site, the gateway in /tmp/routersite, Ray in /tmp/raysite).
+#
+#   call  STEP           carry                                   runs                              expected
+#   1     tp2            .carry/sglang/parts .carry/llama31_8b   TP2=1 bash bench/run_sglang_e2e_gpu.sh   ~6 min
+#   2     zipkv          .carry/ray .carry/llama31_8b            REPLICAS=2 SYSTEMS=zipkv ...             ~8 min
+#   3     cache_aware    .carry/sglang_router .carry/llama31_8b  REPLICAS=2 SYSTEMS=sglang_gateway_cache_aware ...
+#   4     power_of_two   .carry/llama31_8b                       REPLICAS=2 SYSTEMS=sglang_gateway_power_of_two ...
+# (3 and 4: ~7 min each; the serving steps are bench/run_serving_gpu.sh with the arguments shown.) Call 1
+# extracts SGLang, which every later call needs; if the machine went cold between calls, carry
+# .carry/sglang/parts again in place of the step's other carry where they do not fit together (zipkv's
+# call: Ray + SGLang = 74 MiB: then run call 1 again first). Steps 1-4 take ~28 min of the 30-minute device
+# budget: if less is left, drop power_of_two (the simulation predicts it ahead of cache_aware only past
+# 4 req/s) before the others.
+#
+# Carries, built here (git-ignored): .carry/sglang/parts/site.tar.xz and .carry/ray/site.tar.xz as for the
+# one-GPU runs (bench/run_serving_gpu.sh); .carry/sglang_router/sglang_router-0.3.2-*.whl by
+#   python -m pip download sglang-router==0.3.2 --no-deps -d .carry/sglang_router
+# (its imports, setproctitle, orjson, aiohttp, fastapi and uvicorn, come with SGLang's site; on a CPU,
+# tests/bench/test_gateway_probe.py checks its request path with ZIPKV_SGLANG_ROUTER_SITE set);
+# .carry/llama31_8b/config.json: a copy of bench/configs/llama31_8b.json.
+#
+# Each call writes $OUT (the device call's folder); afterwards, here, with the calls' folders fetched:
+#   python bench/serving_goodput.py --in CALL2/serving --in CALL3/serving --in CALL4/serving \
+#       --device "2 x NVIDIA H200" --command "STEP=... bash bench/run_two_gpu.sh" \
+#       --out bench/results/serving_goodput_two_gpu.json
+#   python bench/serving_predicted.py --workers 2 --measured bench/results/serving_goodput_two_gpu.json \
+#       --out bench/results/serving_predicted_two_gpu.json
+#   cp CALL1/sglang_e2e.json bench/results/sglang_e2e.json   (call 1 merged its tp2 rows into a copy of it)
+# A dry run of the zipkv step on a CPU (two tiny reference replicas, the same harness):
+#   ENGINE=reference REPLICAS=2 SYSTEMS=zipkv OUT=/tmp/two bash bench/run_serving_gpu.sh
+set -u
+OUT=${OUT:?set OUT to a folder for the records and logs}
+STEP=${STEP:?set STEP: tp2, zipkv, cache_aware or power_of_two}
+GPUS=$(nvidia-smi -L 2>/dev/null | wc -l)
+[ "$GPUS" -ge 2 ] || { echo "FAILED: $STEP needs two GPUs, this machine has $GPUS"; nvidia-smi -L; exit 1; }
+case "$STEP" in
+  tp2) TP2=1 bash bench/run_sglang_e2e_gpu.sh ;;
+  zipkv) REPLICAS=2 SYSTEMS=zipkv bash bench/run_serving_gpu.sh ;;
+  cache_aware) REPLICAS=2 SYSTEMS=sglang_gateway_cache_aware bash bench/run_serving_gpu.sh ;;
+  power_of_two) REPLICAS=2 SYSTEMS=sglang_gateway_power_of_two bash bench/run_serving_gpu.sh ;;
+  *) echo "FAILED: unknown STEP $STEP (tp2, zipkv, cache_aware, power_of_two)"; exit 2 ;;
+esac
