@@ -4,10 +4,11 @@ Per (batch, context) and data, on the same pages (``real``: SmolLM2's captured K
 bench/real_kv.py; a number: synthetic pages at that compressible fraction), with the fraction of blocks
 that coded on them recorded: the read floor (a streaming read of
 every stored byte), zipkv on compressed pages, its uncompressed twin on the raw pages, decompress-then-
-attend (zipkv.kernels.codec.decode_pages, then the twin), FlashInfer's BatchDecodeWithPagedKVCacheWrapper
-(tensor cores; HND pages, the same bytes the twin reads), SGLang's Triton decode kernel and cuDNN SDPA on
-dense K/V (both on token-major [tokens, H, D] copies). CUDA events, L2 flushed before every call, median.
-Correctness on every shape: zipkv == twin bit for bit, and relative error against a float64 reference.
+attend (zipkv.kernels.codec.pages.decode_pages, then the twin), FlashInfer's
+BatchDecodeWithPagedKVCacheWrapper (tensor cores; HND pages, the same bytes the twin reads), SGLang's Triton
+decode kernel and cuDNN SDPA on dense K/V (both on token-major [tokens, H, D] copies). CUDA events, L2 flushed
+before every call, median. Correctness on every shape: zipkv == twin bit for bit, and relative error against a
+float64 reference.
 
     python bench/bench_decode_attention.py --out bench/results/decode_attention.json
 """
@@ -43,10 +44,10 @@ from decode_attention_baselines import (
 )
 from decode_attention_data import REAL, bench_pages, data_notes, encode_packed
 
-from zipkv.kernels import decode_attention as da
-from zipkv.kernels.decode_plan import kernel_config
-from zipkv.kernels.layout import FORMAT_VERSION, PageFormat
-from zipkv.kernels.reference import raw_page_meta
+from zipkv.kernels.attention import decode as da
+from zipkv.kernels.attention.decode_plan import kernel_config
+from zipkv.kernels.format.layout import FORMAT_VERSION, PageFormat
+from zipkv.kernels.reference.pages import raw_page_meta
 
 
 def kernel_resources() -> list[dict[str, object]]:
@@ -140,7 +141,7 @@ def run_shape(args, timer, batch, ctx, fractions, configs, rows, checks, gen):  
             if "zipkv_twin" in args.impls and version == args.format_versions[0]:  # the twin reads raw pages
                 add("zipkv_twin", measured, timer.median_us(twin_fn), splits=plan.max_splits, **tag)
         if "decompress_then_attend" in args.impls:  # on the pages of the last version measured above
-            from zipkv.kernels import codec
+            from zipkv.kernels.codec import pages as codec
 
             plan = da.plan_decode(page_ids, indptr, lens, fmt, HQ)
             decoded = torch.empty_like(pages)
@@ -226,7 +227,7 @@ def main() -> None:
     ap.add_argument(
         "--format-versions",
         default=str(FORMAT_VERSION),
-        help="page format versions to measure zipkv on, e.g. 1,2 (layout.py; default: the default format)",
+        help="page format versions to measure zipkv on, e.g. 1,2 (kernels/format/layout.py; default: the default)",
     )
     ap.add_argument("--no-check", dest="check", action="store_false")
     ap.add_argument("--target-s", type=float, default=0.12, help="timed seconds per measurement")

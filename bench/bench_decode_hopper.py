@@ -1,4 +1,5 @@
-"""The Hopper decode kernel (kernels/decode_hopper.py) on the GPU: checked, then timed against FlashInfer.
+"""The Hopper decode kernel (kernels/attention/hopper/decode.py) on the GPU: checked, then timed against
+FlashInfer.
 
 ``--check`` runs the correctness cases (head_dim 64/128/256, GQA groups 1/4/8, unaligned lengths, split-KV
 on and off, pages in random order, raw blocks, raw pages mid-sequence, a raw tail page per request): the
@@ -26,11 +27,11 @@ from pathlib import Path
 
 import torch
 
-from zipkv.kernels import reference_v3 as ref
-from zipkv.kernels.decode_hopper import decode_attention_hopper
-from zipkv.kernels.decode_plan import choose_max_splits, plan_decode
-from zipkv.kernels.layout import PAGE_TOKENS, PageFormat
-from zipkv.kernels.reference_attention import decode_attention_reference
+from zipkv.kernels.attention.decode_plan import choose_max_splits, plan_decode
+from zipkv.kernels.attention.hopper.decode import decode_attention_hopper
+from zipkv.kernels.format.layout import PAGE_TOKENS, PageFormat
+from zipkv.kernels.reference import pages_v3 as ref
+from zipkv.kernels.reference.attention import decode_attention_reference
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the decode bench's timer, floor and FlashInfer
 from decode_attention_baselines import Timer, flashinfer_fn, read_floor_fn

@@ -1,8 +1,8 @@
 """Registers, spills, shared memory and instruction counts of the Hopper decode kernel, compiled offline.
 
-Compiles kernels/decode_hopper.py for sm_90 on any machine (no GPU) with Triton's bundled ptxas, the way the
-GPU machine compiles it; run it with the GPU machine's Triton (3.6.0, whose Gluon API the kernel is written
-against) to get the figures the H200 reports. SASS counts come from the cubin (cuobjdump in Triton's
+Compiles kernels/attention/hopper/decode.py for sm_90 on any machine (no GPU) with Triton's bundled ptxas, the
+way the GPU machine compiles it; run it with the GPU machine's Triton (3.6.0, whose Gluon API the kernel is
+written against) to get the figures the H200 reports. SASS counts come from the cubin (cuobjdump in Triton's
 package): the instructions of the main loop, by opcode, say what a tile costs before any GPU time is spent.
 
     python bench/hopper_resources.py [--head-dims 128] [--pages 4] [--stages 3] [--json]
@@ -20,7 +20,7 @@ import tempfile
 import triton
 from triton.backends.compiler import GPUTarget
 
-from zipkv.kernels import decode_hopper as dh
+from zipkv.kernels.attention.hopper import decode as dh
 
 ARG_TYPES = {
     "q_ptr": "*bf16",

@@ -1,13 +1,13 @@
-"""The page format description (kernels/layout.py): sizes, geometry, metadata and the scalar rules."""
+"""The page format description (kernels/format/layout.py): sizes, geometry, metadata and the scalar rules."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from zipkv.kernels import layout
-from zipkv.kernels.layout import BlockGeometry, PageFormat
-from zipkv.kernels.reference import blocks_to_page, page_to_blocks
+from zipkv.kernels.format import layout
+from zipkv.kernels.format.layout import BlockGeometry, PageFormat
+from zipkv.kernels.reference.pages import blocks_to_page, page_to_blocks
 
 
 @pytest.mark.parametrize(

@@ -5,8 +5,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from zipkv.kernels.decode_plan import KERNEL_CONFIG_ENV, KERNEL_CONFIGS, PREFETCH, kernel_config, plan_decode
-from zipkv.kernels.layout import PageFormat
+from zipkv.kernels.attention.decode_plan import (
+    KERNEL_CONFIG_ENV,
+    KERNEL_CONFIGS,
+    PREFETCH,
+    kernel_config,
+    plan_decode,
+)
+from zipkv.kernels.format.layout import PageFormat
 
 
 def _plan(fmt: PageFormat):  # type: ignore[no-untyped-def]
@@ -54,7 +60,7 @@ def test_a_malformed_override_is_refused_with_the_expected_form(
 
 
 def test_the_hopper_kernel_is_chosen_only_where_it_runs(monkeypatch: pytest.MonkeyPatch) -> None:
-    from zipkv.kernels.decode_plan import DECODE_IMPL_ENV, plan_decode
+    from zipkv.kernels.attention.decode_plan import DECODE_IMPL_ENV, plan_decode
 
     ids = torch.arange(4, dtype=torch.int32)
     indptr = torch.tensor([0, 4], dtype=torch.int32)
@@ -73,8 +79,8 @@ def test_the_hopper_kernel_is_chosen_only_where_it_runs(monkeypatch: pytest.Monk
 def test_auto_picks_the_hopper_kernel_for_v3_pages_on_sm90_and_the_pool_writes_v3_there(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from zipkv.kernels import decode_plan as dp
-    from zipkv.kernels.layout import FORMAT_VERSION
+    from zipkv.kernels.attention import decode_plan as dp
+    from zipkv.kernels.format.layout import FORMAT_VERSION
 
     cpu, gpu = torch.device("cpu"), torch.device("cuda")
     v2, v3 = (PageFormat(head_dim=128, num_kv_heads=2, version=v) for v in (2, 3))

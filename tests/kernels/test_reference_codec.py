@@ -7,9 +7,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from zipkv.kernels import layout
-from zipkv.kernels import reference as ref
-from zipkv.kernels.layout import BlockGeometry
+from zipkv.kernels.format import layout
+from zipkv.kernels.format.layout import BlockGeometry
+from zipkv.kernels.reference import pages as ref
 
 ALL_BITS = torch.arange(65536, dtype=torch.int32)
 GEOMETRIES = [BlockGeometry(4, 128), BlockGeometry(16, 32), BlockGeometry(1, 512)]

@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from zipkv.allocator import PagePool
-from zipkv.kernels import reference
-from zipkv.kernels.layout import PAGE_TOKENS, PageFormat
+from zipkv.kernels.format.layout import PAGE_TOKENS, PageFormat
+from zipkv.kernels.reference import pages as reference
 from zipkv.worker.engines.sglang.allocator import ZipkvAllocator
 from zipkv.worker.engines.sglang.slots import (
     budget_bytes_for_tokens,
