@@ -20,13 +20,41 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import ClassVar
 
 import torch
 
 from ..format.layout import PAGE_TOKENS, PageFormat
 
+
+@dataclass(frozen=True)
+class DecodeKernelConfig:
+    """The shape of a decode kernel launch. Its text form (``$ZIPKV_DECODE_KERNEL``, the bench's
+    ``--configs``) is the fields in order, prefetch as 0 or 1: :attr:`FIELDS`."""
+
+    block_n: int  # tokens per tile: a power of two, a whole number of pages
+    num_warps: int  # warps per program
+    num_stages: int  # software-pipeline stages of the compressed kernel
+    twin_num_stages: int  # of the uncompressed twin
+    ctas_per_sm: int  # programs resident per SM: the slots of the split count's wave model
+    prefetch: bool = False  # compressed kernel: double-buffer tile loads in registers
+
+    FIELDS: ClassVar[str] = "block_n:warps:stages:twin_stages:ctas_per_sm:prefetch"
+
+    def as_ints(self) -> tuple[int, int, int, int, int, int]:
+        return (
+            self.block_n, self.num_warps, self.num_stages, self.twin_num_stages, self.ctas_per_sm,
+            int(self.prefetch),
+        )  # fmt: skip
+
+    @property
+    def text(self) -> str:
+        """``32:1:1:2:8:0``: what :func:`parse_kernel_config` reads back."""
+        return ":".join(map(str, self.as_ints()))
+
+
 # Per head_dim: (tokens per tile, warps per program, software-pipeline stages of the compressed kernel,
-# of the twin, programs resident per SM). head_dim 128 tuned on the H200 (docs/benchmarks.md, "Fused
+# of the twin, programs resident per SM, prefetch). head_dim 128 tuned on the H200 (docs/benchmarks.md, "Fused
 # decode attention"): one warp per program and 32-token tiles beat four warps and 64-token tiles by 1.3x
 # (0.72 against 0.54 of the compressed read floor): a one-warp program needs no barrier for the softmax's
 # row max and sum, and eight resident programs keep more loads in flight than three four-warp ones. The
@@ -36,15 +64,14 @@ from ..format.layout import PAGE_TOKENS, PageFormat
 # raw floor with two stages). The stage count changes only when loads are issued, never the arithmetic,
 # so the two stay bit-identical (checked on every benchmarked shape). head_dim 64 and 256 keep the
 # earlier four-warp shape, which the GPU tests compiled and checked; neither is tuned.
-KERNEL_CONFIGS: dict[int, tuple[int, int, int, int, int]] = {
-    64: (64, 4, 1, 2, 3),
-    128: (32, 1, 1, 2, 8),
-    256: (32, 4, 1, 2, 3),
+# Prefetch (the compressed kernel double-buffers its tile loads in registers) is off everywhere: measured
+# slower for head_dim 128, it costs more registers than the overlap gains.
+KERNEL_CONFIGS: dict[int, DecodeKernelConfig] = {
+    64: DecodeKernelConfig(64, 4, 1, 2, 3, prefetch=False),
+    128: DecodeKernelConfig(32, 1, 1, 2, 8, prefetch=False),
+    256: DecodeKernelConfig(32, 4, 1, 2, 3, prefetch=False),
 }
-# Per head_dim: whether the compressed kernel double-buffers its tile loads in registers (measured
-# slower for head_dim 128: it costs more registers than the overlap gains).
-PREFETCH: dict[int, bool] = {64: False, 128: False, 256: False}
-# Overrides both tables for every head_dim, e.g. to run a shape a kernel sweep picked inside SGLang before it
+# Overrides the table for every head_dim, e.g. to run a shape a kernel sweep picked inside SGLang before it
 # becomes the default: ``block_n:warps:stages:twin_stages:ctas_per_sm:prefetch`` (the bench's --configs).
 KERNEL_CONFIG_ENV = "ZIPKV_DECODE_KERNEL"
 # Which kernel a plan runs: "portable" (the plain-Triton kernel, attention/decode.py: any GPU and the
@@ -58,7 +85,7 @@ DECODE_IMPLS = ("auto", "portable", "hopper")
 PAGE_FORMAT_ENV = "ZIPKV_PAGE_FORMAT"
 # The Hopper kernel's shape, measured on the H200: 64-token tiles, 4 warps, a 2-stage ring; its registers
 # (~225) and shared memory (68 KB) leave two programs per SM.
-HOPPER_CONFIG: tuple[int, int, int, int, int, bool] = (64, 4, 2, 2, 2, False)
+HOPPER_CONFIG = DecodeKernelConfig(64, 4, 2, 2, 2, prefetch=False)
 MAX_SPLITS = 128
 MIN_SPLIT_TILES = 2  # a split reads at least this many tiles, so its fixed cost stays small
 CPU_NUM_SMS = 4  # the Triton interpreter: keep grids small
@@ -127,12 +154,15 @@ def plan_decode(
     twin_num_stages: int | None = None,
     prefetch: bool | None = None,
     impl: str | None = None,
+    config: DecodeKernelConfig | None = None,
 ) -> DecodePlan:
     """Build the step's plan. ``page_ids``/``page_indptr``/``kv_lens`` live on the KV device.
 
     Each request must hold ``ceil(kv_lens[b] / 16)`` pages (not checked on the device: that would sync).
-    ``max_splits``, ``block_n``, ``num_warps``, ``num_stages``, ``twin_num_stages``, ``ctas_per_sm``
-    override the tuned defaults; ``impl`` picks the kernel (default ``$ZIPKV_DECODE_IMPL`` or "portable").
+    ``config`` replaces the tuned shape (:func:`kernel_config`, or :data:`HOPPER_CONFIG` for the Hopper
+    kernel); ``max_splits``, ``block_n``, ``num_warps``, ``num_stages``, ``twin_num_stages``,
+    ``ctas_per_sm``, ``prefetch`` override single fields of it; ``impl`` picks the kernel (default
+    ``$ZIPKV_DECODE_IMPL`` or "auto").
     """
     _check_int32("page_ids", page_ids, 1)
     _check_int32("page_indptr", page_indptr, 1)
@@ -146,12 +176,12 @@ def plan_decode(
         raise ValueError(f"num_q_heads {num_q_heads} is not a multiple of num_kv_heads {fmt.num_kv_heads}")
     require_token_major(fmt, "decode attention")
     impl = decode_impl(impl, fmt, kv_lens.device)
-    config = HOPPER_CONFIG if impl == "hopper" else kernel_config(fmt.head_dim)
-    cfg_block_n, cfg_warps, cfg_stages, cfg_twin_stages, cfg_ctas, cfg_prefetch = config
-    block_n = block_n or cfg_block_n
-    num_warps = num_warps or cfg_warps
-    num_stages = num_stages or cfg_stages
-    twin_num_stages = twin_num_stages or cfg_twin_stages
+    if config is None:
+        config = HOPPER_CONFIG if impl == "hopper" else kernel_config(fmt.head_dim)
+    block_n = block_n or config.block_n
+    num_warps = num_warps or config.num_warps
+    num_stages = num_stages or config.num_stages
+    twin_num_stages = twin_num_stages or config.twin_num_stages
     if block_n % PAGE_TOKENS != 0 or block_n & (block_n - 1):
         raise ValueError(f"block_n must be a power of two multiple of {PAGE_TOKENS}, got {block_n}")
     device = kv_lens.device
@@ -162,7 +192,7 @@ def plan_decode(
             else CPU_NUM_SMS
         )
     if max_splits is None:
-        slots = num_sms * (ctas_per_sm or cfg_ctas)
+        slots = num_sms * (ctas_per_sm or config.ctas_per_sm)
         max_splits = choose_max_splits(batch * fmt.num_kv_heads, slots)
     if not 1 <= max_splits <= MAX_SPLITS:
         raise ValueError(f"max_splits must be in 1..{MAX_SPLITS}, got {max_splits}")
@@ -190,7 +220,7 @@ def plan_decode(
         num_warps=num_warps,
         num_stages=num_stages,
         twin_num_stages=twin_num_stages,
-        prefetch=cfg_prefetch if prefetch is None else prefetch,
+        prefetch=config.prefetch if prefetch is None else prefetch,
         impl=impl,
     )
 
@@ -232,13 +262,13 @@ def decode_impl(impl: str | None, fmt: PageFormat, device: torch.device) -> str:
     return impl
 
 
-def kernel_config(head_dim: int) -> tuple[int, int, int, int, int, bool]:
-    """(block_n, warps, stages, twin_stages, ctas_per_sm, prefetch): the tuned tables, or the override
-    in ``$ZIPKV_DECODE_KERNEL``."""
+def kernel_config(head_dim: int) -> DecodeKernelConfig:
+    """The portable kernel's shape for ``head_dim``: the tuned table, or the override in
+    ``$ZIPKV_DECODE_KERNEL``."""
     override = os.environ.get(KERNEL_CONFIG_ENV, "")
     if override:
         return parse_kernel_config(override)
-    return (*KERNEL_CONFIGS[head_dim], PREFETCH[head_dim])
+    return KERNEL_CONFIGS[head_dim]
 
 
 def require_token_major(fmt: PageFormat, reader: str) -> None:
@@ -254,12 +284,10 @@ def require_token_major(fmt: PageFormat, reader: str) -> None:
 
 
 @lru_cache(maxsize=8)
-def parse_kernel_config(text: str) -> tuple[int, int, int, int, int, bool]:
-    """Parse ``block_n:warps:stages:twin_stages:ctas_per_sm:prefetch``; ValueError says what is wrong."""
-    want = (
-        f"{KERNEL_CONFIG_ENV}={text!r}: expected block_n:warps:stages:twin_stages:ctas_per_sm:prefetch, "
-        "e.g. 32:1:1:2:8:0"
-    )
+def parse_kernel_config(text: str, source: str = KERNEL_CONFIG_ENV) -> DecodeKernelConfig:
+    """Parse ``block_n:warps:stages:twin_stages:ctas_per_sm:prefetch``; ValueError says what is wrong
+    (``source`` names where the text came from)."""
+    want = f"{source}={text!r}: expected {DecodeKernelConfig.FIELDS}, e.g. 32:1:1:2:8:0"
     try:
         block_n, warps, stages, twin_stages, ctas, prefetch = (int(x) for x in text.split(":"))
     except ValueError as exc:
@@ -270,4 +298,4 @@ def parse_kernel_config(text: str) -> tuple[int, int, int, int, int, bool]:
         raise ValueError(f"{want}; warps in 1/2/4/8, stages 1..4, ctas_per_sm >= 1")
     if prefetch not in (0, 1):
         raise ValueError(f"{want}; prefetch is 0 or 1")
-    return block_n, warps, stages, twin_stages, ctas, bool(prefetch)
+    return DecodeKernelConfig(block_n, warps, stages, twin_stages, ctas, prefetch=bool(prefetch))

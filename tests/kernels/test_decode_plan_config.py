@@ -8,8 +8,9 @@ import torch
 from zipkv.kernels.attention.decode_plan import (
     KERNEL_CONFIG_ENV,
     KERNEL_CONFIGS,
-    PREFETCH,
+    DecodeKernelConfig,
     kernel_config,
+    parse_kernel_config,
     plan_decode,
 )
 from zipkv.kernels.format.layout import PageFormat
@@ -24,9 +25,12 @@ def _plan(fmt: PageFormat):  # type: ignore[no-untyped-def]
 
 def test_defaults_are_the_tuned_tables(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(KERNEL_CONFIG_ENV, raising=False)
-    assert kernel_config(128) == (*KERNEL_CONFIGS[128], PREFETCH[128])
+    assert kernel_config(128) == KERNEL_CONFIGS[128] == DecodeKernelConfig(32, 1, 1, 2, 8, prefetch=False)
     plan = _plan(PageFormat(128, 2))
-    assert (plan.block_n, plan.num_warps, plan.num_stages) == KERNEL_CONFIGS[128][:3]
+    tuned = KERNEL_CONFIGS[128]
+    assert (plan.block_n, plan.num_warps, plan.num_stages, plan.twin_num_stages, plan.prefetch) == (
+        tuned.block_n, tuned.num_warps, tuned.num_stages, tuned.twin_num_stages, tuned.prefetch,
+    )  # fmt: skip
 
 
 def test_override_reaches_the_plan(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -35,7 +39,29 @@ def test_override_reaches_the_plan(monkeypatch: pytest.MonkeyPatch) -> None:
     assert (plan.block_n, plan.num_warps, plan.num_stages, plan.twin_num_stages, plan.prefetch) == (
         64, 2, 2, 3, True,
     )  # fmt: skip
-    assert kernel_config(64) == (64, 2, 2, 3, 4, True)  # every head_dim
+    assert kernel_config(64) == DecodeKernelConfig(64, 2, 2, 3, 4, prefetch=True)  # every head_dim
+
+
+def test_the_text_form_round_trips_and_a_passed_config_replaces_the_table(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv(KERNEL_CONFIG_ENV, raising=False)
+    for config in KERNEL_CONFIGS.values():
+        assert parse_kernel_config(config.text) == config
+    assert DecodeKernelConfig(64, 2, 2, 3, 4, prefetch=True).text == "64:2:2:3:4:1"
+    lens = torch.tensor([100], dtype=torch.int32)
+    indptr = torch.tensor([0, 7], dtype=torch.int32)
+    config = DecodeKernelConfig(64, 2, 3, 4, 1, prefetch=True)
+    plan = plan_decode(torch.arange(7, dtype=torch.int32), indptr, lens, PageFormat(128, 2), 8, config=config)
+    assert (plan.block_n, plan.num_warps, plan.num_stages, plan.twin_num_stages, plan.prefetch) == (
+        64, 2, 3, 4, True,
+    )  # fmt: skip
+    assert (
+        plan_decode(
+            torch.arange(7, dtype=torch.int32), indptr, lens, PageFormat(128, 2), 8, config=config, block_n=16
+        ).block_n
+        == 16
+    )  # a single field still overrides
 
 
 @pytest.mark.parametrize(
@@ -57,6 +83,8 @@ def test_a_malformed_override_is_refused_with_the_expected_form(
     monkeypatch.setenv(KERNEL_CONFIG_ENV, text)
     with pytest.raises(ValueError, match=why):
         _plan(PageFormat(128, 2))
+    with pytest.raises(ValueError, match="--configs="):  # the bench's flag names itself
+        parse_kernel_config(text, "--configs")
 
 
 def test_the_hopper_kernel_is_chosen_only_where_it_runs(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -166,12 +166,9 @@ class ZipkvAttention:
         bs = view.batch_size
         indptr = torch.arange(bs + 1, dtype=torch.int32, device=table.device) * max_pages
         kv_lens = view.seq_lens[:bs].to(torch.int32)
-        block_n, warps, stages, twin_stages, ctas, prefetch = self.kernel_config
         return plan_decode(
-            table.reshape(-1), indptr, kv_lens, self.kv.fmt, self.num_q_heads, block_n=block_n,
-            num_warps=warps, num_stages=stages, twin_num_stages=twin_stages, ctas_per_sm=ctas,
-            prefetch=prefetch,
-        )  # fmt: skip
+            table.reshape(-1), indptr, kv_lens, self.kv.fmt, self.num_q_heads, config=self.kernel_config
+        )
 
     def _extend_meta(self, view: BatchView) -> _Extend:
         if view.extend_seq_lens_cpu is None or view.extend_prefix_lens_cpu is None:
