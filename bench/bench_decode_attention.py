@@ -45,7 +45,7 @@ from decode_attention_baselines import (
 from decode_attention_data import REAL, bench_pages, data_notes, encode_packed
 
 from zipkv.kernels.attention import decode as da
-from zipkv.kernels.attention.decode_plan import DecodeKernelConfig, kernel_config, parse_kernel_config
+from zipkv.kernels.attention.decode_config import DecodeKernelConfig, kernel_config, parse_kernel_config
 from zipkv.kernels.format.layout import FORMAT_VERSION, PageFormat
 from zipkv.kernels.reference.pages import raw_page_meta
 

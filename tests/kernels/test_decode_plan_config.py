@@ -5,14 +5,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from zipkv.kernels.attention.decode_plan import (
+from zipkv.kernels.attention.decode_config import (
     KERNEL_CONFIG_ENV,
     KERNEL_CONFIGS,
     DecodeKernelConfig,
     kernel_config,
     parse_kernel_config,
-    plan_decode,
 )
+from zipkv.kernels.attention.decode_plan import plan_decode
 from zipkv.kernels.format.layout import PageFormat
 
 
@@ -88,7 +88,7 @@ def test_a_malformed_override_is_refused_with_the_expected_form(
 
 
 def test_the_hopper_kernel_is_chosen_only_where_it_runs(monkeypatch: pytest.MonkeyPatch) -> None:
-    from zipkv.kernels.attention.decode_plan import DECODE_IMPL_ENV, plan_decode
+    from zipkv.kernels.attention.decode_config import DECODE_IMPL_ENV
 
     ids = torch.arange(4, dtype=torch.int32)
     indptr = torch.tensor([0, 4], dtype=torch.int32)
@@ -107,19 +107,19 @@ def test_the_hopper_kernel_is_chosen_only_where_it_runs(monkeypatch: pytest.Monk
 def test_auto_picks_the_hopper_kernel_for_v3_pages_on_sm90_and_the_pool_writes_v3_there(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from zipkv.kernels.attention import decode_plan as dp
+    from zipkv.kernels.attention import decode_config as dc
     from zipkv.kernels.format.layout import FORMAT_VERSION
 
     cpu, gpu = torch.device("cpu"), torch.device("cuda")
     v2, v3 = (PageFormat(head_dim=128, num_kv_heads=2, version=v) for v in (2, 3))
-    assert dp.decode_impl(None, v3, cpu) == "portable"
-    assert dp.serving_format_version(cpu, {}) == FORMAT_VERSION
-    monkeypatch.setattr(dp, "is_sm90", lambda device: device.type == "cuda")  # as on an H200
-    assert dp.decode_impl("auto", v3, gpu) == "hopper"
-    assert dp.decode_impl("auto", v2, gpu) == "portable"  # the Hopper kernel reads v3 only
-    assert dp.decode_impl("portable", v3, gpu) == "portable"  # asked for: honoured
-    assert dp.serving_format_version(gpu, {}) == 3
-    assert dp.serving_format_version(gpu, {dp.PAGE_FORMAT_ENV: "2"}) == 2
-    assert dp.serving_format_version(cpu, {dp.PAGE_FORMAT_ENV: "3"}) == 3
+    assert dc.decode_impl(None, v3, cpu) == "portable"
+    assert dc.serving_format_version(cpu, {}) == FORMAT_VERSION
+    monkeypatch.setattr(dc, "is_sm90", lambda device: device.type == "cuda")  # as on an H200
+    assert dc.decode_impl("auto", v3, gpu) == "hopper"
+    assert dc.decode_impl("auto", v2, gpu) == "portable"  # the Hopper kernel reads v3 only
+    assert dc.decode_impl("portable", v3, gpu) == "portable"  # asked for: honoured
+    assert dc.serving_format_version(gpu, {}) == 3
+    assert dc.serving_format_version(gpu, {dc.PAGE_FORMAT_ENV: "2"}) == 2
+    assert dc.serving_format_version(cpu, {dc.PAGE_FORMAT_ENV: "3"}) == 3
     with pytest.raises(ValueError, match="choose 2 or 3"):
-        dp.serving_format_version(gpu, {dp.PAGE_FORMAT_ENV: "1"})
+        dc.serving_format_version(gpu, {dc.PAGE_FORMAT_ENV: "1"})

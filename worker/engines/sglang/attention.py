@@ -133,7 +133,7 @@ class ZipkvAttention:
         self.kv, self.allocator, self.req_to_token = kv, allocator, req_to_token
         self.num_q_heads, self.compressed, self.extend_kernel = num_q_heads, compressed, extend_kernel
         self.max_pages_per_req = -(-req_to_token.shape[1] // PAGE_TOKENS)
-        from zipkv.kernels.attention.decode_plan import kernel_config
+        from zipkv.kernels.attention.decode_config import kernel_config
         from zipkv.kernels.attention.extend import extend_kernel_choice
 
         # the kernels' choices for every step, read at start-up: malformed $ZIPKV_DECODE_KERNEL or

@@ -16,7 +16,7 @@ from sglang.srt.mem_cache.memory_pool import KVCache, unwrap_write_loc
 
 from zipkv.allocator import PagePool
 from zipkv.allocator.device import default_encoder
-from zipkv.kernels.attention.decode_plan import serving_format_version
+from zipkv.kernels.attention.decode_config import serving_format_version
 from zipkv.kernels.format.layout import PageFormat
 from zipkv.worker.encode_timer import TimedEncoder
 from zipkv.worker.engines.sglang.allocator import ZipkvAllocator
