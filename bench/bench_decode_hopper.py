@@ -28,8 +28,9 @@ from pathlib import Path
 import torch
 
 from zipkv.kernels.attention.decode_plan import choose_max_splits, plan_decode
-from zipkv.kernels.attention.hopper.decode import decode_attention_hopper
+from zipkv.kernels.attention.hopper.launch import decode_attention_hopper
 from zipkv.kernels.format.layout import PAGE_TOKENS, PageFormat
+from zipkv.kernels.reference import heap_v3
 from zipkv.kernels.reference import pages_v3 as ref
 from zipkv.kernels.reference.attention import decode_attention_reference
 
@@ -68,7 +69,7 @@ def make_case(
     )
     page_ids = order.to(torch.int32)
     indptr = torch.tensor([0, *torch.tensor(per).cumsum(0).tolist()], dtype=torch.int32, device="cuda")
-    heap, loc, meta = ref.pack_pages_v3(pages, fmt)
+    heap, loc, meta = heap_v3.pack_pages_v3(pages, fmt)
     force_raw = torch.rand(n_pages, device="cuda", generator=g) < raw_mid
     force_raw[page_ids[(indptr[1:] - 1).long()].long()] = True  # each request's tail page is raw
     rows = heap.view(n_pages, fmt.raw_page_bytes)

@@ -21,6 +21,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 
 from zipkv.kernels.attention.hopper import decode as dh
+from zipkv.kernels.attention.hopper import launch
 
 ARG_TYPES = {
     "q_ptr": "*bf16",
@@ -59,7 +60,7 @@ def compile_hopper(
 
     fn = dh._decode_hopper_kernel
     del compressed  # one kernel reads coded and raw pages
-    const = dh.hopper_constexprs(kv_heads, group, head_dim, pages, stages, split)
+    const = launch.hopper_constexprs(kv_heads, group, head_dim, pages, stages, split)
     signature = {n: ARG_TYPES.get(n, "constexpr") for n in fn.arg_names}
     constexprs = {(i,): const[n] for i, n in enumerate(fn.arg_names) if n in const}
     aligned = {n for n in ARG_TYPES if ARG_TYPES[n].startswith("*") or n.startswith("stride")}

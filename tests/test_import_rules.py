@@ -303,7 +303,7 @@ def test_router_loads_no_torch_triton_sglang_ray() -> None:
 
 def test_kernels_and_allocator_load_no_serving_stack() -> None:
     loaded = _loaded_after_import(_modules("kernels", skip=("kernels/study",)) + _modules("allocator"))
-    assert "torch" in loaded and "zipkv.kernels.attention.hopper.decode" in loaded
+    assert "torch" in loaded and "zipkv.kernels.attention.hopper.launch" in loaded
     assert loaded & {"sglang", "ray", "transformers", "fastapi", "grpc"} == set()
     assert not any(m.startswith(("zipkv.worker", "zipkv.controlplane")) for m in loaded)
 

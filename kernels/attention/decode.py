@@ -213,7 +213,7 @@ def decode_attention(
     """
     _check_inputs(plan, q, heap, page_loc_layer, page_meta_layer)
     if plan.impl == "hopper":  # imported here: its Gluon module needs the GPU machine's Triton
-        from .hopper.decode import decode_attention_hopper
+        from .hopper.launch import decode_attention_hopper
 
         return decode_attention_hopper(
             plan, q, heap, page_loc_layer, page_meta_layer, sm_scale, compressed, out, plan.num_stages

@@ -14,6 +14,7 @@ from __future__ import annotations
 import torch
 
 from ..format.layout import BLOCK_VALUES, OFFSET_BYTES, PAGE_TOKENS, RAW_MARKER, PageFormat
+from . import heap_v3
 from . import pages_v3 as v3
 from .blocks import DEFAULT_BLOCK_GEOMETRY as DEFAULT_BLOCK_GEOMETRY
 from .blocks import EncodedBlocks as EncodedBlocks
@@ -179,7 +180,7 @@ def gather_pages(
 ) -> torch.Tensor:
     """Read pages (raw or compressed) of one layer: bf16 ``[n, 2, H, 16, D]``."""
     if fmt.version >= 3:
-        return v3.gather_pages(heap, page_loc_layer, page_meta_layer, page_ids, fmt)
+        return heap_v3.gather_pages(heap, page_loc_layer, page_meta_layer, page_ids, fmt)
     return _decode_pages(heap, page_loc_layer[page_ids], page_meta_layer[page_ids], fmt)
 
 
@@ -197,7 +198,7 @@ def encode_pages(
     ``sizes_out`` (int32 [n]). Destinations must not overlap any source page.
     """
     if fmt.version >= 3:
-        return v3.encode_pages(heap, src_offsets, dst_offsets, meta_out, sizes_out, fmt)
+        return heap_v3.encode_pages(heap, src_offsets, dst_offsets, meta_out, sizes_out, fmt)
     n, h = src_offsets.numel(), fmt.num_kv_heads
     if n == 0:
         return
@@ -228,7 +229,7 @@ def decode_pages(
 ) -> None:
     """Twin of ``codec.decode_pages``: pages at byte ``offsets`` -> ``out`` (bf16 [n, 2, H, 16, D])."""
     if fmt.version >= 3:
-        return v3.decode_pages(heap, offsets, meta, out, fmt)
+        return heap_v3.decode_pages(heap, offsets, meta, out, fmt)
     out.copy_(_decode_pages(heap, offsets, meta, fmt))
 
 

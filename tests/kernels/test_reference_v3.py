@@ -13,6 +13,7 @@ import torch
 
 from zipkv.kernels.format import layout_v3 as v3
 from zipkv.kernels.format.layout import PageFormat
+from zipkv.kernels.reference import heap_v3
 from zipkv.kernels.reference import pages as reference
 from zipkv.kernels.reference import pages_v3 as ref
 
@@ -168,7 +169,7 @@ def test_packed_heap_matches_the_page_encoder() -> None:
     pages[4] = torch.randint(-32768, 32767, (2, 2, 16, 64), dtype=torch.int16, generator=g).view(
         torch.bfloat16
     )
-    heap, loc, meta = ref.pack_pages_v3(pages, fmt)
+    heap, loc, meta = heap_v3.pack_pages_v3(pages, fmt)
     stored, meta_ref = ref.encode_pages_v3(pages, fmt)
     assert torch.equal(meta, meta_ref)
     for i, data in enumerate(stored):

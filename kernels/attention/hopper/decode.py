@@ -23,23 +23,16 @@ holding the same values give bit-identical outputs (compression on and off give 
 
 Layout (kernels/attention/hopper/layouts.py): S = Q_a K_a^T + Q_b K_b^T with ``_a`` channels ``p < D/2`` and
 ``_b`` channels ``p + D/2`` (the pairs one v3 code byte holds); O_a += P V_a, O_b += P V_b. Split-KV and the
-plan come from kernels/attention/decode_plan.py; partial outputs merge in kernels/attention/merge.py.
+plan come from kernels/attention/decode_plan.py; partial outputs merge in kernels/attention/merge.py. The
+launch, and the compile-time arguments it shares with the offline compile, are in launch.py beside this.
 """
 
 from __future__ import annotations
 
-from functools import lru_cache
-
-import torch
-import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as ttgl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy
 
-from ...format.layout import PAGE_TOKENS
-from ..decode_plan import DecodePlan
-from ..merge import _merge_kernel
-from . import layouts as views
 from .restore import attend, tile_operands
 from .ring import _PT, KIND_BITS, NUM_WARPS, issue_tile, tile_ids, tile_info
 
@@ -202,120 +195,3 @@ def _decode_hopper_kernel(
         async_copy.wait_group(0)
         _store_out(out_ptr, o_part_ptr, lse_part_ptr, m_i, l_acc, acc_a, acc_b, req, head, split, max_splits,
                    stride_ob, stride_oh, row_l, col_l, H, GROUP, D, SPLIT)  # fmt: skip
-
-
-# ---- wrapper ----------------------------------------------------------------------------------------
-
-
-@lru_cache(maxsize=64)
-def hopper_constexprs(
-    num_kv_heads: int,
-    group: int,
-    head_dim: int,
-    pages_per_tile: int,
-    stages: int,
-    split: bool,
-    gather_all: bool = False,
-) -> dict[str, object]:
-    """The kernel's compile-time arguments (the launch and the offline compile share them)."""
-    np_, shared = pages_per_tile, ttgl.SharedLinearLayout
-    return dict(
-        H=num_kv_heads,
-        GROUP=group,
-        D=head_dim,
-        NP=np_,
-        STAGES=stages,
-        SPLIT=split,
-        GATHER_ALL=gather_all,
-        OP_K=shared(views.operand_view(0, np_, head_dim)),
-        OP_V=shared(views.operand_view(1, np_, head_dim)),
-        CW=shared(views.code_words_view(np_, head_dim)),
-        HW=shared(views.hi_words_view(np_, head_dim)),
-        PG1=shared(views.operand_view(1, 1, head_dim)),
-    )
-
-
-def decode_attention_hopper(
-    plan: DecodePlan,
-    q: torch.Tensor,
-    heap: torch.Tensor,
-    page_loc_layer: torch.Tensor,
-    page_meta_layer: torch.Tensor,
-    sm_scale: float,
-    compressed: bool = True,
-    out: torch.Tensor | None = None,
-    stages: int = 2,
-    gather_all: bool = False,
-    maxnreg: int | None = None,
-) -> torch.Tensor:
-    """bf16 ``[B, Hq, D]`` attention of ``q`` over one layer's v3 pages (sm_90; see the module docstring).
-
-    ``plan.block_n`` is the tile (16 tokens per page). ``compressed=False`` reads every page as a raw page
-    (the pages must be raw, as an uncompressed pool's are): the same kernel, the raw path.
-    """
-    fmt = plan.fmt
-    if fmt.version != 3:
-        raise ValueError(f"the Hopper decode kernel reads page format v3, got v{fmt.version}")
-    if plan.group_size > M_ROWS:
-        raise ValueError(f"GQA group {plan.group_size} exceeds the kernel's {M_ROWS} rows")
-    if out is None:
-        out = torch.empty_like(q)
-    pages = plan.block_n // PAGE_TOKENS
-    grid = (plan.batch_size * fmt.num_kv_heads * plan.max_splits,)
-    consts = hopper_constexprs(
-        fmt.num_kv_heads, plan.group_size, fmt.head_dim, pages, stages, plan.max_splits > 1, gather_all
-    )
-    if not compressed:  # every page read as raw: what an uncompressed pool's metadata says anyway
-        page_meta_layer = _raw_meta_like(page_meta_layer)
-    _decode_hopper_kernel[grid](
-        q,
-        out,
-        plan.o_partial,
-        plan.lse_partial,
-        heap,
-        heap.view(torch.int16),
-        page_loc_layer,
-        page_meta_layer,
-        plan.page_ids,
-        plan.page_indptr,
-        plan.kv_lens,
-        plan.num_splits,
-        plan.split_tokens,
-        sm_scale * LOG2E,
-        q.stride(0),
-        q.stride(1),
-        out.stride(0),
-        out.stride(1),
-        plan.max_splits,
-        **consts,
-        num_warps=NUM_WARPS,
-        **({"maxnreg": maxnreg} if maxnreg else {}),
-    )
-    if plan.max_splits > 1:
-        _merge_kernel[(plan.batch_size, plan.num_q_heads)](
-            plan.o_partial,
-            plan.lse_partial,
-            out,
-            plan.num_splits,
-            out.stride(0),
-            out.stride(1),
-            plan.max_splits,
-            NUM_Q_HEADS=plan.num_q_heads,
-            HEAD_DIM=fmt.head_dim,
-            CHUNK=16,
-            num_warps=4,
-        )
-    return out
-
-
-_RAW_META: dict[tuple[tuple[int, ...], torch.device], torch.Tensor] = {}
-
-
-def _raw_meta_like(meta: torch.Tensor) -> torch.Tensor:
-    key = (tuple(meta.shape), meta.device)
-    if key not in _RAW_META:
-        _RAW_META[key] = torch.full_like(meta, 0xFF)
-    return _RAW_META[key]
-
-
-_ = triton  # the merge kernel is plain Triton; this module's kernels are Gluon
