@@ -109,6 +109,23 @@ def _split_sizes(kv_lens: torch.Tensor, block_n: int, max_splits: int) -> tuple[
     return splits.to(torch.int32), (split_tiles * block_n).to(torch.int32)
 
 
+def _max_splits(
+    max_splits: int | None, work_items: int, num_sms: int | None, ctas_per_sm: int, device: torch.device
+) -> int:
+    """``max_splits`` as asked, else the wave model's pick for ``work_items`` programs per split; checked."""
+    if max_splits is None:
+        if num_sms is None:
+            num_sms = (
+                torch.cuda.get_device_properties(device).multi_processor_count
+                if device.type == "cuda"
+                else CPU_NUM_SMS
+            )
+        max_splits = choose_max_splits(work_items, num_sms * ctas_per_sm)
+    if not 1 <= max_splits <= MAX_SPLITS:
+        raise ValueError(f"max_splits must be in 1..{MAX_SPLITS}, got {max_splits}")
+    return max_splits
+
+
 def plan_decode(
     page_ids: torch.Tensor,
     page_indptr: torch.Tensor,
@@ -145,17 +162,9 @@ def plan_decode(
     if block_n % PAGE_TOKENS != 0 or block_n & (block_n - 1):
         raise ValueError(f"block_n must be a power of two multiple of {PAGE_TOKENS}, got {block_n}")
     device = kv_lens.device
-    if num_sms is None:
-        num_sms = (
-            torch.cuda.get_device_properties(device).multi_processor_count
-            if device.type == "cuda"
-            else CPU_NUM_SMS
-        )
-    if max_splits is None:
-        slots = num_sms * (ctas_per_sm or config.ctas_per_sm)
-        max_splits = choose_max_splits(batch * fmt.num_kv_heads, slots)
-    if not 1 <= max_splits <= MAX_SPLITS:
-        raise ValueError(f"max_splits must be in 1..{MAX_SPLITS}, got {max_splits}")
+    max_splits = _max_splits(
+        max_splits, batch * fmt.num_kv_heads, num_sms, ctas_per_sm or config.ctas_per_sm, device
+    )
     splits, split_tokens = _split_sizes(kv_lens, block_n, max_splits)
     hd = fmt.head_dim
     return DecodePlan(
