@@ -12,8 +12,8 @@ import numpy as np
 import torch
 
 from zipkv.allocator.plans import CompletedFence, Fence
-from zipkv.kernels.layout import OFFSET_BYTES, RAW_MARKER, PageFormat
-from zipkv.kernels.layout_v3 import RAW_PAGE_MARKER
+from zipkv.kernels.format.layout import OFFSET_BYTES, RAW_MARKER, PageFormat
+from zipkv.kernels.format.layout_v3 import RAW_PAGE_MARKER
 
 
 class PageEncoder(Protocol):
@@ -55,17 +55,17 @@ def default_encoder(device: torch.device) -> PageEncoder:
     """The Triton codec's one-launch ``encode_pages`` on CUDA; its torch reference twin elsewhere (both
     read ``fmt.version``)."""
     if device.type == "cuda":
-        from zipkv.kernels import codec
+        from zipkv.kernels.codec import pages as codec
 
         return codec.encode_pages
-    from zipkv.kernels import reference
+    from zipkv.kernels.reference import pages as reference
 
     return reference.encode_pages
 
 
 def raw_meta_row(fmt: PageFormat, device: torch.device | str = "cpu") -> torch.Tensor:
     """uint8 [2H, meta_bytes]: metadata of an uncompressed page (v1/v2: raw offsets, every marker raw;
-    v3: every byte RAW_PAGE_MARKER, kernels/layout_v3.py)."""
+    v3: every byte RAW_PAGE_MARKER, kernels/format/layout_v3.py)."""
     if fmt.version >= 3:
         return torch.full((fmt.page_heads_per_page, fmt.meta_bytes), RAW_PAGE_MARKER, dtype=torch.uint8).to(
             device

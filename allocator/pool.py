@@ -28,7 +28,7 @@ import torch
 from zipkv.allocator.device import PageEncoder, default_encoder, fence_factory, raw_meta_row, upload
 from zipkv.allocator.ledger import Ledger, LedgerConfig
 from zipkv.allocator.plans import ChunkKind, EncodePlan, MovePlan, PageState, PoolStats
-from zipkv.kernels.layout import PageFormat
+from zipkv.kernels.format.layout import PageFormat
 
 MiB = 1 << 20
 PACK_TEMP_BYTES = 64 * MiB  # bound on the temporary copy the pack and move steps make per slice

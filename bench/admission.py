@@ -37,7 +37,7 @@ from admission_sizes import LayerFractions, expected_page_bytes, load_study, siz
 from zipkv.allocator import Ledger, LedgerConfig
 from zipkv.allocator.plans import CompletedFence, EncodePlan, PageState
 from zipkv.allocator.pool import unit_bytes_for
-from zipkv.kernels.layout import PAGE_TOKENS, PageFormat
+from zipkv.kernels.format.layout import PAGE_TOKENS, PageFormat
 
 ROOT = Path(__file__).resolve().parents[1]
 LAYERS, KV_HEADS, HEAD_DIM = 32, 8, 128

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from zipkv.allocator.plans import EncodePlan
-from zipkv.kernels.layout import PageFormat
+from zipkv.kernels.format.layout import PageFormat
 
 STUDY = Path(__file__).resolve().parents[1] / "bench/results/format_study.json"
 K_STREAM = "K"  # the study's headline K: after RoPE as SGLang 0.5.17 computes it (fp32, rounded once)

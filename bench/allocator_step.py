@@ -31,7 +31,7 @@ from admission_sizes import load_study, study_fractions
 
 from zipkv.allocator import Ledger, PagePool
 from zipkv.allocator.plans import EncodePlan
-from zipkv.kernels.layout import COMPRESSED_BLOCK_BYTES, PAGE_TOKENS, RAW_BLOCK_BYTES
+from zipkv.kernels.format.layout import COMPRESSED_BLOCK_BYTES, PAGE_TOKENS, RAW_BLOCK_BYTES
 
 ROOT = Path(__file__).resolve().parents[1]
 BATCH, PROMPT_TOKENS, OUTPUT_TOKENS = 256, 768, 512

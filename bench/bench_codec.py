@@ -32,15 +32,17 @@ from typing import Any
 
 import torch
 
-if not torch.cuda.is_available():  # before zipkv.kernels.codec's triton.jit: the kernels then run interpreted
+if (
+    not torch.cuda.is_available()
+):  # before zipkv.kernels.codec.pages's triton.jit: the kernels then run interpreted
     os.environ.setdefault("TRITON_INTERPRET", "1")
 import triton
 from real_kv import describe, tile_pages
 
-from zipkv.kernels import codec
-from zipkv.kernels import layout_v3 as v3
-from zipkv.kernels import reference as ref
-from zipkv.kernels.layout import OFFSET_BYTES, RAW_MARKER, PageFormat
+from zipkv.kernels.codec import pages as codec
+from zipkv.kernels.format import layout_v3 as v3
+from zipkv.kernels.format.layout import OFFSET_BYTES, RAW_MARKER, PageFormat
+from zipkv.kernels.reference import pages as ref
 
 GB = 1e9
 

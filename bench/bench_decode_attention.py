@@ -4,10 +4,11 @@ Per (batch, context) and data, on the same pages (``real``: SmolLM2's captured K
 bench/real_kv.py; a number: synthetic pages at that compressible fraction), with the fraction of blocks
 that coded on them recorded: the read floor (a streaming read of
 every stored byte), zipkv on compressed pages, its uncompressed twin on the raw pages, decompress-then-
-attend (zipkv.kernels.codec.decode_pages, then the twin), FlashInfer's BatchDecodeWithPagedKVCacheWrapper
-(tensor cores; HND pages, the same bytes the twin reads), SGLang's Triton decode kernel and cuDNN SDPA on
-dense K/V (both on token-major [tokens, H, D] copies). CUDA events, L2 flushed before every call, median.
-Correctness on every shape: zipkv == twin bit for bit, and relative error against a float64 reference.
+attend (zipkv.kernels.codec.pages.decode_pages, then the twin), FlashInfer's
+BatchDecodeWithPagedKVCacheWrapper (tensor cores; HND pages, the same bytes the twin reads), SGLang's Triton
+decode kernel and cuDNN SDPA on dense K/V (both on token-major [tokens, H, D] copies). CUDA events, L2 flushed
+before every call, median. Correctness on every shape: zipkv == twin bit for bit, and relative error against a
+float64 reference.
 
     python bench/bench_decode_attention.py --out bench/results/decode_attention.json
 """
@@ -43,10 +44,10 @@ from decode_attention_baselines import (
 )
 from decode_attention_data import REAL, bench_pages, data_notes, encode_packed
 
-from zipkv.kernels import decode_attention as da
-from zipkv.kernels.decode_plan import kernel_config
-from zipkv.kernels.layout import FORMAT_VERSION, PageFormat
-from zipkv.kernels.reference import raw_page_meta
+from zipkv.kernels.attention import decode as da
+from zipkv.kernels.attention.decode_config import DecodeKernelConfig, kernel_config, parse_kernel_config
+from zipkv.kernels.format.layout import FORMAT_VERSION, PageFormat
+from zipkv.kernels.reference.pages import raw_page_meta
 
 
 def kernel_resources() -> list[dict[str, object]]:
@@ -112,11 +113,8 @@ def run_shape(args, timer, batch, ctx, fractions, configs, rows, checks, gen):  
             if version != fmt.version:  # the same values stored in this version
                 fmt = PageFormat(HEAD_DIM, HKV, version=version)
                 stored = encode_packed(pages, fmt, heap_buf)
-            block_n, warps, stages, twin_stages, ctas, prefetch = cfg
-            plan = da.plan_decode(page_ids, indptr, lens, fmt, HQ, block_n=block_n, num_warps=warps,
-                                  num_stages=stages, twin_num_stages=twin_stages,
-                                  ctas_per_sm=ctas, prefetch=bool(prefetch))  # fmt: skip
-            tag: dict[str, object] = {} if len(configs) == 1 else {"config": ":".join(map(str, cfg))}
+            plan = da.plan_decode(page_ids, indptr, lens, fmt, HQ, config=cfg)
+            tag: dict[str, object] = {} if len(configs) == 1 else {"config": cfg.text}
             if len(args.format_versions) > 1:
                 tag["format_version"] = version
             zip_fn = lambda: da.decode_attention(plan, q, stored.heap, stored.page_loc, stored.page_meta,
@@ -140,7 +138,7 @@ def run_shape(args, timer, batch, ctx, fractions, configs, rows, checks, gen):  
             if "zipkv_twin" in args.impls and version == args.format_versions[0]:  # the twin reads raw pages
                 add("zipkv_twin", measured, timer.median_us(twin_fn), splits=plan.max_splits, **tag)
         if "decompress_then_attend" in args.impls:  # on the pages of the last version measured above
-            from zipkv.kernels import codec
+            from zipkv.kernels.codec import pages as codec
 
             plan = da.plan_decode(page_ids, indptr, lens, fmt, HQ)
             decoded = torch.empty_like(pages)
@@ -226,7 +224,7 @@ def main() -> None:
     ap.add_argument(
         "--format-versions",
         default=str(FORMAT_VERSION),
-        help="page format versions to measure zipkv on, e.g. 1,2 (layout.py; default: the default format)",
+        help="page format versions to measure zipkv on, e.g. 1,2 (default: kernels/format/layout.py's)",
     )
     ap.add_argument("--no-check", dest="check", action="store_false")
     ap.add_argument("--target-s", type=float, default=0.12, help="timed seconds per measurement")
@@ -241,9 +239,11 @@ def main() -> None:
     fractions = args.fractions.split(",")  # "real" or a number (decode_attention_data.bench_pages)
     args.impls = set(args.impls.split(","))
     args.format_versions = [int(v) for v in args.format_versions.split(",")]
-    default_cfg = tuple(int(x) for x in kernel_config(HEAD_DIM))  # the tuned table or $ZIPKV_DECODE_KERNEL
-    configs = [tuple(int(x) for x in c.split(":")) for c in args.configs.split(",")] if args.configs else [
-        default_cfg]  # fmt: skip
+    configs = (
+        [parse_kernel_config(c, "--configs") for c in args.configs.split(",")]
+        if args.configs
+        else [kernel_config(HEAD_DIM)]  # the tuned table or $ZIPKV_DECODE_KERNEL
+    )
     timer = Timer(args.target_s, 10, 200)
     gen = torch.Generator(device="cuda").manual_seed(0)
     rows: list[dict[str, object]] = []
@@ -263,8 +263,8 @@ def main() -> None:
             for r in tuning
                  if r["impl"] == "read_floor" and r.get("pages") != "raw"}  # fmt: skip
 
-        def score(cfg: tuple[int, ...]) -> float:  # mean fraction of the compressed read floor
-            tag = ":".join(map(str, cfg))
+        def score(cfg: DecodeKernelConfig) -> float:  # mean fraction of the compressed read floor
+            tag = cfg.text
             got = [floor[(r["batch"], r["context"])] / float(r["median_us"]) for r in tuning  # type: ignore[arg-type]
                    if r["impl"] == "zipkv" and r.get("config") == tag]  # fmt: skip
             return sum(got) / len(got) if tag in good and got else 0.0
@@ -287,8 +287,8 @@ def main() -> None:
                 "layers": 1,
             },
             "data": data_notes(),
-            "configs": [list(c) for c in configs],
-            "config_fields": "block_n:warps:stages:twin_stages:ctas_per_sm:prefetch",
+            "configs": [list(c.as_ints()) for c in configs],
+            "config_fields": DecodeKernelConfig.FIELDS,
             "tuning": tuning,
             "kernel_resources": kernel_resources(),
             "seconds": round(time.time() - t0, 1),

@@ -1,4 +1,5 @@
-"""The Hopper decode kernel (kernels/decode_hopper.py) on the GPU: checked, then timed against FlashInfer.
+"""The Hopper decode kernel (kernels/attention/hopper/decode.py) on the GPU: checked, then timed against
+FlashInfer.
 
 ``--check`` runs the correctness cases (head_dim 64/128/256, GQA groups 1/4/8, unaligned lengths, split-KV
 on and off, pages in random order, raw blocks, raw pages mid-sequence, a raw tail page per request): the
@@ -26,16 +27,18 @@ from pathlib import Path
 
 import torch
 
-from zipkv.kernels import reference_v3 as ref
-from zipkv.kernels.decode_hopper import decode_attention_hopper
-from zipkv.kernels.decode_plan import HOPPER_CONFIG, choose_max_splits, plan_decode
-from zipkv.kernels.layout import PAGE_TOKENS, PageFormat
-from zipkv.kernels.reference_attention import decode_attention_reference
+from zipkv.kernels.attention.decode_config import HOPPER_CONFIG
+from zipkv.kernels.attention.decode_plan import choose_max_splits, plan_decode
+from zipkv.kernels.attention.hopper.launch import decode_attention_hopper
+from zipkv.kernels.format.layout import PAGE_TOKENS, PageFormat
+from zipkv.kernels.reference import heap_v3
+from zipkv.kernels.reference import pages_v3 as ref
+from zipkv.kernels.reference.attention import decode_attention_reference
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the decode bench's timer, floor and FlashInfer
 from decode_attention_baselines import Timer, flashinfer_fn, read_floor_fn
 
-CTAS_PER_SM = HOPPER_CONFIG[4]  # the plan's programs per SM (kernels/decode_plan.py)
+CTAS_PER_SM = HOPPER_CONFIG.ctas_per_sm  # the plan's programs per SM (kernels/attention/decode_config.py)
 
 
 def make_case(
@@ -67,7 +70,7 @@ def make_case(
     )
     page_ids = order.to(torch.int32)
     indptr = torch.tensor([0, *torch.tensor(per).cumsum(0).tolist()], dtype=torch.int32, device="cuda")
-    heap, loc, meta = ref.pack_pages_v3(pages, fmt)
+    heap, loc, meta = heap_v3.pack_pages_v3(pages, fmt)
     force_raw = torch.rand(n_pages, device="cuda", generator=g) < raw_mid
     force_raw[page_ids[(indptr[1:] - 1).long()].long()] = True  # each request's tail page is raw
     rows = heap.view(n_pages, fmt.raw_page_bytes)
@@ -279,14 +282,7 @@ def bench(out: dict, shapes: list[tuple[int, int]], target_s: float, configs: li
 def ncu_target(batch: int, ctx: int, launches: int) -> None:
     case = make_case([ctx] * batch, 8, 128, 4, seed=7, raw_mid=0.0, shuffle=True, outliers=0)
     q = torch.randn(batch, 32, 128, device="cuda").to(torch.bfloat16)
-    plan = plan_decode(
-        case["page_ids"],
-        case["indptr"],
-        case["lens"],
-        case["fmt"],
-        32,
-        block_n=64,
-    )
+    plan = plan_decode(case["page_ids"], case["indptr"], case["lens"], case["fmt"], 32, block_n=64)
     for _ in range(launches):
         decode_attention_hopper(plan, q, case["heap"], case["loc"], case["meta"], 1 / math.sqrt(128))
     torch.cuda.synchronize()

@@ -2,10 +2,10 @@
 
 Per (batch, prefix, new tokens) shape and data (``real``: SmolLM2's K and V tiled, bench/real_kv.py; a
 number: synthetic pages at that compressible fraction), on the same values: zipkv's extend kernel
-reading the compressed prefix pages (kernels/extend_attention.py), its twin on the raw pages,
-decompress-then-attend (zipkv.kernels.codec.decode_pages of the prefix pages into scratch, then the twin:
-what the SGLang worker's default extend path does before SGLang's kernel), and PyTorch SDPA over dense K/V
-(prefix + new tokens, causal from the prefix's end; GQA). CUDA events with L2 flushed before every call,
+reading the compressed prefix pages (kernels/attention/extend.py), its twin on the raw pages,
+decompress-then-attend (zipkv.kernels.codec.pages.decode_pages of the prefix pages into scratch, then the
+twin: what the SGLang worker's default extend path does before SGLang's kernel), and PyTorch SDPA over dense
+K/V (prefix + new tokens, causal from the prefix's end; GQA). CUDA events with L2 flushed before every call,
 median, on the GPU. Correctness on every shape: zipkv == twin bit for bit, relative error of request 0's
 first new tokens (up to 128) against a float64 reference.
 
@@ -35,10 +35,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from decode_attention_baselines import HEAD_DIM, HKV, HQ, Timer, rel_err
 from decode_attention_data import REAL, bench_pages, data_notes, encode_packed
 
-from zipkv.kernels.extend_attention import extend_attention, plan_extend
-from zipkv.kernels.layout import PAGE_TOKENS, PageFormat
-from zipkv.kernels.reference import raw_page_meta
-from zipkv.kernels.reference_attention import extend_attention_reference
+from zipkv.kernels.attention.extend import extend_attention, plan_extend
+from zipkv.kernels.format.layout import PAGE_TOKENS, PageFormat
+from zipkv.kernels.reference.attention import extend_attention_reference
+from zipkv.kernels.reference.pages import raw_page_meta
 
 
 class WallTimer:
@@ -92,7 +92,7 @@ def run_shape(args, timer, batch, prefix, new, entry, rows, checks, gen):  # typ
     decoded = torch.empty_like(pages)
 
     def dta() -> None:
-        from zipkv.kernels import codec
+        from zipkv.kernels.codec import pages as codec
 
         codec.decode_pages(stored.heap, stored.page_loc, stored.page_meta, decoded, fmt)
         extend_attention(plan, q, k, v, decoded.view(-1).view(torch.uint8), raw_loc, raw_meta, scale,

@@ -122,8 +122,10 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
         "request_sha256": [request_digest(ids) for _, ids in res],
         "first_request_ids": res[0][1][:16],
         "kwargs": {k: v for k, v in kwargs.items() if k != "model_path"},
-        "decode_kernel": os.environ.get("ZIPKV_DECODE_KERNEL", "tuned default"),  # kernels/decode_plan.py
-        "extend_kernel": os.environ.get("ZIPKV_EXTEND_KERNEL", "restore"),  # kernels/extend_attention.py
+        "decode_kernel": os.environ.get(
+            "ZIPKV_DECODE_KERNEL", "tuned default"
+        ),  # kernels/attention/decode_plan.py
+        "extend_kernel": os.environ.get("ZIPKV_EXTEND_KERNEL", "restore"),  # kernels/attention/extend.py
     }
 
 

@@ -15,7 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
-from zipkv.kernels.reference_attention import decode_attention_reference
+from zipkv.kernels.reference.attention import decode_attention_reference
 
 HQ, HKV, HEAD_DIM = 32, 8, 128
 

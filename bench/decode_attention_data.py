@@ -5,9 +5,9 @@ tiled to the benchmark's shape (bench/real_kv.py); the benches report the fracti
 on them. Synthetic pages (a number ``f``) are random normal bf16 with magnitudes clamped to [2^-9, 60), so
 every 512-value block fits the format's exponent window, of which about ``1 - f`` of the blocks are then
 made raw by planting one tiny value (1e-30, far below the window): a controlled fraction, not real KV. The
-encoder here is a vectorised torch rendering of kernels/layout.py for token-major blocks (the bench checks
-it byte for byte against zipkv.kernels.reference.encode_page); page format v3's pages come from
-kernels/reference_v3.py's encoder (v3 blocks of 16 tokens x 4 pairs; synthetic raw blocks planted per v3
+encoder here is a vectorised torch rendering of kernels/format/layout.py for token-major blocks (the bench
+checks it byte for byte against zipkv.kernels.reference.pages.encode_page); page format v3's pages come from
+kernels/reference/pages_v3.py's encoder (v3 blocks of 16 tokens x 4 pairs; synthetic raw blocks planted per v3
 block). Either way pages are written back to back, as a compacted heap holds them.
 """
 
@@ -18,9 +18,9 @@ from dataclasses import dataclass
 import torch
 from real_kv import describe, tile_pages
 
-from zipkv.kernels import layout_v3 as v3
-from zipkv.kernels.layout import BLOCK_VALUES, OFFSET_BYTES, PAGE_TOKENS, RAW_MARKER, PageFormat
-from zipkv.kernels.reference_v3 import encode_pages_v3
+from zipkv.kernels.format import layout_v3 as v3
+from zipkv.kernels.format.layout import BLOCK_VALUES, OFFSET_BYTES, PAGE_TOKENS, RAW_MARKER, PageFormat
+from zipkv.kernels.reference.pages_v3 import encode_pages_v3
 
 REAL = "real"  # the --fractions entry for pages of real KV
 SYNTHETIC = "random normal bf16, |x| in [2^-9, 60); about 1 - f of the blocks made raw by a planted 1e-30"
@@ -149,8 +149,8 @@ def encode_packed(pages: torch.Tensor, fmt: PageFormat, heap: torch.Tensor | Non
 
 
 def _encode_packed_v3(pages: torch.Tensor, fmt: PageFormat, heap: torch.Tensor | None) -> StoredPages:
-    """Page format v3: kernels/reference_v3.py's encoder, its pages written back to back (every v3 page size
-    is a multiple of 64 bytes, the 16-byte alignment the kernels need)."""
+    """Page format v3: kernels/reference/pages_v3.py's encoder, its pages written back to back (every v3 page
+    size is a multiple of 64 bytes, the 16-byte alignment the kernels need)."""
     num_pages, device = pages.shape[0], pages.device
     if heap is None:
         heap = torch.empty(num_pages * fmt.raw_page_bytes, dtype=torch.uint8, device=device)

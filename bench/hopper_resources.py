@@ -1,8 +1,8 @@
 """Registers, spills, shared memory and instruction counts of the Hopper decode kernel, compiled offline.
 
-Compiles kernels/decode_hopper.py for sm_90 on any machine (no GPU) with Triton's bundled ptxas, the way the
-GPU machine compiles it; run it with the GPU machine's Triton (3.6.0, whose Gluon API the kernel is written
-against) to get the figures the H200 reports. SASS counts come from the cubin (cuobjdump in Triton's
+Compiles kernels/attention/hopper/decode.py for sm_90 on any machine (no GPU) with Triton's bundled ptxas, the
+way the GPU machine compiles it; run it with the GPU machine's Triton (3.6.0, whose Gluon API the kernel is
+written against) to get the figures the H200 reports. SASS counts come from the cubin (cuobjdump in Triton's
 package): the instructions of the main loop, by opcode, say what a tile costs before any GPU time is spent.
 
     python bench/hopper_resources.py [--head-dims 128] [--pages 4] [--stages 3] [--json]
@@ -20,7 +20,8 @@ import tempfile
 import triton
 from triton.backends.compiler import GPUTarget
 
-from zipkv.kernels import decode_hopper as dh
+from zipkv.kernels.attention.hopper import decode as dh
+from zipkv.kernels.attention.hopper import launch
 
 ARG_TYPES = {
     "q_ptr": "*bf16",
@@ -60,13 +61,13 @@ def compile_hopper(
 
     fn = dh._decode_hopper_kernel
     del compressed  # one kernel reads coded and raw pages
-    const = dh.hopper_constexprs(kv_heads, group, head_dim, pages, stages, split)
+    const = launch.hopper_constexprs(kv_heads, group, head_dim, pages, stages, split)
     signature = {n: ARG_TYPES.get(n, "constexpr") for n in fn.arg_names}
     constexprs = {(i,): const[n] for i, n in enumerate(fn.arg_names) if n in const}
     aligned = {n for n in ARG_TYPES if ARG_TYPES[n].startswith("*") or n.startswith("stride")}
     attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names) if n in aligned}
     src = GluonASTSource(fn, signature, constexprs, attrs)
-    regs = dh.HOPPER_MAXNREG.get(head_dim) if maxnreg is None else (maxnreg or None)  # as the launch does
+    regs = launch.HOPPER_MAXNREG.get(head_dim) if maxnreg is None else (maxnreg or None)  # as the launch does
     options: dict[str, int] = {"num_warps": dh.NUM_WARPS, **({"maxnreg": regs} if regs else {})}
     return triton.compile(src, target=GPUTarget("cuda", arch, 32), options=options)
 

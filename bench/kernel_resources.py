@@ -31,10 +31,10 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from triton.runtime.jit import JITFunction
 
-from zipkv.kernels import codec_v3
-from zipkv.kernels import decode_attention as da
-from zipkv.kernels import extend_attention as ea
-from zipkv.kernels.layout import PageFormat
+from zipkv.kernels.attention import decode as da
+from zipkv.kernels.attention import extend as ea
+from zipkv.kernels.codec import v3 as codec_v3
+from zipkv.kernels.format.layout import PageFormat
 
 _ARG_TYPES = {
     "q_ptr": "*bf16", "out_ptr": "*bf16", "o_part_ptr": "*fp32", "lse_part_ptr": "*fp32",
@@ -105,7 +105,7 @@ def compile_extend_kernel(
     arch: int = 90,
     group: int = 4,
 ) -> Resources:
-    """Compile the extend kernel (kernels/extend_attention.py) as `extend_attention` launches it on a GPU."""
+    """Compile the extend kernel (kernels/attention/extend.py) as `extend_attention` launches it on a GPU."""
     plan = ea.ExtendPlan(fmt, fmt.num_kv_heads * group, *[torch.empty(0)] * 6, block_m, block_n, num_warps)  # type: ignore[arg-type]
     const = ea.extend_constexprs(plan, compressed, True, False)
     kernel = _compile(ea._extend_kernel, const, _EXTEND_ARG_TYPES, _EXTEND_ALIGNED, arch, num_warps, 1)
@@ -118,11 +118,11 @@ def compile_extend_kernel(
 def compile_codec_kernel(
     fmt: PageFormat, kind: str, num_warps: int, arch: int = 90, page_heads_per_program: int = 1
 ) -> Resources:
-    """Compile page format v3's encode or decode kernel (kernels/codec_v3.py) as kernels/codec.py launches
-    it on a GPU (16-byte aligned pointers)."""
+    """Compile page format v3's encode or decode kernel (kernels/codec/v3.py) as kernels/codec/pages.py
+    launches it on a GPU (16-byte aligned pointers)."""
     if fmt.version < 3:
         raise ValueError(
-            f"compile_codec_kernel compiles the v3 codec (kernels/codec_v3.py), got v{fmt.version}"
+            f"compile_codec_kernel compiles the v3 codec (kernels/codec/v3.py), got v{fmt.version}"
         )
     fn = codec_v3._encode_pages_v3_kernel if kind == "encode" else codec_v3._decode_pages_v3_kernel
     const = {"D": fmt.head_dim, "G": page_heads_per_program, "STREAM": False}

@@ -2,7 +2,7 @@
 
 ``bench/data/smollm2_kv.npz`` holds K (after RoPE as SGLang computes it: fp32, rounded once to bf16) and
 V of four of SmolLM2's 30 layers, 1024 tokens each (positions 2048-3071 of the format study's text,
-kernels/study_models.py), 3 KV heads of 64 channels: 12 *source heads*. :func:`tile_pages` builds pages of
+kernels/study/models.py), 3 KV heads of 64 channels: 12 *source heads*. :func:`tile_pages` builds pages of
 any benchmark shape from them:
 
 - a page's 16 tokens are 16 consecutive tokens of the capture (request ``r``'s token ``t`` is capture token
@@ -92,7 +92,7 @@ def describe(fixture: Path = FIXTURE) -> str:
 
 def write_fixture(path: Path = FIXTURE) -> None:
     """Capture SmolLM2 on the format study's text and store FIXTURE_LAYERS' K and V (about a minute)."""
-    from zipkv.kernels.study_models import capture_decoder, load_smollm2, text_corpus
+    from zipkv.kernels.study.models import capture_decoder, load_smollm2, text_corpus
 
     model, tokenize = load_smollm2()
     ids = tokenize(text_corpus(max_chars=200_000))[: FIXTURE_START + FIXTURE_TOKENS]
@@ -105,7 +105,7 @@ def write_fixture(path: Path = FIXTURE) -> None:
         "positions": f"{FIXTURE_START}..{FIXTURE_START + FIXTURE_TOKENS - 1}",
         "k": "after RoPE as SGLang computes it (fp32, rounded once)",
         "shape": "[layer, token, kv head, 64]",
-        "text": "docstrings of standard-library modules (kernels/study_models.py text_corpus)",
+        "text": "docstrings of standard-library modules (kernels/study/models.py text_corpus)",
     }
     path.parent.mkdir(parents=True, exist_ok=True)
     as_int16 = lambda xs: torch.stack(xs).view(torch.int16).numpy()

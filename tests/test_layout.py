@@ -1,13 +1,13 @@
-"""The page format description (kernels/layout.py): sizes, geometry, metadata and the scalar rules."""
+"""The page format description (kernels/format/layout.py): sizes, geometry, metadata and the scalar rules."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from zipkv.kernels import layout
-from zipkv.kernels.layout import BlockGeometry, PageFormat
-from zipkv.kernels.reference import blocks_to_page, page_to_blocks
+from zipkv.kernels.format import scalar_rules
+from zipkv.kernels.format.layout import BlockGeometry, PageFormat
+from zipkv.kernels.reference.pages import blocks_to_page, page_to_blocks
 
 
 @pytest.mark.parametrize(
@@ -76,21 +76,21 @@ def test_bad_shapes_fail_loudly() -> None:
 def test_scalar_rules_worked_examples() -> None:
     # b = 120 and exponent 127: d = (127 - 120) >> 1 = 3; the kept low exponent bit is 1.
     bits = (0 << 15) | (127 << 7) | 0x55
-    assert layout.code_nibble(bits, 120) == (0, 3)
-    assert layout.restore_high_byte(0, 3, 60) == bits >> 8
+    assert scalar_rules.code_nibble(bits, 120) == (0, 3)
+    assert scalar_rules.restore_high_byte(0, 3, 60) == bits >> 8
     # Code byte 0xD0 = 1101_0000: value k sign 1, d 0; value k + C/2 sign 1, d 2. With b/2 = 63 the
     # high bytes are 0x80 | 63 = 0xBF and 0x80 | 65 = 0xC1.
-    assert layout.pack_code_byte((1, 0), (1, 2)) == 0xD0
-    assert layout.restore_high_byte(1, 0, 63) == 0xBF
-    assert layout.restore_high_byte(1, 2, 63) == 0xC1
+    assert scalar_rules.pack_code_byte((1, 0), (1, 2)) == 0xD0
+    assert scalar_rules.restore_high_byte(1, 0, 63) == 0xBF
+    assert scalar_rules.restore_high_byte(1, 2, 63) == 0xC1
 
 
 def test_block_base_span_edges() -> None:
-    assert layout.block_base([120, 135]) == 120  # span exactly 16 exponents from b: fits
-    assert layout.block_base([121, 135]) == 120  # b rounds down to even
-    assert layout.block_base([121, 136]) is None  # 136 - 120 = 16: does not fit
-    assert layout.block_base([0, 1, 15]) == 0
-    assert layout.block_base([0, 16]) is None
+    assert scalar_rules.block_base([120, 135]) == 120  # span exactly 16 exponents from b: fits
+    assert scalar_rules.block_base([121, 135]) == 120  # b rounds down to even
+    assert scalar_rules.block_base([121, 136]) is None  # 136 - 120 = 16: does not fit
+    assert scalar_rules.block_base([0, 1, 15]) == 0
+    assert scalar_rules.block_base([0, 16]) is None
 
 
 def test_ascii_map_names_the_parts() -> None:

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from zipkv.kernels import study_blocks as sb
-from zipkv.kernels.study import main, study_capture
-from zipkv.kernels.study_models import capture_decoder, sglang_rope
+from zipkv.kernels.study import blocks as sb
+from zipkv.kernels.study.cli import main, study_capture
+from zipkv.kernels.study.models import capture_decoder, sglang_rope
 
 
 def _bits_to_bf16(bits: torch.Tensor) -> torch.Tensor:

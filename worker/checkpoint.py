@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from zipkv.kernels.layout import PAGE_TOKENS
+from zipkv.kernels.format.layout import PAGE_TOKENS
 
 MiB = 1 << 20
 

@@ -54,7 +54,7 @@ def checked_context(
 ) -> int:
     """The context a reference-engine worker serves (the model's, or ``asked_tokens`` within it), checked
     at start-up against what an idle KV budget holds; raises ValueError saying what to change."""
-    from zipkv.kernels.layout import FORMAT_VERSION, PageFormat
+    from zipkv.kernels.format.layout import FORMAT_VERSION, PageFormat
     from zipkv.worker.engines.reference.kvstore import idle_capacity_tokens
 
     context = resolve_context(shape, asked_tokens or None)

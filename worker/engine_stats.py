@@ -52,7 +52,7 @@ def decode_kernel_label(
     """The fused decode kernel a plan runs (``impl``, else `$ZIPKV_DECODE_IMPL`: portable Triton or the
     Hopper kernel), with its shape override (`$ZIPKV_DECODE_KERNEL`) when set; the twin when nothing is
     compressed."""
-    from zipkv.kernels.decode_plan import DECODE_IMPL_ENV, KERNEL_CONFIG_ENV
+    from zipkv.kernels.attention.decode_config import DECODE_IMPL_ENV, KERNEL_CONFIG_ENV
 
     env = os.environ if env is None else env
     impl = impl or env.get(DECODE_IMPL_ENV)

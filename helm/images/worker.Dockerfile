@@ -40,7 +40,7 @@ COPY testing/ testing/
 # build installed above (the extra index keeps pip from swapping it for another variant).
 RUN pip install --extra-index-url "${TORCH_INDEX_URL}" "sglang==${SGLANG_VERSION}" ".[sglang]" \
  && python -c "import importlib.metadata as m; assert m.version('sglang') == '${SGLANG_VERSION}', m.version('sglang')" \
- && python -c "import zipkv.worker.serve, zipkv.kernels.layout, ray.serve" \
+ && python -c "import zipkv.worker.serve, zipkv.kernels.format.layout, ray.serve" \
  && ray --version
 
 # Kernel caches go to writable, per-pod scratch space.

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from pool_harness import FORMATS
 
-from zipkv.kernels.layout import PageFormat
+from zipkv.kernels.format.layout import PageFormat
 
 
 @pytest.fixture(params=FORMATS, ids=lambda f: f"v{f.version}")

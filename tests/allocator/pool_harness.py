@@ -11,9 +11,9 @@ from dataclasses import dataclass, field
 import torch
 
 from zipkv.allocator import PagePool
-from zipkv.kernels import layout_v3 as v3
-from zipkv.kernels import reference
-from zipkv.kernels.layout import OFFSET_BYTES, PAGE_TOKENS, RAW_MARKER, PageFormat
+from zipkv.kernels.format import layout_v3 as v3
+from zipkv.kernels.format.layout import OFFSET_BYTES, PAGE_TOKENS, RAW_MARKER, PageFormat
+from zipkv.kernels.reference import pages as reference
 
 FMT = PageFormat(head_dim=64, num_kv_heads=1, version=2)  # raw page 4 KiB (16 units of 256 B), 4 blocks
 FMT_V3 = PageFormat(head_dim=64, num_kv_heads=1, version=3)  # raw page 4 KiB (64 units of 64 B), 16 blocks

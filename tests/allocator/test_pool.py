@@ -10,8 +10,8 @@ from pool_harness import CHUNK_BYTES, FMT, KINDS, Harness, coded_blocks, make_po
 
 from zipkv.allocator import OutOfPages, PagePool
 from zipkv.allocator.audit import check
-from zipkv.kernels import reference
-from zipkv.kernels.layout import PageFormat
+from zipkv.kernels.format.layout import PageFormat
+from zipkv.kernels.reference import pages as reference
 
 
 def test_full_pages_are_compressed_in_every_layer_and_read_back(fmt: PageFormat) -> None:

@@ -18,7 +18,7 @@ from pool_harness import FORMATS, KINDS, Harness, make_pool
 
 from zipkv.allocator.audit import check
 from zipkv.allocator.plans import OutOfPages
-from zipkv.kernels.layout import PageFormat
+from zipkv.kernels.format.layout import PageFormat
 
 
 class PoolMachine(RuleBasedStateMachine):

@@ -17,12 +17,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 from admission import HEAD_DIM, KV_HEADS, LAYERS, kv_budget_bytes, simulate
 from admission_sizes import expected_page_bytes, load_study, page_bytes_table, size_model, study_fractions
 
-from zipkv.kernels.layout import PageFormat
+from zipkv.kernels.format.layout import PageFormat
 
 ROOT = Path(__file__).resolve().parents[2]
 V3, V2 = PageFormat(HEAD_DIM, KV_HEADS, version=3), PageFormat(HEAD_DIM, KV_HEADS, version=2)
-# v3 at Llama-3.1-8B shapes, from the format's spec (kernels/layout_v3.py): 2H page-head records of 24 D
-# bytes, a 64-byte patch per raw block, the plain raw page past 127 raw blocks or when every block is raw
+# v3 at Llama-3.1-8B shapes, from the format's spec (kernels/format/layout_v3.py): 2H page-head records of 24
+# D bytes, a 64-byte patch per raw block, the plain raw page past 127 raw blocks or when every block is raw
 V3_CODED_PAGE_BYTES, V3_RAW_PAGE_BYTES, PATCH_BYTES = 2 * 8 * 24 * 128, 2 * 8 * 16 * 128 * 2, 64
 
 

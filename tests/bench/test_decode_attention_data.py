@@ -12,9 +12,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 
 from decode_attention_data import encode_packed, plant_raw_blocks
 
-from zipkv.kernels import reference as ref
-from zipkv.kernels import reference_v3 as ref3
-from zipkv.kernels.layout import PageFormat
+from zipkv.kernels.format.layout import PageFormat
+from zipkv.kernels.reference import pages as ref
+from zipkv.kernels.reference import pages_v3 as ref3
 
 
 @pytest.mark.parametrize("version", [1, 2])

@@ -13,8 +13,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 from decode_attention_data import bench_pages, encode_packed
 from real_kv import FIXTURE, REQUEST_STRIDE_TOKENS, load_fixture, tile_pages
 
-from zipkv.kernels import page_codec
-from zipkv.kernels.layout import PageFormat
+from zipkv.kernels.format.layout import PageFormat
+from zipkv.kernels.reference import page_codec
 
 
 def test_the_fixture_is_small_and_holds_smollm2_k_and_v() -> None:

@@ -29,8 +29,8 @@ from sglang_e2e_metrics import (
 )
 
 from zipkv.allocator import PagePool
-from zipkv.kernels import reference
-from zipkv.kernels.layout import PAGE_TOKENS, PageFormat
+from zipkv.kernels.format.layout import PAGE_TOKENS, PageFormat
+from zipkv.kernels.reference import pages as reference
 from zipkv.worker.engines.sglang import allocator as sglang_pool
 from zipkv.worker.engines.sglang.slots import budget_bytes_for_tokens, virtual_pages_for_budget
 

@@ -1,7 +1,7 @@
 """Kernel tests run the Triton kernels compiled on a CUDA GPU and under Triton's CPU interpreter otherwise.
 
 The interpreter is chosen when ``triton.jit`` decorates a function, so the variable must be set before
-any test module imports ``zipkv.kernels.codec``: this conftest is loaded before the modules beside it.
+any test module imports ``zipkv.kernels.codec.pages``: this conftest is loaded before the modules beside it.
 """
 
 from __future__ import annotations

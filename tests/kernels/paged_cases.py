@@ -12,12 +12,12 @@ from dataclasses import dataclass
 
 import torch
 
-from zipkv.kernels import layout_v3 as v3
-from zipkv.kernels import reference as ref
-from zipkv.kernels import reference_v3 as ref3
-from zipkv.kernels.decode_attention import decode_attention, plan_decode
-from zipkv.kernels.layout import BLOCK_VALUES, FORMAT_VERSION, PAGE_TOKENS, PageFormat
-from zipkv.kernels.reference_attention import decode_attention_reference
+from zipkv.kernels.attention.decode import decode_attention, plan_decode
+from zipkv.kernels.format import layout_v3 as v3
+from zipkv.kernels.format.layout import BLOCK_VALUES, FORMAT_VERSION, PAGE_TOKENS, PageFormat
+from zipkv.kernels.reference import pages as ref
+from zipkv.kernels.reference import pages_v3 as ref3
+from zipkv.kernels.reference.attention import decode_attention_reference
 
 
 @dataclass

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from zipkv.kernels import codec
-from zipkv.kernels import reference as ref
-from zipkv.kernels.layout import PageFormat, candidate_geometries, token_major
+from zipkv.kernels.codec import pages as codec
+from zipkv.kernels.format.layout import PageFormat, candidate_geometries, token_major
+from zipkv.kernels.reference import pages as ref
 
 ALL_BITS = torch.arange(65536, dtype=torch.int32)
 POISON = 0x7FBF  # a NaN pattern no test page holds at every position

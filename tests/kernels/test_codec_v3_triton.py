@@ -1,5 +1,5 @@
-"""The Triton codec at page format v3 against its torch reference (reference_v3.py), bit for bit: the whole
-heap after an encode (records, patches in rank order, raw pages, and nothing past each stored size),
+"""The Triton codec at page format v3 against its torch reference (reference/pages_v3.py), bit for bit: the
+whole heap after an encode (records, patches in rank order, raw pages, and nothing past each stored size),
 metadata and sizes, and the restore of coded and raw pages (CPU interpreter here, compiled on a GPU)."""
 
 from __future__ import annotations
@@ -8,10 +8,11 @@ import pytest
 import torch
 from test_reference_v3 import _coded_blocks, _page_heads_from_blocks, _raw_blocks, mixed_pages, same_bits
 
-from zipkv.kernels import codec
-from zipkv.kernels import layout_v3 as v3
-from zipkv.kernels import reference_v3 as ref
-from zipkv.kernels.layout import PageFormat
+from zipkv.kernels.codec import pages as codec
+from zipkv.kernels.format import layout_v3 as v3
+from zipkv.kernels.format.layout import PageFormat
+from zipkv.kernels.reference import heap_v3
+from zipkv.kernels.reference import pages_v3 as ref
 
 ALL_BITS = torch.arange(65536, dtype=torch.int32)
 POISON = 0x7FBF  # a NaN pattern no test page holds at every position
@@ -32,7 +33,7 @@ def check_against_reference(
     want, got = heap.clone(), heap  # the reference runs where the kernels do
     want_meta = torch.zeros(n, fmt.page_heads_per_page, fmt.meta_bytes, dtype=torch.uint8, device=device)
     want_sizes = torch.zeros(n, dtype=torch.int32, device=device)
-    ref.encode_pages(want, src, dst, want_meta, want_sizes, fmt)
+    heap_v3.encode_pages(want, src, dst, want_meta, want_sizes, fmt)
     meta = torch.full_like(want_meta, 0xAB)
     sizes = torch.full_like(want_sizes, -1)
     codec.encode_pages(got, src, dst, meta, sizes, fmt)

@@ -9,10 +9,10 @@ import pytest
 import torch
 from paged_cases import assert_mixed, make_case, rel_err, run_both
 
-from zipkv.kernels import layout_v3 as v3
-from zipkv.kernels.decode_attention import decode_attention, plan_decode
-from zipkv.kernels.decode_plan import choose_max_splits
-from zipkv.kernels.layout import BlockGeometry, PageFormat
+from zipkv.kernels.attention.decode import decode_attention, plan_decode
+from zipkv.kernels.attention.decode_plan import choose_max_splits
+from zipkv.kernels.format import layout_v3 as v3
+from zipkv.kernels.format.layout import BlockGeometry, PageFormat
 
 
 @pytest.mark.parametrize(

@@ -1,5 +1,5 @@
-"""The Hopper decode kernel (kernels/decode_hopper.py) without a GPU: its shared-memory views are exact, and
-it compiles for sm_90 with the resources the H200 measurements were taken at.
+"""The Hopper decode kernel (kernels/attention/hopper/decode.py) without a GPU: its shared-memory views are
+exact, and it compiles for sm_90 with the resources the H200 measurements were taken at.
 
 The kernel is Gluon against Triton 3.6.0's API (the GPU machine's, SGLang 0.5.17's pin); scripts/setup.sh
 puts that Triton in .cache/gluon-venv beside this environment's, and the compile runs there. Its numerics
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from zipkv.kernels import decode_hopper_layouts as views
+from zipkv.kernels.attention.hopper import layouts as views
 
 ROOT = Path(__file__).resolve().parents[2]
 GLUON_PY = ROOT / ".cache/gluon-venv/bin/python"

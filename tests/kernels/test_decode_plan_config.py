@@ -5,8 +5,15 @@ from __future__ import annotations
 import pytest
 import torch
 
-from zipkv.kernels.decode_plan import KERNEL_CONFIG_ENV, KERNEL_CONFIGS, PREFETCH, kernel_config, plan_decode
-from zipkv.kernels.layout import PageFormat
+from zipkv.kernels.attention.decode_config import (
+    KERNEL_CONFIG_ENV,
+    KERNEL_CONFIGS,
+    DecodeKernelConfig,
+    kernel_config,
+    parse_kernel_config,
+)
+from zipkv.kernels.attention.decode_plan import plan_decode
+from zipkv.kernels.format.layout import PageFormat
 
 
 def _plan(fmt: PageFormat):  # type: ignore[no-untyped-def]
@@ -18,9 +25,12 @@ def _plan(fmt: PageFormat):  # type: ignore[no-untyped-def]
 
 def test_defaults_are_the_tuned_tables(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(KERNEL_CONFIG_ENV, raising=False)
-    assert kernel_config(128) == (*KERNEL_CONFIGS[128], PREFETCH[128])
+    assert kernel_config(128) == KERNEL_CONFIGS[128] == DecodeKernelConfig(32, 1, 1, 2, 8, prefetch=False)
     plan = _plan(PageFormat(128, 2))
-    assert (plan.block_n, plan.num_warps, plan.num_stages) == KERNEL_CONFIGS[128][:3]
+    tuned = KERNEL_CONFIGS[128]
+    assert (plan.block_n, plan.num_warps, plan.num_stages, plan.twin_num_stages, plan.prefetch) == (
+        tuned.block_n, tuned.num_warps, tuned.num_stages, tuned.twin_num_stages, tuned.prefetch,
+    )  # fmt: skip
 
 
 def test_override_reaches_the_plan(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -29,7 +39,29 @@ def test_override_reaches_the_plan(monkeypatch: pytest.MonkeyPatch) -> None:
     assert (plan.block_n, plan.num_warps, plan.num_stages, plan.twin_num_stages, plan.prefetch) == (
         64, 2, 2, 3, True,
     )  # fmt: skip
-    assert kernel_config(64) == (64, 2, 2, 3, 4, True)  # every head_dim
+    assert kernel_config(64) == DecodeKernelConfig(64, 2, 2, 3, 4, prefetch=True)  # every head_dim
+
+
+def test_the_text_form_round_trips_and_a_passed_config_replaces_the_table(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv(KERNEL_CONFIG_ENV, raising=False)
+    for config in KERNEL_CONFIGS.values():
+        assert parse_kernel_config(config.text) == config
+    assert DecodeKernelConfig(64, 2, 2, 3, 4, prefetch=True).text == "64:2:2:3:4:1"
+    lens = torch.tensor([100], dtype=torch.int32)
+    indptr = torch.tensor([0, 7], dtype=torch.int32)
+    config = DecodeKernelConfig(64, 2, 3, 4, 1, prefetch=True)
+    plan = plan_decode(torch.arange(7, dtype=torch.int32), indptr, lens, PageFormat(128, 2), 8, config=config)
+    assert (plan.block_n, plan.num_warps, plan.num_stages, plan.twin_num_stages, plan.prefetch) == (
+        64, 2, 3, 4, True,
+    )  # fmt: skip
+    assert (
+        plan_decode(
+            torch.arange(7, dtype=torch.int32), indptr, lens, PageFormat(128, 2), 8, config=config, block_n=16
+        ).block_n
+        == 16
+    )  # a single field still overrides
 
 
 @pytest.mark.parametrize(
@@ -51,10 +83,12 @@ def test_a_malformed_override_is_refused_with_the_expected_form(
     monkeypatch.setenv(KERNEL_CONFIG_ENV, text)
     with pytest.raises(ValueError, match=why):
         _plan(PageFormat(128, 2))
+    with pytest.raises(ValueError, match="--configs="):  # the bench's flag names itself
+        parse_kernel_config(text, "--configs")
 
 
 def test_the_hopper_kernel_is_chosen_only_where_it_runs(monkeypatch: pytest.MonkeyPatch) -> None:
-    from zipkv.kernels.decode_plan import DECODE_IMPL_ENV, plan_decode
+    from zipkv.kernels.attention.decode_config import DECODE_IMPL_ENV
 
     ids = torch.arange(4, dtype=torch.int32)
     indptr = torch.tensor([0, 4], dtype=torch.int32)
@@ -73,19 +107,19 @@ def test_the_hopper_kernel_is_chosen_only_where_it_runs(monkeypatch: pytest.Monk
 def test_auto_picks_the_hopper_kernel_for_v3_pages_on_sm90_and_the_pool_writes_v3_there(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from zipkv.kernels import decode_plan as dp
-    from zipkv.kernels.layout import FORMAT_VERSION
+    from zipkv.kernels.attention import decode_config as dc
+    from zipkv.kernels.format.layout import FORMAT_VERSION
 
     cpu, gpu = torch.device("cpu"), torch.device("cuda")
     v2, v3 = (PageFormat(head_dim=128, num_kv_heads=2, version=v) for v in (2, 3))
-    assert dp.decode_impl(None, v3, cpu) == "portable"
-    assert dp.serving_format_version(cpu, {}) == FORMAT_VERSION
-    monkeypatch.setattr(dp, "is_sm90", lambda device: device.type == "cuda")  # as on an H200
-    assert dp.decode_impl("auto", v3, gpu) == "hopper"
-    assert dp.decode_impl("auto", v2, gpu) == "portable"  # the Hopper kernel reads v3 only
-    assert dp.decode_impl("portable", v3, gpu) == "portable"  # asked for: honoured
-    assert dp.serving_format_version(gpu, {}) == 3
-    assert dp.serving_format_version(gpu, {dp.PAGE_FORMAT_ENV: "2"}) == 2
-    assert dp.serving_format_version(cpu, {dp.PAGE_FORMAT_ENV: "3"}) == 3
+    assert dc.decode_impl(None, v3, cpu) == "portable"
+    assert dc.serving_format_version(cpu, {}) == FORMAT_VERSION
+    monkeypatch.setattr(dc, "is_sm90", lambda device: device.type == "cuda")  # as on an H200
+    assert dc.decode_impl("auto", v3, gpu) == "hopper"
+    assert dc.decode_impl("auto", v2, gpu) == "portable"  # the Hopper kernel reads v3 only
+    assert dc.decode_impl("portable", v3, gpu) == "portable"  # asked for: honoured
+    assert dc.serving_format_version(gpu, {}) == 3
+    assert dc.serving_format_version(gpu, {dc.PAGE_FORMAT_ENV: "2"}) == 2
+    assert dc.serving_format_version(cpu, {dc.PAGE_FORMAT_ENV: "3"}) == 3
     with pytest.raises(ValueError, match="choose 2 or 3"):
-        dp.serving_format_version(gpu, {dp.PAGE_FORMAT_ENV: "1"})
+        dc.serving_format_version(gpu, {dc.PAGE_FORMAT_ENV: "1"})

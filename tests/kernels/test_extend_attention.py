@@ -8,10 +8,10 @@ import pytest
 import torch
 from paged_cases import Case, assert_mixed, make_case
 
-from zipkv.kernels import layout_v3 as v3
-from zipkv.kernels.extend_attention import ExtendPlan, extend_attention, plan_extend
-from zipkv.kernels.layout import BlockGeometry, PageFormat
-from zipkv.kernels.reference_attention import extend_attention_reference
+from zipkv.kernels.attention.extend import ExtendPlan, extend_attention, plan_extend
+from zipkv.kernels.format import layout_v3 as v3
+from zipkv.kernels.format.layout import BlockGeometry, PageFormat
+from zipkv.kernels.reference.attention import extend_attention_reference
 
 
 def extend_case(head_dim: int, group: int, prefix_lens: list[int], new_lens: list[int], device: str, **kw):  # type: ignore[no-untyped-def]

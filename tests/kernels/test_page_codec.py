@@ -1,12 +1,13 @@
-"""The public reference codec (kernels/page_codec.py): round trips and sizes, every version and head_dim."""
+"""The public reference codec (kernels/reference/page_codec.py): round trips and sizes, every version and
+head_dim."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from zipkv.kernels import page_codec
-from zipkv.kernels.layout import SUPPORTED_HEAD_DIMS, SUPPORTED_VERSIONS, PageFormat
+from zipkv.kernels.format.layout import SUPPORTED_HEAD_DIMS, SUPPORTED_VERSIONS, PageFormat
+from zipkv.kernels.reference import page_codec
 
 CASES = [(v, d, kv) for v in SUPPORTED_VERSIONS for d in SUPPORTED_HEAD_DIMS for kv in (0, 1)]
 SPECIALS = [
@@ -139,7 +140,7 @@ def test_bad_input_is_refused_with_what_to_pass(
 @pytest.mark.parametrize("version", [1, 2])
 def test_v1_v2_pages_are_the_page_encoders_bytes(version: int) -> None:
     """encode_pages codes many v1/v2 pages in one call; each must be what reference.encode_page stores."""
-    from zipkv.kernels import reference as ref
+    from zipkv.kernels.reference import pages as ref
 
     fmt = PageFormat(64, 3, version=version)
     pages = _pages(fmt, 9)

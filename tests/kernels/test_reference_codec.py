@@ -7,9 +7,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from zipkv.kernels import layout
-from zipkv.kernels import reference as ref
-from zipkv.kernels.layout import BlockGeometry
+from zipkv.kernels.format import layout, scalar_rules
+from zipkv.kernels.format.layout import BlockGeometry
+from zipkv.kernels.reference import pages as ref
 
 ALL_BITS = torch.arange(65536, dtype=torch.int32)
 GEOMETRIES = [BlockGeometry(4, 128), BlockGeometry(16, 32), BlockGeometry(1, 512)]
@@ -87,8 +87,8 @@ def test_worked_example_b120_exponent127_gives_d3() -> None:
     code = int(encoded.data[layout.LOW_BYTES + 5])
     assert code & 0x07 == 3  # d = (127 - 120) >> 1
     assert code >> 7 == 0 and (code >> 6) & 1 == 1 and (code >> 3) & 0x07 == 0
-    assert code == layout.pack_code_byte(
-        layout.code_nibble(int(bits[0, 5]), 120), layout.code_nibble(int(bits[0, 69]), 120)
+    assert code == scalar_rules.pack_code_byte(
+        scalar_rules.code_nibble(int(bits[0, 5]), 120), scalar_rules.code_nibble(int(bits[0, 69]), 120)
     )
     assert int(encoded.data[5]) == int(bits[0, 5]) & 0xFF
 
@@ -103,7 +103,9 @@ def test_worked_example_code_byte_0xd0_restores_0xbf_and_0xc1() -> None:
     assert bool(((bits[:, :64] >> 8) == 0xBF).all())
     assert bool(((bits[:, 64:] >> 8) == 0xC1).all())
     assert torch.equal(bits & 0xFF, low.view(4, 128))
-    assert layout.restore_high_byte(1, 0, 63) == 0xBF and layout.restore_high_byte(1, 2, 63) == 0xC1
+    assert (
+        scalar_rules.restore_high_byte(1, 0, 63) == 0xBF and scalar_rules.restore_high_byte(1, 2, 63) == 0xC1
+    )
 
 
 @st.composite
@@ -130,7 +132,7 @@ def test_random_blocks_follow_the_rule_and_round_trip(
 ) -> None:
     block, e_min, span, _ = case
     e = exponents(bits_of(block)).view(-1)
-    expected = layout.block_base(e.tolist())
+    expected = scalar_rules.block_base(e.tolist())
     if not bool((e == 0).any()):  # no zeros: the exponent span alone decides
         assert (expected is not None) == (span + (e_min & 1) < layout.EXPONENT_SPAN)
     assert bool(ref.block_is_compressible(block)[0]) == (expected is not None)
@@ -147,11 +149,13 @@ def test_codes_match_the_scalar_rules_of_layout() -> None:
     bits = (torch.randint(0, 2, (512,), generator=gen, dtype=torch.int32) << 15) | (e << 7) | 0x2A
     geometry = BlockGeometry(16, 32)
     encoded = ref.encode_blocks(values_of(bits).view(1, 512), geometry)
-    b = layout.block_base(exponents(bits).tolist())
+    b = scalar_rules.block_base(exponents(bits).tolist())
     assert b is not None
     grid = bits.view(16, 32).tolist()
     want = [
-        layout.pack_code_byte(layout.code_nibble(row[k], b), layout.code_nibble(row[k + 16], b))
+        scalar_rules.pack_code_byte(
+            scalar_rules.code_nibble(row[k], b), scalar_rules.code_nibble(row[k + 16], b)
+        )
         for row in grid
         for k in range(16)
     ]

@@ -7,9 +7,9 @@ import itertools
 import pytest
 import torch
 
-from zipkv.kernels import layout
-from zipkv.kernels import reference as ref
-from zipkv.kernels.layout import PageFormat
+from zipkv.kernels.format import layout
+from zipkv.kernels.format.layout import PageFormat
+from zipkv.kernels.reference import pages as ref
 
 
 def kv_like(shape: tuple[int, ...], gen: torch.Generator) -> torch.Tensor:

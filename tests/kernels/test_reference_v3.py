@@ -1,4 +1,5 @@
-"""Page format v3's torch reference (kernels/reference_v3.py) against the format's rules (layout_v3.py).
+"""Page format v3's torch reference (kernels/reference/pages_v3.py) against the format's rules
+(format/layout_v3.py).
 
 The exhaustive tests put every one of the 65,536 bf16 bit patterns (NaN payloads, infinities, -0,
 subnormals included) at every one of a block's 128 positions, once in coded blocks and once in raw ones,
@@ -10,10 +11,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from zipkv.kernels import layout_v3 as v3
-from zipkv.kernels import reference
-from zipkv.kernels import reference_v3 as ref
-from zipkv.kernels.layout import PageFormat
+from zipkv.kernels.format import layout_v3 as v3
+from zipkv.kernels.format.layout import PageFormat
+from zipkv.kernels.reference import heap_v3
+from zipkv.kernels.reference import pages as reference
+from zipkv.kernels.reference import pages_v3 as ref
 
 D = 64  # 8 blocks per page-head; a block is 128 values whatever the head_dim
 
@@ -167,14 +169,15 @@ def test_packed_heap_matches_the_page_encoder() -> None:
     pages[4] = torch.randint(-32768, 32767, (2, 2, 16, 64), dtype=torch.int16, generator=g).view(
         torch.bfloat16
     )
-    heap, loc, meta = ref.pack_pages_v3(pages, fmt)
+    heap, loc, meta = heap_v3.pack_pages_v3(pages, fmt)
     stored, meta_ref = ref.encode_pages_v3(pages, fmt)
     assert torch.equal(meta, meta_ref)
     for i, data in enumerate(stored):
         assert torch.equal(heap[int(loc[i]) : int(loc[i]) + data.numel()], data)
 
 
-# ---- the heap: the Triton codec's twins, reached through reference.py by fmt.version ---------------------
+# ---- the heap: the Triton codec's twins, reached through reference/pages.py by fmt.version
+# ---------------------
 
 
 def mixed_pages(n: int, fmt: PageFormat, seed: int) -> torch.Tensor:

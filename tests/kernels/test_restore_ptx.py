@@ -12,9 +12,9 @@ import re
 
 import pytest
 
-from zipkv.kernels.decode_tiles import _RESTORE_PTX
-from zipkv.kernels.decode_tiles_paired import _RESTORE_PAIRED_PTX
-from zipkv.kernels.decode_tiles_v3 import _RESTORE_V3_PTX
+from zipkv.kernels.attention.tiles import _RESTORE_PTX
+from zipkv.kernels.attention.tiles_paired import _RESTORE_PAIRED_PTX
+from zipkv.kernels.attention.tiles_v3 import _RESTORE_V3_PTX
 
 MASK = 0xFFFFFFFF
 
@@ -88,7 +88,7 @@ def unpack16(lo: int, hi: int) -> list[int]:
 
 
 def restore_int(low: int, code: int, marker: int, raw: int, second: bool) -> int:
-    """The plain-integer restore of one value (decode_tiles._restore's interpreter path)."""
+    """The plain-integer restore of one value (attention/tiles.py's `_restore`, its interpreter path)."""
     if marker == 0xFF:
         return raw
     d = (code >> 3) & 7 if second else code & 7
@@ -147,9 +147,9 @@ def test_v2_restore_ptx_equals_the_integer_restore(seed: int) -> None:
 
 
 def restore_v3_int(pair: int, raw_b: int, code: int, marker: int, patch: int, second: bool) -> int:
-    """One value of page format v3 (layout_v3.py), written from the format's rules: a raw page's value is its
-    bf16 word; a raw block's high byte is the code byte (channel p) or the patch byte (channel p + D/2); a
-    coded block's is sign << 7 | (b/2 + d)."""
+    """One value of page format v3 (format/layout_v3.py), written from the format's rules: a raw page's value
+    is its bf16 word; a raw block's high byte is the code byte (channel p) or the patch byte (channel p +
+    D/2); a coded block's is sign << 7 | (b/2 + d)."""
     if marker == 0xFF:
         return raw_b if second else pair
     low = pair >> 8 if second else pair & 0xFF
@@ -187,12 +187,13 @@ def test_the_emulator_knows_the_sign_replicate_and_lut_conventions() -> None:
 
 
 def test_codec_v2_unpair_selectors_split_pair_words_like_the_integer_path() -> None:
-    """codec_decode._unpair: its two prmt selectors against the shifts and masks the interpreter runs."""
+    """restore._unpair (kernels/codec/restore.py): its two prmt selectors against the shifts and masks the
+    interpreter runs."""
     import inspect
 
-    from zipkv.kernels import codec_decode
+    from zipkv.kernels.codec import restore
 
-    src = inspect.getsource(codec_decode._unpair.fn)
+    src = inspect.getsource(restore._unpair.fn)
     sel_a, sel_b = (int(x, 16) for x in re.findall(r"prmt\.b32 \$0, \$1, \$2, (0x[0-9A-Fa-f]+);", src))
     rng = random.Random(9)
     for _ in range(500):

@@ -10,7 +10,7 @@ import grpc
 import pytest
 from worker_helpers import RecordingControlPlane
 
-from zipkv.kernels.layout import PageFormat
+from zipkv.kernels.format.layout import PageFormat
 from zipkv.protos import zipkv_pb2_grpc as pb_grpc
 
 

@@ -24,8 +24,8 @@ SCHEDULER = textwrap.dedent(
     import torch
     from zipkv.allocator import PagePool
     from zipkv.allocator.device import default_encoder
-    from zipkv.kernels import reference
-    from zipkv.kernels.layout import PAGE_TOKENS, PageFormat
+    from zipkv.kernels.reference import pages as reference
+    from zipkv.kernels.format.layout import PAGE_TOKENS, PageFormat
     from zipkv.worker.encode_timer import TimedEncoder
     from zipkv.worker.engines.sglang.kv_stats_board import KVStatsBoard
     from zipkv.worker.engines.sglang.allocator import ZipkvAllocator
@@ -111,7 +111,7 @@ def test_encode_latency_lands_in_its_bucket() -> None:
 
 
 def test_timed_encoder_counts_launches_and_pages_on_the_cpu() -> None:
-    from zipkv.kernels.layout import PageFormat
+    from zipkv.kernels.format.layout import PageFormat
 
     fmt = PageFormat(head_dim=64, num_kv_heads=1)
     calls: list[int] = []

@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import torch
 from test_sglang_pool import fill, make
 
-from zipkv.kernels.layout import PAGE_TOKENS
+from zipkv.kernels.format.layout import PAGE_TOKENS
 from zipkv.worker.engines.sglang.admission import AdmissionLatch
 
 

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from zipkv.allocator import PagePool
-from zipkv.kernels.layout import PAGE_TOKENS, PageFormat
+from zipkv.kernels.format.layout import PAGE_TOKENS, PageFormat
 from zipkv.worker.engines.sglang.allocator import ZipkvAllocator
 from zipkv.worker.engines.sglang.attention import BatchView, ZipkvAttention, ZipkvKV
 from zipkv.worker.engines.sglang.slots import budget_bytes_for_tokens, virtual_pages_for_budget

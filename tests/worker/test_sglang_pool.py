@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from zipkv.allocator import PagePool
-from zipkv.kernels import reference
-from zipkv.kernels.layout import PAGE_TOKENS, PageFormat
+from zipkv.kernels.format.layout import PAGE_TOKENS, PageFormat
+from zipkv.kernels.reference import pages as reference
 from zipkv.worker.engines.sglang.allocator import ZipkvAllocator
 from zipkv.worker.engines.sglang.slots import (
     budget_bytes_for_tokens,
@@ -272,3 +272,18 @@ def test_ranks_agree_on_headroom_whatever_their_pages_compress_to(fmt: PageForma
     assert ranks[0].available_size() == ranks[1].available_size() == before[0] - n
     with pytest.raises(RuntimeError, match="empty pool"):
         ranks[0].agree_across_ranks()
+
+
+def test_the_hopper_kernel_runs_its_own_measured_shape_inside_sglang(monkeypatch: pytest.MonkeyPatch) -> None:
+    from zipkv.kernels.attention import decode_config as dc
+    from zipkv.kernels.format.layout import PageFormat
+    from zipkv.worker.engines.sglang.attention import step_kernel_config
+
+    v3 = PageFormat(head_dim=128, num_kv_heads=8, version=3)
+    cpu, gpu = torch.device("cpu"), torch.device("cuda")
+    assert step_kernel_config(v3, cpu) == dc.kernel_config(128)  # the portable kernel: its tuned shape
+    monkeypatch.setattr(dc, "is_sm90", lambda device: device.type == "cuda")  # as on an H200
+    monkeypatch.delenv(dc.KERNEL_CONFIG_ENV, raising=False)
+    assert step_kernel_config(v3, gpu) is None  # plan_decode then takes HOPPER_CONFIG
+    monkeypatch.setenv(dc.KERNEL_CONFIG_ENV, "64:4:3:2:3:0")  # an explicit shape still wins
+    assert step_kernel_config(v3, gpu) == dc.parse_kernel_config("64:4:3:2:3:0")

@@ -14,7 +14,7 @@ import pytest
 import torch
 from test_sglang_pool import FMT, FMT_V3, fill, make
 
-from zipkv.kernels.layout import PAGE_TOKENS, PageFormat
+from zipkv.kernels.format.layout import PAGE_TOKENS, PageFormat
 from zipkv.worker.engines.sglang.allocator import ZipkvAllocator
 from zipkv.worker.engines.sglang.reclaim import PrefixCache, overcount_tokens
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
-from zipkv.kernels.layout import FORMAT_VERSION, PAGE_TOKENS, PageFormat
+from zipkv.kernels.format.layout import FORMAT_VERSION, PAGE_TOKENS, PageFormat
 from zipkv.protos.capacity import Capacity
 from zipkv.worker.engine import EngineEvent, EngineRequest, FinishReason, RequestRejected
 from zipkv.worker.engine_stats import KVStats, now_ns
@@ -40,7 +40,9 @@ class ReferenceEngineConfig:
     max_prefill_tokens: int = 4096  # per step; a longer prompt still runs, alone
     chunk_bytes: int = 256 << 10
     kernels: str = "auto"  # auto | triton | torch (see KVStore)
-    format_version: int = FORMAT_VERSION  # the page format the KV cache is written in (kernels/layout.py)
+    format_version: int = (
+        FORMAT_VERSION  # the page format the KV cache is written in (kernels/format/layout.py)
+    )
 
 
 class ReferenceEngine:

@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from zipkv.kernels.layout import PAGE_TOKENS, PageFormat
+from zipkv.kernels.format.layout import PAGE_TOKENS, PageFormat
 from zipkv.worker.encode_timer import TimedEncoder
 from zipkv.worker.engine_stats import KernelsInUse, KVStats, decode_kernel_label, kv_stats_of
 
@@ -53,16 +53,17 @@ class KVStore:
         )
         use_triton = kernels == "triton" or (kernels == "auto" and self.device.type == "cuda")
         if use_triton:
-            from zipkv.kernels import codec, decode_attention
+            from zipkv.kernels.attention import decode as decode_attention
+            from zipkv.kernels.codec import pages as codec
 
             self._store_tokens: Any = codec.store_tokens
             self._decode_mod: Any = decode_attention
         else:
-            from zipkv.kernels import reference
+            from zipkv.kernels.reference import pages as reference
 
             self._store_tokens = reference.store_tokens
             self._decode_mod = None
-        from zipkv.kernels import reference as ref
+        from zipkv.kernels.reference import pages as ref
 
         self._gather_pages: Any = ref.gather_pages
         self.kernels = KernelsInUse(

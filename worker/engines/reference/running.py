@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from zipkv.kernels.layout import PAGE_TOKENS
+from zipkv.kernels.format.layout import PAGE_TOKENS
 from zipkv.worker.engine import EngineRequest
 from zipkv.worker.engine_stats import RequestTimings, now_ns
 

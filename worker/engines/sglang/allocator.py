@@ -35,7 +35,7 @@ from collections.abc import Callable
 import torch
 
 from zipkv.allocator import OutOfPages, PagePool
-from zipkv.kernels.layout import PAGE_TOKENS
+from zipkv.kernels.format.layout import PAGE_TOKENS
 from zipkv.worker.engines.sglang.kv_stats_board import PUBLISH_EVERY_STEPS, KVStatsBoard
 from zipkv.worker.engines.sglang.readback import Readback, copy_to_host
 from zipkv.worker.engines.sglang.reclaim import PrefixCache, overcount_tokens, reclaim

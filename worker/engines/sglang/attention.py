@@ -11,7 +11,7 @@ No sglang import here: `seams` subclasses SGLang's ``AttentionBackend`` and ``KV
 - **Extend** (prefill, chunked prefill, prefix hits): attention for the new tokens with SGLang's Triton extend
   kernel; a prefix (chunked prefill, radix hit) is restored from its pages into a scratch buffer first, or,
   with ``ZIPKV_EXTEND_KERNEL=fused``, read from its pages inside zipkv's extend kernel
-  (kernels/extend_attention.py: compressed tiles restored in registers, no scratch copy).
+  (kernels/attention/extend.py: compressed tiles restored in registers, no scratch copy).
 - **Compression**: at the start of every forward step, `ZipkvAllocator.compress_step` marks the pages the
   previous step filled and runs the pool's step (one encode launch for all of them, all layers).
 """
@@ -26,12 +26,12 @@ import torch
 
 from zipkv.allocator import PagePool
 from zipkv.allocator.pool import LayerPages
-from zipkv.kernels.layout import PAGE_TOKENS, PageFormat
+from zipkv.kernels.format.layout import PAGE_TOKENS, PageFormat
 from zipkv.worker.engines.sglang.allocator import ZipkvAllocator
 from zipkv.worker.engines.sglang.slots import to_device
 
 if TYPE_CHECKING:  # the kernels import Triton: loaded on first use
-    from zipkv.kernels.extend_attention import ExtendPlan
+    from zipkv.kernels.attention.extend import ExtendPlan
 
 
 @dataclass(frozen=True)
@@ -54,12 +54,12 @@ class ZipkvKV:
     def __init__(self, pool: PagePool, fmt: PageFormat, start_layer: int) -> None:
         self.pool, self.fmt, self.start_layer = pool, fmt, start_layer
         try:  # the Triton codec on the GPU; the torch reference elsewhere
-            from zipkv.kernels import codec
+            from zipkv.kernels.codec import pages as codec
 
             self._store = codec.store_tokens
             self._decode_pages: Callable[..., None] | None = codec.decode_pages
         except ImportError:
-            from zipkv.kernels import reference
+            from zipkv.kernels.reference import pages as reference
 
             self._store = reference.store_tokens
             self._decode_pages = None
@@ -81,7 +81,7 @@ class ZipkvKV:
         """Pages of one layer, raw or compressed, restored: bf16 [n, 2, H, 16, D]."""
         pages = self.pages(layer_id)
         if self._decode_pages is None or page_ids.device.type != "cuda":
-            from zipkv.kernels.reference import gather_pages
+            from zipkv.kernels.reference.pages import gather_pages
 
             return gather_pages(pages.heap, pages.loc, pages.meta, page_ids, self.fmt)
         fmt = self.fmt
@@ -118,6 +118,19 @@ class _Extend:
     fused: ExtendPlan | None = None  # when zipkv's extend kernel reads the prefix ($ZIPKV_EXTEND_KERNEL)
 
 
+def step_kernel_config(fmt: PageFormat, device: torch.device) -> Any:
+    """The decode kernel's shape for every step: $ZIPKV_DECODE_KERNEL when set, else None where the Hopper
+    kernel runs (the plan then takes its own measured shape, HOPPER_CONFIG), else the portable kernel's
+    tuned shape for the head_dim (whose tile and stages would not suit the Hopper kernel)."""
+    import os
+
+    from zipkv.kernels.attention.decode_config import KERNEL_CONFIG_ENV, decode_impl, kernel_config
+
+    if decode_impl(None, fmt, device) == "hopper" and not os.environ.get(KERNEL_CONFIG_ENV):
+        return None
+    return kernel_config(fmt.head_dim)
+
+
 class ZipkvAttention:
     """Per-step metadata and the two forward paths; SGLang's backend object delegates here."""
 
@@ -133,12 +146,11 @@ class ZipkvAttention:
         self.kv, self.allocator, self.req_to_token = kv, allocator, req_to_token
         self.num_q_heads, self.compressed, self.extend_kernel = num_q_heads, compressed, extend_kernel
         self.max_pages_per_req = -(-req_to_token.shape[1] // PAGE_TOKENS)
-        from zipkv.kernels.decode_plan import kernel_config
-        from zipkv.kernels.extend_attention import extend_kernel_choice
+        from zipkv.kernels.attention.extend import extend_kernel_choice
 
         # the kernels' choices for every step, read at start-up: malformed $ZIPKV_DECODE_KERNEL or
         # $ZIPKV_EXTEND_KERNEL values fail here
-        self.kernel_config = kernel_config(kv.fmt.head_dim)
+        self.kernel_config = step_kernel_config(kv.fmt, req_to_token.device)
         self.fused_extend = extend_kernel_choice() == "fused"
         self.plan: Any = None
         self.extend_meta: _Extend | None = None
@@ -161,17 +173,14 @@ class ZipkvAttention:
             self.extend_meta = self._extend_meta(view)
 
     def _plan(self, view: BatchView, table: torch.Tensor, max_pages: int) -> Any:
-        from zipkv.kernels.decode_plan import plan_decode
+        from zipkv.kernels.attention.decode_plan import plan_decode
 
         bs = view.batch_size
         indptr = torch.arange(bs + 1, dtype=torch.int32, device=table.device) * max_pages
         kv_lens = view.seq_lens[:bs].to(torch.int32)
-        block_n, warps, stages, twin_stages, ctas, prefetch = self.kernel_config
         return plan_decode(
-            table.reshape(-1), indptr, kv_lens, self.kv.fmt, self.num_q_heads, block_n=block_n,
-            num_warps=warps, num_stages=stages, twin_num_stages=twin_stages, ctas_per_sm=ctas,
-            prefetch=prefetch,
-        )  # fmt: skip
+            table.reshape(-1), indptr, kv_lens, self.kv.fmt, self.num_q_heads, config=self.kernel_config
+        )
 
     def _extend_meta(self, view: BatchView) -> _Extend:
         if view.extend_seq_lens_cpu is None or view.extend_prefix_lens_cpu is None:
@@ -187,7 +196,7 @@ class ZipkvAttention:
             return _Extend(qo, max_ext, None)
         page_ids, pages = self._prefix_pages(view, pre)
         if self.fused_extend:  # the kernel reads the prefix pages itself: no scratch indices
-            from zipkv.kernels.extend_attention import plan_extend
+            from zipkv.kernels.attention.extend import plan_extend
 
             return _Extend(
                 qo, max_ext, None, plan_extend(ext, pre, page_ids, pages, self.kv.fmt, self.num_q_heads)
@@ -231,7 +240,7 @@ class ZipkvAttention:
         self, q: torch.Tensor, layer_id: int, sm_scale: float, out: torch.Tensor | None = None
     ) -> torch.Tensor:
         """q: bf16 [B, Hq * D] (or [B, Hq, D]); returns [B, Hq * D]."""
-        from zipkv.kernels.decode_attention import decode_attention
+        from zipkv.kernels.attention.decode import decode_attention
 
         fmt, pages = self.kv.fmt, self.kv.pages(layer_id)
         q3 = q.reshape(-1, self.num_q_heads, fmt.head_dim)
@@ -295,7 +304,7 @@ class ZipkvAttention:
         self, plan: ExtendPlan, q3: torch.Tensor, k3: torch.Tensor, v3: torch.Tensor, layer: int, scale: float
     ) -> torch.Tensor:
         """The new tokens over their prefix pages, read compressed in the kernel (no scratch copy)."""
-        from zipkv.kernels.extend_attention import extend_attention
+        from zipkv.kernels.attention.extend import extend_attention
 
         pages = self.kv.pages(layer)
         out = extend_attention(

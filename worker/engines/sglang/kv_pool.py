@@ -16,8 +16,8 @@ from sglang.srt.mem_cache.memory_pool import KVCache, unwrap_write_loc
 
 from zipkv.allocator import PagePool
 from zipkv.allocator.device import default_encoder
-from zipkv.kernels.decode_plan import serving_format_version
-from zipkv.kernels.layout import PageFormat
+from zipkv.kernels.attention.decode_config import serving_format_version
+from zipkv.kernels.format.layout import PageFormat
 from zipkv.worker.encode_timer import TimedEncoder
 from zipkv.worker.engines.sglang.allocator import ZipkvAllocator
 from zipkv.worker.engines.sglang.attention import ZipkvKV
@@ -39,7 +39,7 @@ class ZipkvKVCache(KVCache):
         end_layer: int | None,
         compression: bool,
     ) -> None:
-        # v3 on sm_90, where the Hopper decode kernel reads it (kernels/decode_plan.py)
+        # v3 on sm_90, where the Hopper decode kernel reads it (kernels/attention/decode_plan.py)
         version = serving_format_version(torch.device(device))
         self.fmt = PageFormat(head_dim=head_dim, num_kv_heads=head_num, version=version)
         self.budget_bytes = budget_bytes_for_tokens(raw_tokens, self.fmt, layer_num)

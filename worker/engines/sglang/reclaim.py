@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from zipkv.allocator import PagePool
-from zipkv.kernels.layout import PAGE_TOKENS, PageFormat
+from zipkv.kernels.format.layout import PAGE_TOKENS, PageFormat
 
 RECLAIM_ROUNDS = 6
 RECLAIM_LIVE_FRACTION = 0.99  # under pressure, compact any chunk whose dead bytes could make room

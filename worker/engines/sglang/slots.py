@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from zipkv.kernels.layout import PAGE_TOKENS, PageFormat
+from zipkv.kernels.format.layout import PAGE_TOKENS, PageFormat
 
 
 def to_device(values: list[int], device: torch.device) -> torch.Tensor:

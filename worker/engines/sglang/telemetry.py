@@ -77,9 +77,9 @@ def kernels_in_use(
     """The kernels the scheduler runs on ``device``, from the same settings it reads (docs/sglang.md)."""
     import torch
 
-    from zipkv.kernels.decode_plan import DECODE_IMPL_ENV, decode_impl, serving_format_version
-    from zipkv.kernels.extend_attention import EXTEND_KERNEL_ENV
-    from zipkv.kernels.layout import PageFormat
+    from zipkv.kernels.attention.decode_config import DECODE_IMPL_ENV, decode_impl, serving_format_version
+    from zipkv.kernels.attention.extend import EXTEND_KERNEL_ENV
+    from zipkv.kernels.format.layout import PageFormat
 
     env = os.environ if env is None else env
     where = torch.device(device)

@@ -1,0 +1,145 @@
+"""The decode kernel's configuration: which kernel a plan runs, its launch shape, and the page format a
+serving pool writes (kernels/attention/decode_plan.py builds the per-step plan from them).
+
+Each has a default and an environment override read here: ``$ZIPKV_DECODE_IMPL`` (the kernel),
+``$ZIPKV_DECODE_KERNEL`` (the portable kernel's shape) and ``$ZIPKV_PAGE_FORMAT`` (the pool's format).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import ClassVar
+
+import torch
+
+from ..format.layout import FORMAT_VERSION, PAGE_TOKENS, PageFormat
+
+
+@dataclass(frozen=True)
+class DecodeKernelConfig:
+    """The shape of a decode kernel launch. Its text form (``$ZIPKV_DECODE_KERNEL``, the bench's
+    ``--configs``) is the fields in order, prefetch as 0 or 1: :attr:`FIELDS`."""
+
+    block_n: int  # tokens per tile: a power of two, a whole number of pages
+    num_warps: int  # warps per program
+    num_stages: int  # software-pipeline stages of the compressed kernel
+    twin_num_stages: int  # of the uncompressed twin
+    ctas_per_sm: int  # programs resident per SM: the slots of the split count's wave model
+    prefetch: bool = False  # compressed kernel: double-buffer tile loads in registers
+
+    FIELDS: ClassVar[str] = "block_n:warps:stages:twin_stages:ctas_per_sm:prefetch"
+
+    def as_ints(self) -> tuple[int, int, int, int, int, int]:
+        return (
+            self.block_n, self.num_warps, self.num_stages, self.twin_num_stages, self.ctas_per_sm,
+            int(self.prefetch),
+        )  # fmt: skip
+
+    @property
+    def text(self) -> str:
+        """``32:1:1:2:8:0``: what :func:`parse_kernel_config` reads back."""
+        return ":".join(map(str, self.as_ints()))
+
+
+# Per head_dim: (tokens per tile, warps per program, software-pipeline stages of the compressed kernel,
+# of the twin, programs resident per SM, prefetch). head_dim 128 tuned on the H200 (docs/benchmarks.md, "Fused
+# decode attention"): one warp per program and 32-token tiles beat four warps and 64-token tiles by 1.3x
+# (0.72 against 0.54 of the compressed read floor): a one-warp program needs no barrier for the softmax's
+# row max and sum, and eight resident programs keep more loads in flight than three four-warp ones. The
+# registers (~250 per thread, no spills) allow eight programs per SM, which feeds the wave model above.
+# Pipelining masked byte loads through shared memory costs the compressed kernel more than it hides
+# (0.41 of the floor with two stages), while the twin's plain bf16 tiles gain from it (0.95-0.98 of the
+# raw floor with two stages). The stage count changes only when loads are issued, never the arithmetic,
+# so the two stay bit-identical (checked on every benchmarked shape). head_dim 64 and 256 keep the
+# earlier four-warp shape, which the GPU tests compiled and checked; neither is tuned.
+# Prefetch (the compressed kernel double-buffers its tile loads in registers) is off everywhere: measured
+# slower for head_dim 128, it costs more registers than the overlap gains.
+KERNEL_CONFIGS: dict[int, DecodeKernelConfig] = {
+    64: DecodeKernelConfig(64, 4, 1, 2, 3, prefetch=False),
+    128: DecodeKernelConfig(32, 1, 1, 2, 8, prefetch=False),
+    256: DecodeKernelConfig(32, 4, 1, 2, 3, prefetch=False),
+}
+# Overrides the table for every head_dim, e.g. to run a shape a kernel sweep picked inside SGLang before it
+# becomes the default: ``block_n:warps:stages:twin_stages:ctas_per_sm:prefetch`` (the bench's --configs).
+KERNEL_CONFIG_ENV = "ZIPKV_DECODE_KERNEL"
+# Which kernel a plan runs: "portable" (the plain-Triton kernel, attention/decode.py: any GPU and the
+# interpreter), "hopper" (the Gluon kernel for sm_90 over page format v3, attention/hopper/decode.py), or
+# "auto" (the default): the Hopper kernel where it can run (v3 pages on an sm_90 GPU, where it is the faster
+# one, docs/benchmarks.md), the portable one elsewhere.
+DECODE_IMPL_ENV = "ZIPKV_DECODE_IMPL"
+DECODE_IMPLS = ("auto", "portable", "hopper")
+# The page format a serving pool writes (2 or 3); by default v3 on sm_90, where the Hopper kernel reads it,
+# and layout.FORMAT_VERSION elsewhere (the portable kernel reads v2 faster than v3).
+PAGE_FORMAT_ENV = "ZIPKV_PAGE_FORMAT"
+# The Hopper kernel's shape, measured on the H200: 64-token tiles, 4 warps, a 2-stage ring, three programs
+# per SM (its registers capped at 168 for head_dim 128, hopper.launch.HOPPER_MAXNREG, and 68 KB of shared
+# memory each): 1.04-1.13x FlashInfer at batch >= 8 against 0.98-1.05x at two per SM.
+HOPPER_CONFIG = DecodeKernelConfig(64, 4, 2, 2, 3, prefetch=False)
+# At batch 1 more splits than this cost more (the ring's fill, the merge) than they gain: 1 x 32768 takes
+# 56 us with 33 splits and 62 us with 99.
+HOPPER_MAX_SPLITS = 32
+
+
+def is_sm90(device: torch.device) -> bool:
+    return device.type == "cuda" and torch.cuda.get_device_capability(device) == (9, 0)
+
+
+def serving_format_version(device: torch.device, env: Mapping[str, str] | None = None) -> int:
+    """The page format a serving pool on ``device`` writes (``$ZIPKV_PAGE_FORMAT``, see above)."""
+    env = os.environ if env is None else env
+    asked = env.get(PAGE_FORMAT_ENV, "")
+    if asked:
+        if asked not in ("2", "3"):
+            raise ValueError(f"{PAGE_FORMAT_ENV}={asked!r}: choose 2 or 3 (docs/format.md)")
+        return int(asked)
+    return 3 if is_sm90(device) else FORMAT_VERSION
+
+
+def decode_impl(impl: str | None, fmt: PageFormat, device: torch.device) -> str:
+    """The kernel a plan runs, checked: ValueError saying what to change when it cannot run here."""
+    impl = impl or os.environ.get(DECODE_IMPL_ENV, "") or "auto"
+    if impl not in DECODE_IMPLS:
+        raise ValueError(f"{DECODE_IMPL_ENV}={impl!r}: choose one of {', '.join(DECODE_IMPLS)}")
+    if impl == "auto":
+        return "hopper" if fmt.version >= 3 and is_sm90(device) else "portable"
+    if impl == "hopper":
+        if fmt.version < 3:
+            raise ValueError(
+                f"the hopper decode kernel reads page format v3; this pool stores v{fmt.version}"
+                f" (set {PAGE_FORMAT_ENV}=3)"
+            )
+        if not is_sm90(device):
+            raise ValueError(
+                f"the hopper decode kernel needs an sm_90 GPU (H100/H200); the KV is on {device}"
+            )
+    return impl
+
+
+def kernel_config(head_dim: int) -> DecodeKernelConfig:
+    """The portable kernel's shape for ``head_dim``: the tuned table, or the override in
+    ``$ZIPKV_DECODE_KERNEL``."""
+    override = os.environ.get(KERNEL_CONFIG_ENV, "")
+    if override:
+        return parse_kernel_config(override)
+    return KERNEL_CONFIGS[head_dim]
+
+
+@lru_cache(maxsize=8)
+def parse_kernel_config(text: str, source: str = KERNEL_CONFIG_ENV) -> DecodeKernelConfig:
+    """Parse ``block_n:warps:stages:twin_stages:ctas_per_sm:prefetch``; ValueError says what is wrong
+    (``source`` names where the text came from)."""
+    want = f"{source}={text!r}: expected {DecodeKernelConfig.FIELDS}, e.g. 32:1:1:2:8:0"
+    try:
+        block_n, warps, stages, twin_stages, ctas, prefetch = (int(x) for x in text.split(":"))
+    except ValueError as exc:
+        raise ValueError(want) from exc
+    if block_n < PAGE_TOKENS or block_n & (block_n - 1):
+        raise ValueError(f"{want}; block_n must be a power of two >= {PAGE_TOKENS}")
+    if warps not in (1, 2, 4, 8) or not 1 <= stages <= 4 or not 1 <= twin_stages <= 4 or ctas < 1:
+        raise ValueError(f"{want}; warps in 1/2/4/8, stages 1..4, ctas_per_sm >= 1")
+    if prefetch not in (0, 1):
+        raise ValueError(f"{want}; prefetch is 0 or 1")
+    return DecodeKernelConfig(block_n, warps, stages, twin_stages, ctas, prefetch=bool(prefetch))

@@ -1,0 +1,197 @@
+"""Hopper (sm_90) fused decode attention over page format v3, in Gluon (Triton 3.6's explicit layer).
+
+One program handles one (request, KV head, split), all ``Hq / H`` query heads of the KV head at once (16
+MMA rows). Its pages stream from global to shared memory in a ring of ``STAGES`` tiles (``cp.async``, one
+commit group per tile of ``NP`` pages), so the next tiles' bytes are in flight while this one is restored
+and multiplied. Per page the producer copies exactly what is stored (kernels/format/layout_v3.py): a coded
+page's lo plane, code plane and the patches of its raw blocks, or a raw page's bf16; the tile's metadata goes
+with them. Page table and metadata reads run one tile ahead of the copies they steer.
+
+Three ways through a tile, chosen per tile (uniform across the program):
+- all pages coded, all tokens valid (the common case): a pre-pass turns every coded block's code words
+  into high-byte pairs (``(c & 0x87878787) + b/2`` and its twin for channels ``p + D/2``: eight values per
+  two words; raw blocks take theirs from the code slot and the patch), written where the codes were, in
+  the lo plane's order. Then both planes load straight into the MMA fragments with ``ldmatrix`` and four
+  ``prmt`` per eight values interleave low and high bytes into bf16 pairs. No restored bf16 tile goes
+  through shared memory.
+- all pages raw, all tokens valid (new pages, incompressible data, the uncompressed twin): bf16 loads
+  straight into the fragments, nothing else.
+- anything else (the tile holding a request's last, partly written page; a tile mixing raw and coded
+  pages): every value is gathered and restored from global memory in the fragment layout; rare, slower.
+All three hand bit-identical operands to the same attention code, so a compressed page and a raw page
+holding the same values give bit-identical outputs (compression on and off give identical tokens).
+
+Layout (kernels/attention/hopper/layouts.py): S = Q_a K_a^T + Q_b K_b^T with ``_a`` channels ``p < D/2`` and
+``_b`` channels ``p + D/2`` (the pairs one v3 code byte holds); O_a += P V_a, O_b += P V_b. Split-KV and the
+plan come from kernels/attention/decode_plan.py; partial outputs merge in kernels/attention/merge.py. The
+launch, and the compile-time arguments it shares with the offline compile, are in launch.py beside this.
+"""
+
+from __future__ import annotations
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as ttgl
+from triton.experimental.gluon.language.nvidia.ampere import async_copy
+
+from .restore import attend, tile_operands
+from .ring import _PT, KIND_BITS, NUM_WARPS, issue_tile, tile_ids, tile_info
+
+M_ROWS = 16  # MMA rows: the GQA group, padded
+LOG2E = 1.4426950408889634
+_M = ttgl.constexpr(M_ROWS)  # Gluon reads globals only as constexpr
+_NW = ttgl.constexpr(NUM_WARPS)
+
+
+@gluon.jit
+def _load_q(
+    q_ptr, req, head, stride_qb, stride_qh, GROUP: ttgl.constexpr, D: ttgl.constexpr, a_l: ttgl.constexpr
+):
+    """The KV head's GROUP query rows (padded to 16), channels < D/2 and >= D/2, as MMA A operands."""
+    ld_l: ttgl.constexpr = ttgl.BlockedLayout([1, 8], [2, 16], [_NW, 1], [1, 0])
+    offs_m = ttgl.arange(0, _M, layout=ttgl.SliceLayout(1, ld_l))
+    offs_d = ttgl.arange(0, D // 2, layout=ttgl.SliceLayout(0, ld_l))
+    q_rows = q_ptr + req * stride_qb + (head * GROUP + offs_m)[:, None] * stride_qh + offs_d[None, :]
+    q_mask = (offs_m < GROUP)[:, None]
+    qa = ttgl.convert_layout(ttgl.load(q_rows, mask=q_mask, other=0.0), a_l)
+    qb = ttgl.convert_layout(ttgl.load(q_rows + D // 2, mask=q_mask, other=0.0), a_l)
+    return qa, qb
+
+
+@gluon.jit
+def _store_out(out_ptr, o_part_ptr, lse_part_ptr, m_i, l_acc, acc_a, acc_b, req, head, split, max_splits,
+               stride_ob, stride_oh, row_l: ttgl.constexpr, col_l: ttgl.constexpr, H: ttgl.constexpr,
+               GROUP: ttgl.constexpr, D: ttgl.constexpr, SPLIT: ttgl.constexpr):  # fmt: skip
+    """The program's rows: the final bf16 output, or (SPLIT) this split's fp32 partial and log2-sum-exp2."""
+    l_i = ttgl.sum(l_acc, axis=1)
+    out_a = acc_a / l_i[:, None]
+    out_b = acc_b / l_i[:, None]
+    offs_om = ttgl.arange(0, _M, layout=row_l)
+    offs_od = ttgl.arange(0, D // 2, layout=col_l)
+    o_mask = (offs_om < GROUP)[:, None]
+    q_head = head * GROUP + offs_om
+    if SPLIT:
+        part = (req * H * GROUP + q_head) * max_splits + split
+        o_rows = o_part_ptr + part[:, None] * D + offs_od[None, :]
+        ttgl.store(o_rows, out_a, mask=o_mask)
+        ttgl.store(o_rows + D // 2, out_b, mask=o_mask)
+        ttgl.store(lse_part_ptr + part, m_i + ttgl.log2(l_i), mask=offs_om < GROUP)
+    else:
+        o_rows = out_ptr + req * stride_ob + q_head[:, None] * stride_oh + offs_od[None, :]
+        ttgl.store(o_rows, out_a.to(ttgl.bfloat16), mask=o_mask)
+        ttgl.store(o_rows + D // 2, out_b.to(ttgl.bfloat16), mask=o_mask)
+
+
+@gluon.jit
+def _decode_hopper_kernel(
+    q_ptr, out_ptr, o_part_ptr, lse_part_ptr, heap_ptr, heap16_ptr, page_loc_ptr, meta_ptr,
+    page_ids_ptr, page_indptr_ptr, kv_lens_ptr, num_splits_ptr, split_tokens_ptr,
+    qk_scale, stride_qb, stride_qh, stride_ob, stride_oh, max_splits,
+    H: ttgl.constexpr, GROUP: ttgl.constexpr, D: ttgl.constexpr, NP: ttgl.constexpr,
+    STAGES: ttgl.constexpr, SPLIT: ttgl.constexpr, GATHER_ALL: ttgl.constexpr,
+    OP_K: ttgl.constexpr, OP_V: ttgl.constexpr, CW: ttgl.constexpr, HW: ttgl.constexpr, PG1: ttgl.constexpr,
+):  # fmt: skip
+    N: ttgl.constexpr = NP * _PT
+    mma: ttgl.constexpr = ttgl.NVMMADistributedLayout(
+        version=[2, 0], warps_per_cta=[1, _NW], instr_shape=[16, 8]
+    )
+    a_l: ttgl.constexpr = ttgl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
+    row_l: ttgl.constexpr = ttgl.SliceLayout(1, mma)
+    col_l: ttgl.constexpr = ttgl.SliceLayout(0, mma)
+    # Plain row-major buffers; the leading (stage) dimension is indexed away before any view.
+    plain2: ttgl.constexpr = ttgl.SwizzledSharedLayout(1, 1, 1, order=[1, 0])
+    plain3: ttgl.constexpr = ttgl.SwizzledSharedLayout(1, 1, 1, order=[2, 1, 0])
+
+    pid = ttgl.program_id(0)
+    split = pid % max_splits
+    head = (pid // max_splits) % H
+    req = pid // (max_splits * H)
+    if split < ttgl.load(num_splits_ptr + req):
+        kv_len = ttgl.load(kv_lens_ptr + req)
+        split_tokens = ttgl.load(split_tokens_ptr + req)
+        page_base = ttgl.load(page_indptr_ptr + req)
+        first = split * split_tokens
+        end = ttgl.minimum(kv_len, first + split_tokens)
+        n_tiles = (end - first + N - 1) // N
+        tables = (page_ids_ptr, page_loc_ptr, meta_ptr, page_base, end, head)
+        glob = (heap_ptr, heap16_ptr)
+        qa, qb = _load_q(q_ptr, req, head, stride_qb, stride_qh, GROUP, D, a_l)
+
+        a_k = ttgl.allocate_shared_memory(ttgl.uint8, [STAGES, NP, D, 16], plain3)
+        b_k = ttgl.allocate_shared_memory(ttgl.uint8, [STAGES, NP, D, 16], plain3)
+        a_v = ttgl.allocate_shared_memory(ttgl.uint8, [STAGES, NP, D, 16], plain3)
+        b_v = ttgl.allocate_shared_memory(ttgl.uint8, [STAGES, NP, D, 16], plain3)
+        m_k = ttgl.allocate_shared_memory(ttgl.uint8, [STAGES, NP, D // 8], plain2)
+        m_v = ttgl.allocate_shared_memory(ttgl.uint8, [STAGES, NP, D // 8], plain2)
+
+        # Tiles 0 .. STAGES-2 in flight before the loop; `kinds` packs each in-flight tile's read path. Page
+        # ids run two tiles ahead of the copies, the loads they steer one tile ahead.
+        kinds = 0
+        for s0 in ttgl.static_range(STAGES - 1):
+            slot0 = (a_k.index(s0), b_k.index(s0), a_v.index(s0), b_v.index(s0), m_k.index(s0), m_v.index(s0))
+            tok_s0 = first + s0 * N
+            info0 = tile_info(tables, tok_s0, tile_ids(tables, tok_s0, D, NP), H, D, NP)
+            kind0 = issue_tile(slot0, heap_ptr, tables, tok_s0, info0, H, D, NP, GATHER_ALL)
+            kinds = kinds | (kind0 << (KIND_BITS * s0))
+            async_copy.commit_group()
+        tok_n = first + (STAGES - 1) * N
+        valid_n, raw_n, loc_n, mk_n, mv_n, pm_n = tile_info(
+            tables, tok_n, tile_ids(tables, tok_n, D, NP), H, D, NP
+        )
+        ide_n, idp_n, idm_n = tile_ids(tables, tok_n + N, D, NP)
+
+        m_i = ttgl.full([_M], float("-inf"), ttgl.float32, layout=row_l)
+        l_acc = ttgl.zeros([_M, N], ttgl.float32, layout=mma)
+        acc_a = ttgl.zeros([_M, D // 2], ttgl.float32, layout=mma)
+        acc_b = ttgl.zeros([_M, D // 2], ttgl.float32, layout=mma)
+        n_col = ttgl.arange(0, N, layout=col_l)
+        for i in range(n_tiles):
+            async_copy.wait_group(STAGES - 2)
+            ttgl.thread_barrier()  # tile i landed for every thread; slot (i - 1) % STAGES is free again
+            nxt = i + STAGES - 1
+            sl = nxt % STAGES
+            slot_n = (
+                a_k.index(sl),
+                b_k.index(sl),
+                a_v.index(sl),
+                b_v.index(sl),
+                m_k.index(sl),
+                m_v.index(sl),
+            )
+            info_n = (valid_n, raw_n, loc_n, mk_n, mv_n, pm_n)
+            kind_n = issue_tile(slot_n, heap_ptr, tables, first + nxt * N, info_n, H, D, NP, GATHER_ALL)
+            kinds = kinds | (kind_n << (KIND_BITS * (STAGES - 1)))
+            async_copy.commit_group()
+            tok_n = first + (nxt + 1) * N
+            valid_n, raw_n, loc_n, mk_n, mv_n, pm_n = tile_info(
+                tables, tok_n, (ide_n, idp_n, idm_n), H, D, NP
+            )
+            ide_n, idp_n, idm_n = tile_ids(tables, tok_n + N, D, NP)
+
+            cs = i % STAGES
+            tok0 = first + i * N
+            slot = (a_k.index(cs), b_k.index(cs), a_v.index(cs), b_v.index(cs), m_k.index(cs), m_v.index(cs))
+            ka, kb, va, vb = tile_operands(
+                kinds & 7, slot, glob, tables, tok0, OP_K, OP_V, CW, HW, PG1, H, D, NP
+            )
+            kinds = kinds >> KIND_BITS
+            m_i, l_acc, acc_a, acc_b = attend(
+                qa,
+                qb,
+                ka,
+                kb,
+                va,
+                vb,
+                tok0 + n_col < end,
+                m_i,
+                l_acc,
+                acc_a,
+                acc_b,
+                qk_scale,
+                mma,
+                a_l,
+                _M,
+                N,
+            )
+        async_copy.wait_group(0)
+        _store_out(out_ptr, o_part_ptr, lse_part_ptr, m_i, l_acc, acc_a, acc_b, req, head, split, max_splits,
+                   stride_ob, stride_oh, row_l, col_l, H, GROUP, D, SPLIT)  # fmt: skip

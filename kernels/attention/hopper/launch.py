@@ -1,0 +1,142 @@
+"""The launch of the Hopper decode kernel (decode.py beside this): its compile-time arguments, shared with
+the offline compile (bench/hopper_resources.py), the checks, the kernel launch and the split-KV merge.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+import torch
+from triton.experimental.gluon import language as ttgl
+
+from ...format.layout import PAGE_TOKENS
+from ..decode_plan import DecodePlan
+from ..merge import _merge_kernel
+from . import layouts as views
+from .decode import LOG2E, M_ROWS, _decode_hopper_kernel
+from .ring import NUM_WARPS
+
+# Registers per thread by head_dim: 168 leaves three programs per SM at head_dim 128 with no spill in the
+# main loop (bench/hopper_resources.py --maxnreg); the compiler's own choice (~225) leaves two.
+HOPPER_MAXNREG: dict[int, int] = {128: 168}
+
+
+@lru_cache(maxsize=64)
+def hopper_constexprs(
+    num_kv_heads: int,
+    group: int,
+    head_dim: int,
+    pages_per_tile: int,
+    stages: int,
+    split: bool,
+    gather_all: bool = False,
+) -> dict[str, object]:
+    """The kernel's compile-time arguments (the launch and the offline compile share them)."""
+    np_, shared = pages_per_tile, ttgl.SharedLinearLayout
+    return dict(
+        H=num_kv_heads,
+        GROUP=group,
+        D=head_dim,
+        NP=np_,
+        STAGES=stages,
+        SPLIT=split,
+        GATHER_ALL=gather_all,
+        OP_K=shared(views.operand_view(0, np_, head_dim)),
+        OP_V=shared(views.operand_view(1, np_, head_dim)),
+        CW=shared(views.code_words_view(np_, head_dim)),
+        HW=shared(views.hi_words_view(np_, head_dim)),
+        PG1=shared(views.operand_view(1, 1, head_dim)),
+    )
+
+
+def decode_attention_hopper(
+    plan: DecodePlan,
+    q: torch.Tensor,
+    heap: torch.Tensor,
+    page_loc_layer: torch.Tensor,
+    page_meta_layer: torch.Tensor,
+    sm_scale: float,
+    compressed: bool = True,
+    out: torch.Tensor | None = None,
+    stages: int = 2,
+    gather_all: bool = False,
+    maxnreg: int | None = None,
+) -> torch.Tensor:
+    """bf16 ``[B, Hq, D]`` attention of ``q`` over one layer's v3 pages (sm_90; see the module docstring).
+
+    ``plan.block_n`` is the tile (16 tokens per page). ``compressed=False`` reads every page as a raw page
+    (the pages must be raw, as an uncompressed pool's are): the same kernel, the raw path.
+    """
+    fmt = plan.fmt
+    if fmt.version != 3:
+        raise ValueError(f"the Hopper decode kernel reads page format v3, got v{fmt.version}")
+    if plan.group_size > M_ROWS:
+        raise ValueError(f"GQA group {plan.group_size} exceeds the kernel's {M_ROWS} rows")
+    if out is None:
+        out = torch.empty_like(q)
+    pages = plan.block_n // PAGE_TOKENS
+    grid = (plan.batch_size * fmt.num_kv_heads * plan.max_splits,)
+    consts = hopper_constexprs(
+        fmt.num_kv_heads, plan.group_size, fmt.head_dim, pages, stages, plan.max_splits > 1, gather_all
+    )
+    if not compressed:  # every page read as raw: what an uncompressed pool's metadata says anyway
+        page_meta_layer = _raw_meta_like(page_meta_layer)
+    _decode_hopper_kernel[grid](
+        q,
+        out,
+        plan.o_partial,
+        plan.lse_partial,
+        heap,
+        heap.view(torch.int16),
+        page_loc_layer,
+        page_meta_layer,
+        plan.page_ids,
+        plan.page_indptr,
+        plan.kv_lens,
+        plan.num_splits,
+        plan.split_tokens,
+        sm_scale * LOG2E,
+        q.stride(0),
+        q.stride(1),
+        out.stride(0),
+        out.stride(1),
+        plan.max_splits,
+        **consts,
+        num_warps=NUM_WARPS,
+        **({"maxnreg": regs} if (regs := _maxnreg(maxnreg, fmt.head_dim)) else {}),
+    )
+    if plan.max_splits > 1:
+        _merge_splits(plan, out)
+    return out
+
+
+def _merge_splits(plan: DecodePlan, out: torch.Tensor) -> None:
+    """The split-KV merge of the partial outputs into ``out`` (plain Triton, attention/merge.py)."""
+    _merge_kernel[(plan.batch_size, plan.num_q_heads)](
+        plan.o_partial,
+        plan.lse_partial,
+        out,
+        plan.num_splits,
+        out.stride(0),
+        out.stride(1),
+        plan.max_splits,
+        NUM_Q_HEADS=plan.num_q_heads,
+        HEAD_DIM=plan.fmt.head_dim,
+        CHUNK=16,
+        num_warps=4,
+    )
+
+
+def _maxnreg(asked: int | None, head_dim: int) -> int | None:
+    """None: HOPPER_MAXNREG's cap for head_dim; 0: the compiler's choice."""
+    return HOPPER_MAXNREG.get(head_dim) if asked is None else (asked or None)
+
+
+_RAW_META: dict[tuple[tuple[int, ...], torch.device], torch.Tensor] = {}
+
+
+def _raw_meta_like(meta: torch.Tensor) -> torch.Tensor:
+    key = (tuple(meta.shape), meta.device)
+    if key not in _RAW_META:
+        _RAW_META[key] = torch.full_like(meta, 0xFF)
+    return _RAW_META[key]
