@@ -9,7 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 
 class StreamOptions(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", strict=True)
     include_usage: bool = False
 
 
@@ -56,8 +56,10 @@ def unsupported_field(data: dict[str, Any]) -> str | None:
 
 class _Sampling(BaseModel):
     # Unknown fields are ignored (clients send many optional ones); known-unsupported ones are refused
-    # (UNSUPPORTED, checked before this model). NaN and infinity are not numbers a sampler can use.
-    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
+    # (UNSUPPORTED, checked before this model). NaN and infinity are not numbers a sampler can use. Strict
+    # types: JSON's true is not the integer 1 nor 0.0 the boolean false (a seed of `true`, a prompt of
+    # booleans or `"stream": 0.0` are refused, as the schema says, instead of being read as something else).
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False, strict=True)
 
     model: str = Field(min_length=1)
     max_tokens: int | None = Field(default=None, ge=1, le=INT32_MAX)
@@ -111,13 +113,13 @@ class CompletionRequest(_Sampling):
 
 
 class TextPart(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", strict=True)
     type: Literal["text"]
     text: str
 
 
 class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", strict=True)
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None
 

@@ -52,6 +52,22 @@ def test_numeric_fields_out_of_range_get_400(s: Stack, extra: dict[str, object],
     assert err["param"] == param and err["type"] == "invalid_request_error"
 
 
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        ({"seed": True}, "seed"),  # a boolean is not a seed (it was read as 1)
+        ({"max_tokens": True}, "max_tokens"),
+        ({"stream": 0.0}, "stream"),  # a number is not a boolean (it was read as false)
+        ({"prompt": [True, False, True]}, "prompt"),  # booleans are not token ids (they were 1, 0, 1)
+        ({"stream_options": {"include_usage": 1}}, "stream_options"),
+    ],
+)
+def test_values_of_the_wrong_json_type_get_400(s: Stack, body: dict[str, object], param: str) -> None:
+    r = httpx.post(s.url + "/v1/completions", json={"model": "zipkv-tiny", "prompt": "x", **body})
+    err = _openai_error(r, 400)
+    assert str(err["param"]).startswith(param) and err["type"] == "invalid_request_error"
+
+
 def test_nan_is_not_json(s: Stack) -> None:
     body = b'{"model": "zipkv-tiny", "prompt": "x", "temperature": NaN}'
     r = httpx.post(s.url + "/v1/completions", content=body, headers={"content-type": "application/json"})
