@@ -67,7 +67,7 @@ def compile_hopper(
     aligned = {n for n in ARG_TYPES if ARG_TYPES[n].startswith("*") or n.startswith("stride")}
     attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names) if n in aligned}
     src = GluonASTSource(fn, signature, constexprs, attrs)
-    regs = launch.HOPPER_MAXNREG.get(head_dim) if maxnreg is None else (maxnreg or None)  # as the launch does
+    regs = launch.register_cap(maxnreg, head_dim)  # as the launch does
     options: dict[str, int] = {"num_warps": dh.NUM_WARPS, **({"maxnreg": regs} if regs else {})}
     return triton.compile(src, target=GPUTarget("cuda", arch, 32), options=options)
 

@@ -98,13 +98,18 @@ def serving_format_version(device: torch.device, env: Mapping[str, str] | None =
     return 3 if is_sm90(device) else FORMAT_VERSION
 
 
+def auto_impl(format_version: int, device: torch.device) -> str:
+    """What "auto" runs: the Hopper kernel where it can (v3 pages on sm_90), else the portable one."""
+    return "hopper" if format_version >= 3 and is_sm90(device) else "portable"
+
+
 def decode_impl(impl: str | None, fmt: PageFormat, device: torch.device) -> str:
     """The kernel a plan runs, checked: ValueError saying what to change when it cannot run here."""
     impl = impl or os.environ.get(DECODE_IMPL_ENV, "") or "auto"
     if impl not in DECODE_IMPLS:
         raise ValueError(f"{DECODE_IMPL_ENV}={impl!r}: choose one of {', '.join(DECODE_IMPLS)}")
     if impl == "auto":
-        return "hopper" if fmt.version >= 3 and is_sm90(device) else "portable"
+        return auto_impl(fmt.version, device)
     if impl == "hopper":
         if fmt.version < 3:
             raise ValueError(

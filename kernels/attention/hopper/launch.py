@@ -103,7 +103,7 @@ def decode_attention_hopper(
         plan.max_splits,
         **consts,
         num_warps=NUM_WARPS,
-        **({"maxnreg": regs} if (regs := _maxnreg(maxnreg, fmt.head_dim)) else {}),
+        **({"maxnreg": regs} if (regs := register_cap(maxnreg, fmt.head_dim)) else {}),
     )
     if plan.max_splits > 1:
         _merge_splits(plan, out)
@@ -127,7 +127,7 @@ def _merge_splits(plan: DecodePlan, out: torch.Tensor) -> None:
     )
 
 
-def _maxnreg(asked: int | None, head_dim: int) -> int | None:
+def register_cap(asked: int | None, head_dim: int) -> int | None:
     """None: HOPPER_MAXNREG's cap for head_dim; 0: the compiler's choice."""
     return HOPPER_MAXNREG.get(head_dim) if asked is None else (asked or None)
 

@@ -77,15 +77,13 @@ def kernels_in_use(
     """The kernels the scheduler runs on ``device``, from the same settings it reads (docs/sglang.md)."""
     import torch
 
-    from zipkv.kernels.attention.decode_config import DECODE_IMPL_ENV, decode_impl, serving_format_version
+    from zipkv.kernels.attention.decode_config import DECODE_IMPL_ENV, auto_impl, serving_format_version
     from zipkv.kernels.attention.extend import EXTEND_KERNEL_ENV
-    from zipkv.kernels.format.layout import PageFormat
 
     env = os.environ if env is None else env
     where = torch.device(device)
     version = serving_format_version(where, env)
-    fmt = PageFormat(head_dim=128, num_kv_heads=8, version=version)  # the impl depends on the version only
-    impl = env.get(DECODE_IMPL_ENV) or decode_impl("auto", fmt, where)
+    impl = env.get(DECODE_IMPL_ENV) or auto_impl(version, where)
     return KernelsInUse(
         decode=decode_kernel_label(compression, env, impl),
         encode="triton" if compression else "none",
