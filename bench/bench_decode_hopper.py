@@ -288,6 +288,43 @@ def ncu_target(batch: int, ctx: int, launches: int) -> None:
     torch.cuda.synchronize()
 
 
+def timing(out: dict, shapes: list[tuple[int, int]]) -> None:  # type: ignore[type-arg]
+    """Per-program timeline of the default launch (the kernel's TIMING build): how long a program waits for
+    its first tile, its time per tile after that, and how full the SMs stay (programs resident over the
+    launch's span, against the slots)."""
+    out["timing"] = rows = []
+    for batch, ctx in shapes:
+        case = make_case([ctx] * batch, 8, 128, 4, seed=7, raw_mid=0.0, shuffle=True, outliers=0)
+        q = torch.randn(batch, 32, 128, device="cuda").to(torch.bfloat16)
+        plan = plan_decode(case["page_ids"], case["indptr"], case["lens"], case["fmt"], 32, block_n=64)
+        programs = batch * 8 * plan.max_splits
+        stamps = torch.zeros(programs, 4, dtype=torch.int64, device="cuda")
+        for _ in range(3):  # the last launch is the one read
+            decode_attention_hopper(plan, q, case["heap"], case["loc"], case["meta"], 0.088, timing=stamps)
+        torch.cuda.synchronize()
+        t = stamps.cpu().double()
+        t0 = t[:, 0].min()
+        start, first, end = ((t[:, k] - t0) / 1e3 for k in range(3))
+        tiles = -(-int(plan.split_tokens[0]) // 64)
+        span = float(end.max())
+        busy = float((end - start).sum())
+        sms = torch.cuda.get_device_properties(0).multi_processor_count
+        q50 = lambda x: float(x.median())
+        row = dict(
+            batch=batch, ctx=ctx, programs=programs, splits=plan.max_splits, tiles_per_program=tiles,
+            span_us=span, first_tile_wait_us_p50=q50(first - start),
+            first_tile_wait_us_p90=float((first - start).quantile(0.9)),
+            per_tile_us_p50=q50((end - first) / max(tiles - 1, 1)),
+            program_us_p50=q50(end - start), start_us_max=float(start.max()),
+            end_us_p10=float(end.quantile(0.1)), mean_resident_programs_per_sm=busy / span / sms,
+            programs_per_sm_max=int(torch.bincount(t[:, 3].long()).max()),
+        )  # fmt: skip
+        rows.append(row)
+        print("timing", json.dumps(row), flush=True)
+        del case
+        torch.cuda.empty_cache()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--check", action="store_true")
@@ -297,6 +334,7 @@ def main() -> None:
     ap.add_argument(
         "--configs", default="64:3", help="block_n:stages[:ctas_per_sm[:maxnreg]], first is the default"
     )
+    ap.add_argument("--timing", default=None, help="BxT,...: per-program timeline (the TIMING build)")
     ap.add_argument("--ncu", default=None, help="BxT: launch that shape a few times (for Nsight Compute)")
     ap.add_argument("--out", default="bench/results/decode_hopper.json")
     a = ap.parse_args()
@@ -322,6 +360,8 @@ def main() -> None:
     ok = True
     if a.check:
         ok = check(out)
+    if a.timing:
+        timing(out, [tuple(int(x) for x in s.split("x")) for s in a.timing.split(",")])  # type: ignore[misc]
     if a.bench:
         configs = [tuple(int(x) for x in c.split(":")) for c in a.configs.split(",")]
         bench(out, [tuple(int(x) for x in s.split("x")) for s in a.shapes.split(",")], a.target_s, configs)  # type: ignore[misc,arg-type]

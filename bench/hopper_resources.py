@@ -43,6 +43,7 @@ ARG_TYPES = {
     "stride_ob": "i32",
     "stride_oh": "i32",
     "max_splits": "i32",
+    "timing_ptr": "*i64",
 }
 
 

@@ -43,6 +43,24 @@ _NW = ttgl.constexpr(NUM_WARPS)
 
 
 @gluon.jit
+def _stamp(timing_ptr, pid, k: ttgl.constexpr):
+    """Profiling builds (TIMING): the global timer (ns) as event ``k`` of program ``pid`` (0: start, 1: its
+    first tile landed, 2: done) and, with event 0, the SM it runs on; int64 ``[programs, 4]``."""
+    one_l: ttgl.constexpr = ttgl.BlockedLayout([1], [32], [_NW], [0])
+    zero = ttgl.full([1], 0, ttgl.int32, layout=one_l)
+    now = ttgl.inline_asm_elementwise(
+        "mov.u64 $0, %globaltimer;", "=l,r", [zero], dtype=ttgl.int64, is_pure=False, pack=1
+    )
+    row = timing_ptr + pid.to(ttgl.int64) * 4 + ttgl.arange(0, 1, layout=one_l)
+    ttgl.store(row + k, now)
+    if k == 0:
+        sm = ttgl.inline_asm_elementwise(
+            "mov.u32 $0, %smid;", "=r,r", [zero], dtype=ttgl.int32, is_pure=False, pack=1
+        )
+        ttgl.store(row + 3, sm.to(ttgl.int64))
+
+
+@gluon.jit
 def _load_q(
     q_ptr, req, head, stride_qb, stride_qh, GROUP: ttgl.constexpr, D: ttgl.constexpr, a_l: ttgl.constexpr
 ):
@@ -85,10 +103,11 @@ def _store_out(out_ptr, o_part_ptr, lse_part_ptr, m_i, l_acc, acc_a, acc_b, req,
 def _decode_hopper_kernel(
     q_ptr, out_ptr, o_part_ptr, lse_part_ptr, heap_ptr, heap16_ptr, page_loc_ptr, meta_ptr,
     page_ids_ptr, page_indptr_ptr, kv_lens_ptr, num_splits_ptr, split_tokens_ptr,
-    qk_scale, stride_qb, stride_qh, stride_ob, stride_oh, max_splits,
+    qk_scale, stride_qb, stride_qh, stride_ob, stride_oh, max_splits, timing_ptr,
     H: ttgl.constexpr, GROUP: ttgl.constexpr, D: ttgl.constexpr, NP: ttgl.constexpr,
     STAGES: ttgl.constexpr, SPLIT: ttgl.constexpr, GATHER_ALL: ttgl.constexpr,
     OP_K: ttgl.constexpr, OP_V: ttgl.constexpr, CW: ttgl.constexpr, HW: ttgl.constexpr, PG1: ttgl.constexpr,
+    TIMING: ttgl.constexpr = False,
 ):  # fmt: skip
     N: ttgl.constexpr = NP * _PT
     mma: ttgl.constexpr = ttgl.NVMMADistributedLayout(
@@ -102,13 +121,18 @@ def _decode_hopper_kernel(
     plain3: ttgl.constexpr = ttgl.SwizzledSharedLayout(1, 1, 1, order=[2, 1, 0])
 
     pid = ttgl.program_id(0)
+    if TIMING:
+        _stamp(timing_ptr, pid, 0)
     split = pid % max_splits
     head = (pid // max_splits) % H
     req = pid // (max_splits * H)
-    if split < ttgl.load(num_splits_ptr + req):
-        kv_len = ttgl.load(kv_lens_ptr + req)
-        split_tokens = ttgl.load(split_tokens_ptr + req)
-        page_base = ttgl.load(page_indptr_ptr + req)
+    # The request's scalars load together, before the split test: a load behind it would wait for it (a
+    # round trip to memory that, under a full DRAM, costs microseconds a program pays before its first tile).
+    num_splits = ttgl.load(num_splits_ptr + req)
+    kv_len = ttgl.load(kv_lens_ptr + req)
+    split_tokens = ttgl.load(split_tokens_ptr + req)
+    page_base = ttgl.load(page_indptr_ptr + req)
+    if split < num_splits:
         first = split * split_tokens
         end = ttgl.minimum(kv_len, first + split_tokens)
         n_tiles = (end - first + N - 1) // N
@@ -124,20 +148,28 @@ def _decode_hopper_kernel(
         m_v = ttgl.allocate_shared_memory(ttgl.uint8, [STAGES, NP, D // 8], plain2)
 
         # Tiles 0 .. STAGES-2 in flight before the loop; `kinds` packs each in-flight tile's read path. Page
-        # ids run two tiles ahead of the copies, the loads they steer one tile ahead.
+        # ids run two tiles ahead of the copies, the loads they steer one tile ahead. Before the loop every
+        # table load that does not depend on another is issued first, so a program's first copies wait for
+        # two round trips (page ids, then locations and markers), not one per tile.
+        tok_n = first + (STAGES - 1) * N
+        ids_0 = tile_ids(tables, first, D, NP)
+        ids_n = tile_ids(tables, tok_n, D, NP)
+        ide_n, idp_n, idm_n = tile_ids(tables, tok_n + N, D, NP)
+        info_0 = tile_info(tables, first, ids_0, H, D, NP)
         kinds = 0
         for s0 in ttgl.static_range(STAGES - 1):
             slot0 = (a_k.index(s0), b_k.index(s0), a_v.index(s0), b_v.index(s0), m_k.index(s0), m_v.index(s0))
             tok_s0 = first + s0 * N
-            info0 = tile_info(tables, tok_s0, tile_ids(tables, tok_s0, D, NP), H, D, NP)
-            kind0 = issue_tile(slot0, heap_ptr, tables, tok_s0, info0, H, D, NP, GATHER_ALL)
+            if s0 == 0:
+                info_s0 = info_0
+            else:
+                info_s0 = tile_info(tables, tok_s0, tile_ids(tables, tok_s0, D, NP), H, D, NP)
+            if s0 == STAGES - 2:  # the loop's first tile's loads go out before this tile's copies wait
+                info_n = tile_info(tables, tok_n, ids_n, H, D, NP)
+            kind0 = issue_tile(slot0, heap_ptr, tables, tok_s0, info_s0, H, D, NP, GATHER_ALL)
             kinds = kinds | (kind0 << (KIND_BITS * s0))
             async_copy.commit_group()
-        tok_n = first + (STAGES - 1) * N
-        valid_n, raw_n, loc_n, mk_n, mv_n, pm_n = tile_info(
-            tables, tok_n, tile_ids(tables, tok_n, D, NP), H, D, NP
-        )
-        ide_n, idp_n, idm_n = tile_ids(tables, tok_n + N, D, NP)
+        valid_n, raw_n, loc_n, mk_n, mv_n, pm_n = info_n
 
         m_i = ttgl.full([_M], float("-inf"), ttgl.float32, layout=row_l)
         l_acc = ttgl.zeros([_M, N], ttgl.float32, layout=mma)
@@ -147,6 +179,9 @@ def _decode_hopper_kernel(
         for i in range(n_tiles):
             async_copy.wait_group(STAGES - 2)
             ttgl.thread_barrier()  # tile i landed for every thread; slot (i - 1) % STAGES is free again
+            if TIMING:  # noqa: SIM102 (a constexpr test: the branch below exists only in the TIMING build)
+                if i == 0:
+                    _stamp(timing_ptr, pid, 1)
             nxt = i + STAGES - 1
             sl = nxt % STAGES
             slot_n = (
@@ -195,3 +230,5 @@ def _decode_hopper_kernel(
         async_copy.wait_group(0)
         _store_out(out_ptr, o_part_ptr, lse_part_ptr, m_i, l_acc, acc_a, acc_b, req, head, split, max_splits,
                    stride_ob, stride_oh, row_l, col_l, H, GROUP, D, SPLIT)  # fmt: skip
+    if TIMING:
+        _stamp(timing_ptr, pid, 2)

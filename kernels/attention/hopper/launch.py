@@ -61,11 +61,14 @@ def decode_attention_hopper(
     stages: int = 2,
     gather_all: bool = False,
     maxnreg: int | None = None,
+    timing: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """bf16 ``[B, Hq, D]`` attention of ``q`` over one layer's v3 pages (sm_90; see the module docstring).
 
     ``plan.block_n`` is the tile (16 tokens per page). ``compressed=False`` reads every page as a raw page
-    (the pages must be raw, as an uncompressed pool's are): the same kernel, the raw path.
+    (the pages must be raw, as an uncompressed pool's are): the same kernel, the raw path. ``timing``
+    (int64 ``[programs, 4]``, profiling only) compiles the variant that stamps each program's start, first
+    landed tile, end (global timer, ns) and SM (bench/bench_decode_hopper.py --timing reads them).
     """
     fmt = plan.fmt
     if fmt.version != 3:
@@ -101,7 +104,9 @@ def decode_attention_hopper(
         out.stride(0),
         out.stride(1),
         plan.max_splits,
+        plan.kv_lens if timing is None else timing,
         **consts,
+        TIMING=timing is not None,
         num_warps=NUM_WARPS,
         **({"maxnreg": regs} if (regs := register_cap(maxnreg, fmt.head_dim)) else {}),
     )
