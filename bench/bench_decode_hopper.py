@@ -242,7 +242,8 @@ def _zipkv_fns(
     return fns, splits
 
 
-def bench(out: dict, shapes: list[tuple[int, int]], target_s: float, configs: list[tuple[int, ...]]) -> None:  # type: ignore[type-arg]
+def bench(out: dict, shapes: list[tuple[int, int]], target_s: float, configs: list[tuple[int, ...]],  # type: ignore[type-arg]
+          graph: bool = False) -> None:  # fmt: skip
     timer = Timer(target_s, min_reps=10, max_reps=200)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     rows: list[dict[str, object]] = []
@@ -267,7 +268,7 @@ def bench(out: dict, shapes: list[tuple[int, int]], target_s: float, configs: li
         )
         for name, fn in fns.items():
             try:
-                row[name + "_us"] = timer.median_us(fn)
+                row[name + "_us"] = timer.median_us(fn, graph=graph)
             except Exception as exc:  # one failing implementation must not hide the others
                 row[name + "_error"] = f"{type(exc).__name__}: {exc}"[:500]
         if "zipkv_us" in row and "flashinfer_tc_us" in row:
@@ -319,8 +320,11 @@ def timing(out: dict, shapes: list[tuple[int, int]]) -> None:  # type: ignore[ty
             end_us_p10=float(end.quantile(0.1)), mean_resident_programs_per_sm=busy / span / sms,
             programs_per_sm_max=int(torch.bincount(t[:, 3].long()).max()),
         )  # fmt: skip
-        rows.append(row)
         print("timing", json.dumps(row), flush=True)
+        rel = t.clone()
+        rel[:, :3] -= t0
+        row["stamps_ns"] = rel.long().tolist()  # [programs][start, first tile, end (ns from the first), SM]
+        rows.append(row)
         del case
         torch.cuda.empty_cache()
 
@@ -334,6 +338,7 @@ def main() -> None:
     ap.add_argument(
         "--configs", default="64:3", help="block_n:stages[:ctas_per_sm[:maxnreg]], first is the default"
     )
+    ap.add_argument("--graph", action="store_true", help="time CUDA-graph replays (no host launch time)")
     ap.add_argument("--timing", default=None, help="BxT,...: per-program timeline (the TIMING build)")
     ap.add_argument("--ncu", default=None, help="BxT: launch that shape a few times (for Nsight Compute)")
     ap.add_argument("--out", default="bench/results/decode_hopper.json")
@@ -350,7 +355,12 @@ def main() -> None:
         command="python bench/bench_decode_hopper.py "
         + " ".join(
             x
-            for x in (("--check" if a.check else ""), ("--bench" if a.bench else ""), f"--shapes {a.shapes}")
+            for x in (
+                ("--check" if a.check else ""),
+                ("--bench" if a.bench else ""),
+                ("--graph" if a.graph else ""),
+                f"--shapes {a.shapes}",
+            )
             if x
         ),
     )
@@ -364,7 +374,9 @@ def main() -> None:
         timing(out, [tuple(int(x) for x in s.split("x")) for s in a.timing.split(",")])  # type: ignore[misc]
     if a.bench:
         configs = [tuple(int(x) for x in c.split(":")) for c in a.configs.split(",")]
-        bench(out, [tuple(int(x) for x in s.split("x")) for s in a.shapes.split(",")], a.target_s, configs)  # type: ignore[misc,arg-type]
+        out["timed"] = "cuda_graph_replay" if a.graph else "eager"
+        shapes = [tuple(int(x) for x in s.split("x")) for s in a.shapes.split(",")]
+        bench(out, shapes, a.target_s, configs, graph=a.graph)  # type: ignore[arg-type]
     with open(a.out, "w") as f:
         json.dump(out, f, indent=1)
     print("wrote", a.out, "checks ok" if ok else "CHECKS FAILED", flush=True)

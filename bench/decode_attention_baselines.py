@@ -42,10 +42,14 @@ class Timer:
         self.flush = torch.empty(512 << 20, dtype=torch.uint8, device="cuda")
         self.target_s, self.min_reps, self.max_reps = target_s, min_reps, max_reps
 
-    def median_us(self, fn: Callable[[], object]) -> float:
+    def median_us(self, fn: Callable[[], object], graph: bool = False) -> float:
+        """Median time of ``fn``; ``graph``: of one replay of a CUDA graph holding one call, as a serving
+        engine's decode step runs it (no host launch time in the figure)."""
         for _ in range(3):
             fn()
         torch.cuda.synchronize()
+        if graph:
+            fn = _as_graph(fn)
         t0 = time.perf_counter()
         fn()
         torch.cuda.synchronize()
@@ -61,6 +65,19 @@ class Timer:
         torch.cuda.synchronize()
         times = sorted(s.elapsed_time(e) * 1e3 for s, e in zip(starts, ends, strict=True))
         return times[len(times) // 2]
+
+
+def _as_graph(fn: Callable[[], object]) -> Callable[[], object]:
+    g = torch.cuda.CUDAGraph()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up off the capture stream, as torch's docs ask
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    with torch.cuda.graph(g):
+        fn()
+    torch.cuda.synchronize()
+    return g.replay
 
 
 def read_floor_fn(heap: torch.Tensor, nbytes: int) -> Callable[[], object]:

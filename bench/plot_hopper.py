@@ -47,3 +47,31 @@ def hopper_figure(data: dict[str, Any]) -> Figure:
     ax.grid(axis="y", alpha=0.3)
     fig.tight_layout()
     return fig
+
+
+def timeline_figure(doc: dict[str, Any], batch: int = 32, ctx: int = 8192) -> Figure:
+    """One launch's programs as bars per SM (bench_decode_hopper.py --timing's raw stamps): when each
+    program ran, and how much of it was waiting for its first tile. Uneven SM finish times are the loss."""
+    row = next(r for r in doc["timing"] if r["batch"] == batch and r["ctx"] == ctx)
+    fig, ax = plt.subplots(figsize=(10, 5.5))
+    slots: dict[int, list[float]] = {}  # SM -> end time of each bar lane
+    for start, first, end, sm in sorted(row["stamps_ns"]):
+        lanes = slots.setdefault(sm, [])
+        lane = next((i for i, t in enumerate(lanes) if t <= start), len(lanes))
+        if lane == len(lanes):
+            lanes.append(0.0)
+        lanes[lane] = end
+        y = sm + lane / 4
+        ax.plot([start / 1e3, first / 1e3], [y, y], color="#ff9896", lw=1.2, solid_capstyle="butt")
+        ax.plot([first / 1e3, end / 1e3], [y, y], color="#d62728", lw=1.2, solid_capstyle="butt")
+    ax.plot([], [], color="#ff9896", label="waiting for its first tile")
+    ax.plot([], [], color="#d62728", label="streaming tiles")
+    ax.set_xlabel("time since the first program started (us)")
+    ax.set_ylabel("SM (a bar per resident program)")
+    ax.set_title(
+        f"Hopper decode kernel, {batch} x {ctx}: {row['programs']} programs of {row['tiles_per_program']} "
+        f"tiles, span {row['span_us']:.0f} us ({doc.get('date', '')[:10]})"
+    )
+    ax.legend(loc="lower left", fontsize=8)
+    fig.tight_layout()
+    return fig

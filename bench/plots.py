@@ -11,6 +11,7 @@
 - admission.png: bench/results/admission.json (the allocator at Llama-3.1-8B shapes) and
   admission_e2e.json (the reference engine's admission against its KV budget).
 - decode_hopper.png: bench/results/decode_hopper.json, the Hopper kernel's speed against FlashInfer's.
+- decode_hopper_timeline.png: bench/results/decode_hopper_timing.json, one launch's programs per SM.
 - trace_timeline.png: bench/results/trace_cpu.json, one request's spans (bench/trace_capture.py).
 """
 
@@ -31,7 +32,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from plot_hopper import hopper_figure
+from plot_hopper import hopper_figure, timeline_figure
 from plot_trace import trace_timeline
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -252,6 +253,9 @@ def render_all(out: Path, results: Path = RESULTS) -> list[Path]:
         figures.append(
             ("decode_hopper", hopper_figure(json.loads((results / "decode_hopper.json").read_text())))
         )
+    if (results / "decode_hopper_timing.json").is_file():
+        doc = json.loads((results / "decode_hopper_timing.json").read_text())
+        figures.append(("decode_hopper_timeline", timeline_figure(doc)))
     if (results / "trace_cpu.json").is_file():
         figures.append(
             ("trace_timeline", trace_timeline(json.loads((results / "trace_cpu.json").read_text())))
