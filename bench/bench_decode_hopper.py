@@ -110,6 +110,7 @@ def run_case(  # type: ignore[type-arg]
     compressed: bool,
     gather_all: bool = False,
     block_n: int = 64,
+    warps: int | None = None,
 ) -> torch.Tensor:
     plan = plan_decode(
         case["page_ids"],
@@ -120,6 +121,7 @@ def run_case(  # type: ignore[type-arg]
         block_n=block_n,
         max_splits=max_splits,
         ctas_per_sm=CTAS_PER_SM,
+        num_warps=warps,
     )
     if compressed:
         return decode_attention_hopper(
@@ -141,6 +143,9 @@ CHECKS = [  # (lens, kv_heads, head_dim, group, raw_mid, shuffle, outliers, max_
     ([640, 96], 2, 64, 8, 0.0, True, 10, 2),
     ([3000], 1, 256, 1, 0.3, True, 50, 4),
 ]
+
+
+WARP_CHECKS = (1, 2, 3, 6, 8)  # the cases also run with 1 and 2 warps per program
 
 
 def check(out: dict) -> bool:  # type: ignore[type-arg]
@@ -173,6 +178,14 @@ def check(out: dict) -> bool:  # type: ignore[type-arg]
                 finite=bool(torch.isfinite(got.float()).all()),
             )
             rec["ok"] = same and err < 1e-2 and twin_err < 1e-2 and rec["finite"]
+            if i in WARP_CHECKS:  # fewer warps per program, one page per warp: the same bits on raw pages
+                for w in (1, 2):
+                    got_w = run_case(case, q, scale, splits, compressed=True, block_n=16 * w, warps=w)
+                    twin_w = run_case(case, q, scale, splits, compressed=False, block_n=16 * w, warps=w)
+                    err_w = float((got_w.double() - refo).norm() / refo.norm())
+                    same_w = bool(torch.equal(got_w.view(torch.int16), twin_w.view(torch.int16)))
+                    rec[f"warps{w}"] = dict(bit_identical=same_w, rel_err=err_w)
+                    rec["ok"] = rec["ok"] and same_w and err_w < 1e-2
         except Exception as exc:
             rec.update(
                 ok=False, error=f"{type(exc).__name__}: {exc}"[:2000], tb=traceback.format_exc()[-3000:]
@@ -190,18 +203,21 @@ def _zipkv_fns(
     scale: float,
     configs: list[tuple[int, ...]],  # type: ignore[type-arg]
     sms: int,
-) -> tuple[dict[str, Callable[[], object]], dict[str, int]]:
-    """zipkv's timed calls: each config (block_n:stages[:ctas_per_sm[:maxnreg]]) on the v3 pages, and the
-    first config on raw pages (the uncompressed run); the split count each used."""
+) -> tuple[dict[str, Callable[[], object]], dict[str, Callable[[], object]], dict[str, int]]:
+    """zipkv's calls per config (block_n:stages[:ctas_per_sm[:maxnreg[:warps]]]): on the v3 pages (timed)
+    and on raw pages holding the same values (timed for the first config, the uncompressed run; checked
+    bit for bit against the v3 run for every config); the split count each used."""
     batch = q.shape[0]
     raw_loc = (
         torch.arange(case["pages"].shape[0], dtype=torch.int64, device="cuda") * case["fmt"].raw_page_bytes
     )
     fns: dict[str, Callable[[], object]] = {}
+    raw_fns: dict[str, Callable[[], object]] = {}
     splits: dict[str, int] = {}
     for cfg in configs:
-        # Without ctas_per_sm / maxnreg a config runs the plan's own split choice and the launch's registers.
-        block_n, stages, ctas, maxnreg = (*cfg, None, None)[:4]
+        # Without ctas_per_sm / maxnreg / warps a config runs the plan's own split choice, the launch's
+        # registers and the default warps per program.
+        block_n, stages, ctas, maxnreg, warps = (*cfg, None, None, None)[:5]
         plan = plan_decode(
             case["page_ids"],
             case["indptr"],
@@ -210,36 +226,22 @@ def _zipkv_fns(
             32,
             block_n=block_n,
             max_splits=choose_max_splits(batch * 8, sms * ctas) if ctas else None,
+            num_warps=warps,
         )
-        n_splits = plan.max_splits
         tag = "zipkv" if cfg == configs[0] else "zipkv_" + "_".join(map(str, cfg))
-        splits[tag] = n_splits
-        fns[tag] = partial(
-            decode_attention_hopper,
-            plan,
-            q,
-            case["heap"],
-            case["loc"],
-            case["meta"],
-            scale,
-            out=o,
-            stages=stages,
-            maxnreg=maxnreg,
-        )
-        if cfg == configs[0]:
-            fns["zipkv_raw_pages"] = partial(
-                decode_attention_hopper,
-                plan,
-                q,
-                case["raw_heap"],
-                raw_loc,
-                case["raw_meta"],
-                scale,
-                compressed=False,
-                out=o,
-                stages=stages,
-            )
-    return fns, splits
+        splits[tag] = plan.max_splits
+        run = partial(decode_attention_hopper, plan, q, sm_scale=scale, out=o, stages=stages, maxnreg=maxnreg)
+        fns[tag] = partial(run, case["heap"], case["loc"], case["meta"])
+        raw_fns[tag] = partial(run, case["raw_heap"], raw_loc, case["raw_meta"], compressed=False)
+    fns["zipkv_raw_pages"] = raw_fns["zipkv"]
+    return fns, raw_fns, splits
+
+
+def _same_bits(fn: Callable[[], object], raw_fn: Callable[[], object], o: torch.Tensor) -> bool:
+    fn()
+    coded = o.clone()
+    raw_fn()
+    return bool(torch.equal(coded.view(torch.int16), o.view(torch.int16))) and bool(coded.isfinite().all())
 
 
 def bench(out: dict, shapes: list[tuple[int, int]], target_s: float, configs: list[tuple[int, ...]],  # type: ignore[type-arg]
@@ -252,7 +254,8 @@ def bench(out: dict, shapes: list[tuple[int, int]], target_s: float, configs: li
         case = make_case([ctx] * batch, 8, 128, 4, seed=1000 + batch, raw_mid=0.0, shuffle=True, outliers=0)
         q = torch.randn(batch, 32, 128, device="cuda").to(torch.bfloat16)
         scale = 1 / math.sqrt(128)
-        fns, splits = _zipkv_fns(case, q, torch.empty_like(q), scale, configs, sms)
+        o = torch.empty_like(q)
+        fns, raw_fns, splits = _zipkv_fns(case, q, o, scale, configs, sms)
         fns["flashinfer_tc"] = flashinfer_fn(
             case["pages"][case["page_ids"].long()], q, torch.empty_like(q), batch, ctx, scale
         )
@@ -265,6 +268,7 @@ def bench(out: dict, shapes: list[tuple[int, int]], target_s: float, configs: li
             stored_bytes=case["stored_bytes"],
             raw_bytes=case["raw_heap"].numel(),
             splits=splits,
+            raw_pages_bit_identical={tag: _same_bits(fns[tag], raw_fns[tag], o) for tag in raw_fns},
         )
         for name, fn in fns.items():
             try:
@@ -336,7 +340,9 @@ def main() -> None:
     ap.add_argument("--shapes", default="32x8192,64x8192,128x8192,32x32768,1x32768,32x4096,8x8192")
     ap.add_argument("--target-s", type=float, default=0.03)
     ap.add_argument(
-        "--configs", default="64:3", help="block_n:stages[:ctas_per_sm[:maxnreg]], first is the default"
+        "--configs",
+        default="64:3",
+        help="block_n:stages[:ctas_per_sm[:maxnreg[:warps]]], first is the default",
     )
     ap.add_argument("--graph", action="store_true", help="time CUDA-graph replays (no host launch time)")
     ap.add_argument("--timing", default=None, help="BxT,...: per-program timeline (the TIMING build)")

@@ -11,6 +11,7 @@ package): the instructions of the main loop, by opcode, say what a tile costs be
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import re
@@ -22,6 +23,7 @@ from triton.backends.compiler import GPUTarget
 
 from zipkv.kernels.attention.hopper import decode as dh
 from zipkv.kernels.attention.hopper import launch
+from zipkv.kernels.attention.hopper.ring import NUM_WARPS
 
 ARG_TYPES = {
     "q_ptr": "*bf16",
@@ -57,6 +59,7 @@ def compile_hopper(
     compressed: bool = True,
     arch: int = 90,
     maxnreg: int | None = None,
+    num_warps: int = NUM_WARPS,
 ):  # type: ignore[no-untyped-def]
     from triton.experimental.gluon._runtime import GluonASTSource
 
@@ -69,7 +72,7 @@ def compile_hopper(
     attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names) if n in aligned}
     src = GluonASTSource(fn, signature, constexprs, attrs)
     regs = launch.register_cap(maxnreg, head_dim)  # as the launch does
-    options: dict[str, int] = {"num_warps": dh.NUM_WARPS, **({"maxnreg": regs} if regs else {})}
+    options: dict[str, int] = {"num_warps": num_warps, **({"maxnreg": regs} if regs else {})}
     return triton.compile(src, target=GPUTarget("cuda", arch, 32), options=options)
 
 
@@ -121,15 +124,23 @@ def loop_local_accesses(sass: str) -> int:
 
 
 def report(
-    head_dim: int, pages: int, stages: int, compressed: bool = True, maxnreg: int | None = None
+    head_dim: int,
+    pages: int,
+    stages: int,
+    compressed: bool = True,
+    maxnreg: int | None = None,
+    num_warps: int = NUM_WARPS,
 ) -> dict[str, object]:
-    kernel = compile_hopper(head_dim, pages, stages, compressed=compressed, maxnreg=maxnreg)
+    kernel = compile_hopper(
+        head_dim, pages, stages, compressed=compressed, maxnreg=maxnreg, num_warps=num_warps
+    )
     sass = sass_of(kernel.asm["cubin"])
     ptx = kernel.asm["ptx"]
     return {
         "head_dim": head_dim,
         "pages_per_tile": pages,
         "stages": stages,
+        "num_warps": num_warps,
         "compressed": compressed,
         "shared_bytes": kernel.metadata.shared,
         **usage(kernel.asm["cubin"]),
@@ -154,20 +165,22 @@ def main() -> None:
     ap.add_argument(
         "--maxnreg", type=int, default=None, help="registers per thread (default: the launch's; 0: none)"
     )
+    ap.add_argument("--warps", default=str(NUM_WARPS), help="warps per program, e.g. 1,2,4")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--dump", default=None, help="folder for .ptx/.sass/.ttgir of each variant")
     a = ap.parse_args()
     rows = []
+    warp_counts = [int(x) for x in a.warps.split(",")]
     for d in (int(x) for x in a.head_dims.split(",")):
         for p in (int(x) for x in a.pages.split(",")):
             for s in (int(x) for x in a.stages.split(",")):
-                for comp in (True, False) if a.twin else (True,):
-                    r = report(d, p, s, comp, a.maxnreg)
+                for comp, w in itertools.product((True, False) if a.twin else (True,), warp_counts):
+                    r = report(d, p, s, comp, a.maxnreg, w)
                     rows.append(r)
                     if a.dump:
                         os.makedirs(a.dump, exist_ok=True)
-                        k = compile_hopper(d, p, s, compressed=comp)
-                        tag = f"d{d}_p{p}_s{s}_{'c' if comp else 't'}"
+                        k = compile_hopper(d, p, s, compressed=comp, num_warps=w)
+                        tag = f"d{d}_p{p}_s{s}_w{w}_{'c' if comp else 't'}"
                         for ext in ("ptx", "ttgir"):
                             with open(os.path.join(a.dump, f"{tag}.{ext}"), "w") as f:
                                 f.write(k.asm[ext])

@@ -34,19 +34,18 @@ from triton.experimental.gluon import language as ttgl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy
 
 from .restore import attend, tile_operands
-from .ring import _PT, KIND_BITS, NUM_WARPS, issue_tile, tile_ids, tile_info
+from .ring import _PT, KIND_BITS, issue_tile, tile_ids, tile_info
 
 M_ROWS = 16  # MMA rows: the GQA group, padded
 LOG2E = 1.4426950408889634
 _M = ttgl.constexpr(M_ROWS)  # Gluon reads globals only as constexpr
-_NW = ttgl.constexpr(NUM_WARPS)
 
 
 @gluon.jit
 def _stamp(timing_ptr, pid, k: ttgl.constexpr):
     """Profiling builds (TIMING): the global timer (ns) as event ``k`` of program ``pid`` (0: start, 1: its
     first tile landed, 2: done) and, with event 0, the SM it runs on; int64 ``[programs, 4]``."""
-    one_l: ttgl.constexpr = ttgl.BlockedLayout([1], [32], [_NW], [0])
+    one_l: ttgl.constexpr = ttgl.BlockedLayout([1], [32], [ttgl.num_warps()], [0])
     zero = ttgl.full([1], 0, ttgl.int32, layout=one_l)
     now = ttgl.inline_asm_elementwise(
         "mov.u64 $0, %globaltimer;", "=l,r", [zero], dtype=ttgl.int64, is_pure=False, pack=1
@@ -65,7 +64,7 @@ def _load_q(
     q_ptr, req, head, stride_qb, stride_qh, GROUP: ttgl.constexpr, D: ttgl.constexpr, a_l: ttgl.constexpr
 ):
     """The KV head's GROUP query rows (padded to 16), channels < D/2 and >= D/2, as MMA A operands."""
-    ld_l: ttgl.constexpr = ttgl.BlockedLayout([1, 8], [2, 16], [_NW, 1], [1, 0])
+    ld_l: ttgl.constexpr = ttgl.BlockedLayout([1, 8], [2, 16], [ttgl.num_warps(), 1], [1, 0])
     offs_m = ttgl.arange(0, _M, layout=ttgl.SliceLayout(1, ld_l))
     offs_d = ttgl.arange(0, D // 2, layout=ttgl.SliceLayout(0, ld_l))
     q_rows = q_ptr + req * stride_qb + (head * GROUP + offs_m)[:, None] * stride_qh + offs_d[None, :]
@@ -111,7 +110,7 @@ def _decode_hopper_kernel(
 ):  # fmt: skip
     N: ttgl.constexpr = NP * _PT
     mma: ttgl.constexpr = ttgl.NVMMADistributedLayout(
-        version=[2, 0], warps_per_cta=[1, _NW], instr_shape=[16, 8]
+        version=[2, 0], warps_per_cta=[1, ttgl.num_warps()], instr_shape=[16, 8]
     )
     a_l: ttgl.constexpr = ttgl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
     row_l: ttgl.constexpr = ttgl.SliceLayout(1, mma)

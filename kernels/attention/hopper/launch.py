@@ -14,7 +14,6 @@ from ..decode_plan import DecodePlan
 from ..merge import _merge_kernel
 from . import layouts as views
 from .decode import LOG2E, M_ROWS, _decode_hopper_kernel
-from .ring import NUM_WARPS
 
 # Registers per thread by head_dim: 168 leaves three programs per SM at head_dim 128 with no spill in the
 # main loop (bench/hopper_resources.py --maxnreg); the compiler's own choice (~225) leaves two.
@@ -107,7 +106,7 @@ def decode_attention_hopper(
         plan.kv_lens if timing is None else timing,
         **consts,
         TIMING=timing is not None,
-        num_warps=NUM_WARPS,
+        num_warps=plan.num_warps,
         **({"maxnreg": regs} if (regs := register_cap(maxnreg, fmt.head_dim)) else {}),
     )
     if plan.max_splits > 1:

@@ -19,7 +19,7 @@ from triton.experimental.gluon import language as ttgl
 from triton.experimental.gluon.language.nvidia.ampere import mma_v2
 from triton.runtime.jit import constexpr_function
 
-from .ring import _NW, _PT, CODED, GATHER, NUM_WARPS, RAW
+from .ring import _PT, CODED, GATHER, RAW
 
 # $0: the bf16 pair of channels p (elements 0, 1), $1: of channels p + D/2, from $2 (A's elements 0, 1) and
 # $3 (B's) by the selectors $4 and $6. Coded tiles: A holds lo-plane pairs (lo(p) | lo(p + D/2) << 8), B
@@ -45,13 +45,13 @@ prmt.b32 $1, $2, $3, 0x7362;
 
 
 @constexpr_function
-def prepass_layout(D, NP):  # type: ignore[no-untyped-def]
+def prepass_layout(D, NP, NW):  # type: ignore[no-untyped-def]
     """[NP, D/8 blocks, 16 tokens, 2 words]: four tokens per thread, lanes along tokens then blocks, so a
     load of code words reads two whole blocks per 8 lanes and a store of high-byte pairs writes rows
     t, t+4, t+8, t+12 of four blocks, on disjoint banks under the lo plane's swizzle."""
     del D
-    wp = min(NP, NUM_WARPS)
-    return ttgl.BlockedLayout([1, 1, 4, 2], [1, 8, 4, 1], [wp, NUM_WARPS // wp, 1, 1], [3, 2, 1, 0])
+    wp = min(NP, NW)
+    return ttgl.BlockedLayout([1, 1, 4, 2], [1, 8, 4, 1], [wp, NW // wp, 1, 1], [3, 2, 1, 0])
 
 
 @gluon.jit
@@ -222,11 +222,13 @@ def tile_operands(kind, slot, glob, tables, tok0, OP_K: ttgl.constexpr, OP_V: tt
     N: ttgl.constexpr = NP * _PT
     HALF: ttgl.constexpr = D // 2
     mma: ttgl.constexpr = ttgl.NVMMADistributedLayout(
-        version=[2, 0], warps_per_cta=[1, _NW], instr_shape=[16, 8]
+        version=[2, 0], warps_per_cta=[1, ttgl.num_warps()], instr_shape=[16, 8]
     )
     b_l: ttgl.constexpr = ttgl.DotOperandLayout(operand_index=1, parent=mma, k_width=2)
-    pre_l: ttgl.constexpr = prepass_layout(D, NP)
-    st_l: ttgl.constexpr = ttgl.BlockedLayout([1, 4], [4, 8], [_NW, 1], [1, 0])  # one page-head [16, D/2]
+    pre_l: ttgl.constexpr = prepass_layout(D, NP, ttgl.num_warps())
+    st_l: ttgl.constexpr = ttgl.BlockedLayout(
+        [1, 4], [4, 8], [ttgl.num_warps(), 1], [1, 0]
+    )  # one page-head [16, D/2]
     if kind == GATHER:  # a partial or mixed tile: nothing was copied; stage it from global memory
         _stage_tile(a_k, b_k, glob, tables, tok0, head, st_l, PG1, H, D, NP)
         _stage_tile(a_v, b_v, glob, tables, tok0, H + head, st_l, PG1, H, D, NP)

@@ -19,8 +19,7 @@ from triton.runtime.jit import constexpr_function
 
 from ...format.layout import PAGE_TOKENS
 
-NUM_WARPS = 4
-_NW = ttgl.constexpr(NUM_WARPS)
+NUM_WARPS = 4  # the default; a launch may ask for 1, 2 or 4 (the layouts below take the count it runs with)
 _PT = ttgl.constexpr(PAGE_TOKENS)  # Gluon reads globals only as constexpr
 # How a tile is read (kernels/attention/hopper/decode.py's docstring): every page coded (raw blocks among them
 # take their patches), every page raw, gathered from global memory (a partial or mixed tile), or past the
@@ -30,23 +29,24 @@ KIND_BITS = ttgl.constexpr(3)
 
 
 @constexpr_function
-def copy_layout(NP):  # type: ignore[no-untyped-def]
+def copy_layout(NP, NW):  # type: ignore[no-untyped-def]
     """[NP, chunks, 16 bytes]: one 16-byte chunk per thread and copy; warps along pages. The same layout for
     every chunk count, so a page's pointer (its [NP] slice) serves the lo, code, patch and raw copies."""
-    wp = min(NP, NUM_WARPS)
-    return ttgl.BlockedLayout([1, 1, 16], [1, 32, 1], [wp, NUM_WARPS // wp, 1], [2, 1, 0])
+    wp = min(NP, NW)
+    return ttgl.BlockedLayout([1, 1, 16], [1, 32, 1], [wp, NW // wp, 1], [2, 1, 0])
 
 
 @constexpr_function
-def meta_layout(D, NP):  # type: ignore[no-untyped-def]
+def meta_layout(D, NP, NW):  # type: ignore[no-untyped-def]
     """[NP, D/8] block markers of a tile's K (or V) page-heads."""
-    return ttgl.BlockedLayout([1, D // 8], [NP, 32 // NP], [1, NUM_WARPS], [1, 0])
+    tp = min(NP, 32)
+    return ttgl.BlockedLayout([1, D // 8], [tp, 32 // tp], [1, NW], [1, 0])
 
 
 @constexpr_function
-def every_thread_layout(NP):  # type: ignore[no-untyped-def]
+def every_thread_layout(NP, NW):  # type: ignore[no-untyped-def]
     """[NP] held whole by every thread: a tile's kind is then decided without a cross-warp reduction."""
-    return ttgl.BlockedLayout([NP], [32], [NUM_WARPS], [0])
+    return ttgl.BlockedLayout([NP], [32], [NW], [0])
 
 
 @gluon.jit
@@ -120,11 +120,13 @@ def tile_ids(tables, tok0, D: ttgl.constexpr, NP: ttgl.constexpr):
     every page's (held by every thread), the thread's own page's, and the metadata copy's."""
     page_ids_ptr, _, _, page_base, end, _ = tables
     first_page = page_ids_ptr + page_base + tok0 // _PT
-    ke = ttgl.arange(0, NP, layout=every_thread_layout(NP))
+    ke = ttgl.arange(0, NP, layout=every_thread_layout(NP, ttgl.num_warps()))
     pid_e = ttgl.load(first_page + ke, mask=tok0 + ke * _PT < end, other=0)
-    kp = ttgl.arange(0, NP, layout=ttgl.SliceLayout(1, ttgl.SliceLayout(2, copy_layout(NP))))
+    kp = ttgl.arange(
+        0, NP, layout=ttgl.SliceLayout(1, ttgl.SliceLayout(2, copy_layout(NP, ttgl.num_warps())))
+    )
     pid_p = ttgl.load(first_page + kp, mask=tok0 + kp * _PT < end, other=0)
-    km = ttgl.arange(0, NP, layout=ttgl.SliceLayout(1, meta_layout(D, NP)))
+    km = ttgl.arange(0, NP, layout=ttgl.SliceLayout(1, meta_layout(D, NP, ttgl.num_warps())))
     pid_m = ttgl.load(first_page + km, mask=tok0 + km * _PT < end, other=0)
     return pid_e, pid_p, pid_m
 
@@ -138,11 +140,11 @@ def tile_info(tables, tok0, ids, H: ttgl.constexpr, D: ttgl.constexpr, NP: ttgl.
     KV head."""
     _, page_loc_ptr, meta_ptr, _, end, head = tables
     pid_e, pid_p, pid_m = ids
-    cp_l: ttgl.constexpr = copy_layout(NP)
+    cp_l: ttgl.constexpr = copy_layout(NP, ttgl.num_warps())
     pg_l: ttgl.constexpr = ttgl.SliceLayout(1, ttgl.SliceLayout(2, cp_l))
     mk_l: ttgl.constexpr = ttgl.SliceLayout(2, cp_l)
     # Every page's raw flag, in every thread (a raw page's markers are all 0xFF).
-    ke = ttgl.arange(0, NP, layout=every_thread_layout(NP))
+    ke = ttgl.arange(0, NP, layout=every_thread_layout(NP, ttgl.num_warps()))
     valid_e = tok0 + ke * _PT < end
     row_e = pid_e.to(ttgl.int64) * (2 * H * (D // 8)) + head * (D // 8)
     raw_e = ttgl.load(meta_ptr + row_e, mask=valid_e, other=0).to(ttgl.int32) == 0xFF
@@ -179,8 +181,8 @@ def issue_tile(slot, heap_ptr, tables, tok0, info, H: ttgl.constexpr, D: ttgl.co
     a_k, b_k, a_v, b_v, m_k, m_v = slot
     _, _, meta_ptr, _, end, head = tables
     valid_e, raw_e, loc, mk, mv, pm = info
-    cp_l: ttgl.constexpr = copy_layout(NP)
-    mt_l: ttgl.constexpr = meta_layout(D, NP)
+    cp_l: ttgl.constexpr = copy_layout(NP, ttgl.num_warps())
+    mt_l: ttgl.constexpr = meta_layout(D, NP, ttgl.num_warps())
     kind = _tile_kind(valid_e, raw_e, tok0, end, NP)
     if GATHER_ALL and kind != EMPTY:
         kind = GATHER
