@@ -109,7 +109,7 @@ def run_case(  # type: ignore[type-arg]
     max_splits: int | None,
     compressed: bool,
     gather_all: bool = False,
-    block_n: int = 64,
+    block_n: int | None = None,
     warps: int | None = None,
 ) -> torch.Tensor:
     plan = plan_decode(
@@ -287,7 +287,7 @@ def bench(out: dict, shapes: list[tuple[int, int]], target_s: float, configs: li
 def ncu_target(batch: int, ctx: int, launches: int) -> None:
     case = make_case([ctx] * batch, 8, 128, 4, seed=7, raw_mid=0.0, shuffle=True, outliers=0)
     q = torch.randn(batch, 32, 128, device="cuda").to(torch.bfloat16)
-    plan = plan_decode(case["page_ids"], case["indptr"], case["lens"], case["fmt"], 32, block_n=64)
+    plan = plan_decode(case["page_ids"], case["indptr"], case["lens"], case["fmt"], 32)
     for _ in range(launches):
         decode_attention_hopper(plan, q, case["heap"], case["loc"], case["meta"], 1 / math.sqrt(128))
     torch.cuda.synchronize()
@@ -301,7 +301,7 @@ def timing(out: dict, shapes: list[tuple[int, int]]) -> None:  # type: ignore[ty
     for batch, ctx in shapes:
         case = make_case([ctx] * batch, 8, 128, 4, seed=7, raw_mid=0.0, shuffle=True, outliers=0)
         q = torch.randn(batch, 32, 128, device="cuda").to(torch.bfloat16)
-        plan = plan_decode(case["page_ids"], case["indptr"], case["lens"], case["fmt"], 32, block_n=64)
+        plan = plan_decode(case["page_ids"], case["indptr"], case["lens"], case["fmt"], 32)
         programs = batch * 8 * plan.max_splits
         stamps = torch.zeros(programs, 4, dtype=torch.int64, device="cuda")
         for _ in range(3):  # the last launch is the one read
@@ -310,7 +310,7 @@ def timing(out: dict, shapes: list[tuple[int, int]]) -> None:  # type: ignore[ty
         t = stamps.cpu().double()
         t0 = t[:, 0].min()
         start, first, end = ((t[:, k] - t0) / 1e3 for k in range(3))
-        tiles = -(-int(plan.split_tokens[0]) // 64)
+        tiles = -(-int(plan.split_tokens[0]) // plan.block_n)
         span = float(end.max())
         busy = float((end - start).sum())
         sms = torch.cuda.get_device_properties(0).multi_processor_count

@@ -71,7 +71,7 @@ def compile_hopper(
     aligned = {n for n in ARG_TYPES if ARG_TYPES[n].startswith("*") or n.startswith("stride")}
     attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names) if n in aligned}
     src = GluonASTSource(fn, signature, constexprs, attrs)
-    regs = launch.register_cap(maxnreg, head_dim)  # as the launch does
+    regs = launch.register_cap(maxnreg, head_dim, num_warps)  # as the launch does
     options: dict[str, int] = {"num_warps": num_warps, **({"maxnreg": regs} if regs else {})}
     return triton.compile(src, target=GPUTarget("cuda", arch, 32), options=options)
 

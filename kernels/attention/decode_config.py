@@ -74,13 +74,14 @@ DECODE_IMPLS = ("auto", "portable", "hopper")
 # The page format a serving pool writes (2 or 3); by default v3 on sm_90, where the Hopper kernel reads it,
 # and layout.FORMAT_VERSION elsewhere (the portable kernel reads v2 faster than v3).
 PAGE_FORMAT_ENV = "ZIPKV_PAGE_FORMAT"
-# The Hopper kernel's shape, measured on the H200: 64-token tiles, 4 warps, a 2-stage ring, three programs
-# per SM (its registers capped at 168 for head_dim 128, hopper.launch.HOPPER_MAXNREG, and 68 KB of shared
-# memory each): 1.04-1.13x FlashInfer at batch >= 8 against 0.98-1.05x at two per SM.
-HOPPER_CONFIG = DecodeKernelConfig(64, 4, 2, 2, 3, prefetch=False)
-# At batch 1 more splits than this cost more (the ring's fill, the merge) than they gain: 1 x 32768 takes
-# 56 us with 33 splits and 62 us with 99.
-HOPPER_MAX_SPLITS = 32
+# The Hopper kernel's shape, measured on the H200 (docs/benchmarks.md): 32-token tiles, 2 warps (one page
+# each), a 2-stage ring, four programs per SM (~224 registers, 34 KB of shared memory each): 1.13-1.21x
+# FlashInfer at batch >= 32, context >= 8192, against 1.02-1.13x with 64-token tiles over 4 warps.
+HOPPER_CONFIG = DecodeKernelConfig(32, 2, 2, 2, 4, prefetch=False)
+# Splits fill at most one wave: more waves of shorter programs pay each program's start again (8 x 8192:
+# 87 us with 33 splits over four waves, 81 us with 6).
+HOPPER_MAX_WAVES = 1
+HOPPER_MAX_SPLITS = 128
 
 
 def is_sm90(device: torch.device) -> bool:

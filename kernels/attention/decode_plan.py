@@ -21,7 +21,14 @@ from dataclasses import dataclass
 import torch
 
 from ..format.layout import PAGE_TOKENS, PageFormat
-from .decode_config import HOPPER_CONFIG, HOPPER_MAX_SPLITS, DecodeKernelConfig, decode_impl, kernel_config
+from .decode_config import (
+    HOPPER_CONFIG,
+    HOPPER_MAX_SPLITS,
+    HOPPER_MAX_WAVES,
+    DecodeKernelConfig,
+    decode_impl,
+    kernel_config,
+)
 
 MAX_SPLITS = 128
 MIN_SPLIT_TILES = 2  # a split reads at least this many tiles, so its fixed cost stays small
@@ -59,14 +66,16 @@ class DecodePlan:
         return self.num_q_heads // self.fmt.num_kv_heads
 
 
-def choose_max_splits(work_items: int, slots: int, max_splits: int = MAX_SPLITS) -> int:
-    """Smallest split count ``s`` minimising ``ceil(work_items * s / slots) / s`` (whole waves)."""
+def choose_max_splits(work_items: int, slots: int, max_splits: int = MAX_SPLITS, max_waves: int = 4) -> int:
+    """Smallest split count ``s`` minimising ``ceil(work_items * s / slots) / s`` (whole waves), among
+    those up to the first that fills ``max_waves`` waves (more waves of shorter programs cost each
+    program's fixed start again: the Hopper kernel looks no further than one)."""
     best, best_cost = 1, math.inf
     for s in range(1, max_splits + 1):
         cost = math.ceil(work_items * s / slots) / s
         if cost < best_cost - 1e-9:
             best, best_cost = s, cost
-        if work_items * s >= 4 * slots:
+        if work_items * s >= max_waves * slots:
             break
     return best
 
@@ -116,6 +125,7 @@ def _max_splits(
     ctas_per_sm: int,
     device: torch.device,
     cap: int = MAX_SPLITS,
+    max_waves: int = 4,
 ) -> int:
     """``max_splits`` as asked, else the wave model's pick for ``work_items`` programs per split; checked."""
     if max_splits is None:
@@ -125,7 +135,7 @@ def _max_splits(
                 if device.type == "cuda"
                 else CPU_NUM_SMS
             )
-        max_splits = choose_max_splits(work_items, num_sms * ctas_per_sm, cap)
+        max_splits = choose_max_splits(work_items, num_sms * ctas_per_sm, cap, max_waves)
     if not 1 <= max_splits <= MAX_SPLITS:
         raise ValueError(f"max_splits must be in 1..{MAX_SPLITS}, got {max_splits}")
     return max_splits
@@ -169,7 +179,8 @@ def plan_decode(
     device = kv_lens.device
     cap = HOPPER_MAX_SPLITS if impl == "hopper" else MAX_SPLITS
     ctas = ctas_per_sm or config.ctas_per_sm
-    max_splits = _max_splits(max_splits, batch * fmt.num_kv_heads, num_sms, ctas, device, cap)
+    waves = HOPPER_MAX_WAVES if impl == "hopper" else 4
+    max_splits = _max_splits(max_splits, batch * fmt.num_kv_heads, num_sms, ctas, device, cap, waves)
     splits, split_tokens = _split_sizes(kv_lens, block_n, max_splits)
     hd = fmt.head_dim
     return DecodePlan(

@@ -101,6 +101,16 @@ def test_split_count_fills_whole_waves() -> None:
     assert choose_max_splits(256, 396) == 3  # 768 programs = 2 waves of 396 nearly full
 
 
+def test_hopper_split_count_stops_at_one_wave() -> None:
+    """The Hopper plan looks no further than one wave (HOPPER_MAX_WAVES): 8 x 8192 on 132 SMs x 4 gets 8
+    splits (512 programs), where the four-wave search takes 33 (2112 programs, each paying its start)."""
+    assert choose_max_splits(64, 528, 128) == 33
+    assert choose_max_splits(64, 528, 128, max_waves=1) == 8
+    assert choose_max_splits(8, 528, 128, max_waves=1) == 66  # batch 1: one full wave
+    assert choose_max_splits(256, 528, 128, max_waves=1) == 2
+    assert choose_max_splits(1024, 528, 128, max_waves=1) == 1  # two waves of whole requests: no split
+
+
 def test_bad_inputs_get_clear_errors() -> None:
     case = make_case(128, 2, 4, [20], "cpu")
     plan = case.plan(block_n=32)

@@ -15,9 +15,10 @@ from ..merge import _merge_kernel
 from . import layouts as views
 from .decode import LOG2E, M_ROWS, _decode_hopper_kernel
 
-# Registers per thread by head_dim: 168 leaves three programs per SM at head_dim 128 with no spill in the
-# main loop (bench/hopper_resources.py --maxnreg); the compiler's own choice (~225) leaves two.
-HOPPER_MAXNREG: dict[int, int] = {128: 168}
+# Registers per thread by (head_dim, warps per program): at 4 warps, 168 leaves three programs per SM at
+# head_dim 128 with no spill in the main loop (bench/hopper_resources.py --maxnreg); the compiler's own
+# choice (~225) leaves two. At 2 warps the compiler's choice (~224) leaves four, and any cap spills.
+HOPPER_MAXNREG: dict[tuple[int, int], int] = {(128, 4): 168}
 
 
 @lru_cache(maxsize=64)
@@ -107,7 +108,7 @@ def decode_attention_hopper(
         **consts,
         TIMING=timing is not None,
         num_warps=plan.num_warps,
-        **({"maxnreg": regs} if (regs := register_cap(maxnreg, fmt.head_dim)) else {}),
+        **({"maxnreg": regs} if (regs := register_cap(maxnreg, fmt.head_dim, plan.num_warps)) else {}),
     )
     if plan.max_splits > 1:
         _merge_splits(plan, out)
@@ -131,9 +132,9 @@ def _merge_splits(plan: DecodePlan, out: torch.Tensor) -> None:
     )
 
 
-def register_cap(asked: int | None, head_dim: int) -> int | None:
-    """None: HOPPER_MAXNREG's cap for head_dim; 0: the compiler's choice."""
-    return HOPPER_MAXNREG.get(head_dim) if asked is None else (asked or None)
+def register_cap(asked: int | None, head_dim: int, num_warps: int) -> int | None:
+    """None: HOPPER_MAXNREG's cap for (head_dim, num_warps); 0: the compiler's choice."""
+    return HOPPER_MAXNREG.get((head_dim, num_warps)) if asked is None else (asked or None)
 
 
 _RAW_META: dict[tuple[tuple[int, ...], torch.device], torch.Tensor] = {}
