@@ -165,7 +165,7 @@ class ReferenceEngine:
             if admitted and prefill_tokens + prompt > self.config.max_prefill_tokens:
                 break
             need = self._worst_case_pages(req.request)
-            # headroom_pages() already keeps the allocator's encode margin (allocator/ledger.py) out
+            # headroom_pages() already keeps the allocator's encode margin (allocator/page_table.py) out
             fit = self.store.headroom_pages()
             if need > fit:
                 break  # first come, first served: wait for pages to come back
