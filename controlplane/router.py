@@ -1,4 +1,5 @@
-"""One router's request handling: admission, tokenising, placement and dispatch, the response.
+"""One router's request handling: admission, tokenising and the request's shape (request_shape.py),
+placement and dispatch, the response.
 
 `Router` holds everything one router process owns (store, metrics, tracer, dispatcher, tokenisers,
 limits); `zipkv.controlplane.app.build_app` wires it to HTTP routes.
@@ -18,9 +19,8 @@ from fastapi.responses import JSONResponse, Response
 from opentelemetry import trace
 
 from zipkv.controlplane import admission as adm
-from zipkv.controlplane.chat_template import NoChatTemplate
 from zipkv.controlplane.config import ModelConfig, RouterConfig
-from zipkv.controlplane.context import fits_context, model_context_tokens
+from zipkv.controlplane.context import model_context_tokens
 from zipkv.controlplane.dispatch import Dispatcher, DispatchError, Sampling
 from zipkv.controlplane.metrics import RouterMetrics
 from zipkv.controlplane.openai_api import (
@@ -32,9 +32,11 @@ from zipkv.controlplane.openai_api import (
 )
 from zipkv.controlplane.placement import RequestShape
 from zipkv.controlplane.relay import Outcome, Relay, RelayResponse, collect, stream_sse
+from zipkv.controlplane.request_shape import find_model, prompt_ids, request_shape, sampling
 from zipkv.controlplane.state import MemoryStore, Store
 from zipkv.controlplane.telemetry import tracer
 from zipkv.controlplane.tokenizer import Tokenizer, load_tokenizer
+from zipkv.controlplane.worker_stream import Stream
 
 log = logging.getLogger("zipkv.controlplane.router")
 
@@ -120,70 +122,10 @@ class Router:
                 retry_after_s=lim.retry_after_s,
             )
 
-    def _model(self, name: str) -> ModelConfig:
-        model = self.cfg.model(name)
-        if model is None:
-            served = [m.name for m in self.cfg.models]
-            raise adm.bad_request(
-                f"unknown model {name!r}; this router serves {served}", "model", "model_not_found"
-            )
-        return model
-
-    def _prompt_ids(self, req: ChatRequest | CompletionRequest, tok: Tokenizer) -> list[int]:
-        if isinstance(req, ChatRequest):
-            limit = self.cfg.http.max_prompt_messages
-            if len(req.messages) > limit:
-                raise adm.bad_request(f"messages: {len(req.messages)} messages, at most {limit}", "messages")
-            msgs = [{"role": m.role, "content": m.text()} for m in req.messages]
-            try:
-                return tok.chat_ids(msgs)
-            except NoChatTemplate as exc:
-                raise adm.bad_request(
-                    f"model {req.model!r}: {exc}", "messages", "chat_template_missing"
-                ) from None
-            except Exception as exc:  # a template that refuses the conversation (jinja raise_exception)
-                raise adm.bad_request(
-                    f"messages: the chat template refused them: {exc}", "messages"
-                ) from None
-        if isinstance(req.prompt, str):
-            return tok.encode(req.prompt)
-        if isinstance(req.prompt[0], str):
-            return tok.encode(str(req.prompt[0]))
-        ids = [int(i) for i in req.prompt]
-        if any(i < 0 or i >= tok.vocab_size for i in ids):
-            raise adm.bad_request(f"prompt: token ids must be in [0, {tok.vocab_size})", "prompt")
-        return ids
-
     def context_tokens(self, model: ModelConfig) -> int:
         """The model's context: the configured one, lowered to the largest that a live worker reports
         (a request that no worker could hold is malformed, not a capacity problem)."""
         return model_context_tokens(model.name, model.max_context_tokens, self.store.snapshot().workers)
-
-    def _shape(
-        self,
-        req: ChatRequest | CompletionRequest,
-        model: ModelConfig,
-        n_prompt: int,
-        slo: tuple[float, float],
-    ) -> RequestShape:
-        ctx = self.context_tokens(model)
-        if not fits_context(n_prompt + 1, ctx):  # room for at least one new token
-            raise adm.bad_request(
-                f"prompt has {n_prompt} tokens; model {model.name!r} accepts at most {ctx - 1} "
-                f"(its context is {ctx}); shorten the prompt",
-                "prompt",
-                "context_length_exceeded",
-            )
-        asked = req.requested_max_tokens() if isinstance(req, ChatRequest) else req.max_tokens
-        if asked is not None and not fits_context(n_prompt + asked, ctx):
-            raise adm.bad_request(
-                f"prompt ({n_prompt}) + max_tokens ({asked}) exceeds the context of {ctx} tokens; "
-                "lower max_tokens",
-                "max_tokens",
-                "context_length_exceeded",
-            )
-        max_new = asked if asked is not None else min(model.default_max_tokens, ctx - n_prompt)
-        return RequestShape(model.name, n_prompt, max_new, slo[0], slo[1], model.prefill_ms_per_token)
 
     async def handle(self, request: Request, kind: str) -> Response:
         t_in = time.perf_counter()
@@ -200,26 +142,57 @@ class Router:
                 self._done()
 
     async def _serve(self, request: Request, kind: str, t_in: float, owner: list[Relay]) -> Response:
+        req = await self._parse(request, kind)
+        model = find_model(self.cfg, req.model)
+        tok = self.tokenizers[model.name]
+        ids = prompt_ids(self.cfg, req, tok)
+        slo = adm.slo_from_headers(request, self.cfg)
+        shape = request_shape(req, model, len(ids), slo, self.context_tokens(model))
+        stream, span = await self._start(kind, req, shape, ids, sampling(req, tok))
+        relay = Relay(
+            stream,
+            tok,
+            req.stop_strings(),
+            len(ids),
+            self.metrics,
+            model.name,
+            t_in,
+            span,
+            slo_ms=(shape.slo_ttft_ms, shape.slo_tpot_ms),
+        )
+        owner.append(relay)
+        return await self._respond(request, kind, req, relay, stream.worker_id, model.name)
+
+    async def _parse(self, request: Request, kind: str) -> ChatRequest | CompletionRequest:
+        """The body as the request model of ``kind``; 400 for a field this server does not support."""
         data = await adm.read_json(request, self.cfg.http.max_request_bytes)
         field = unsupported_field(data) if isinstance(data, dict) else None
         if field is not None:
             raise adm.bad_request(
                 f"{field} is not supported by this server; remove it from the request", field, "unsupported"
             )
-        req = adm.parse_model(ChatRequest if kind == "chat" else CompletionRequest, data)
-        model = self._model(req.model)
-        tok = self.tokenizers[model.name]
-        prompt_ids = self._prompt_ids(req, tok)
-        shape = self._shape(req, model, len(prompt_ids), adm.slo_from_headers(request, self.cfg))
-        stops = [] if req.ignore_eos else list(tok.stop_token_ids)  # EOS and generation_config.json's
-        sampling = Sampling(req.temperature, req.top_p, req.top_k, tuple(stops), req.ignore_eos, req.seed)
+        parsed: ChatRequest | CompletionRequest = adm.parse_model(
+            ChatRequest if kind == "chat" else CompletionRequest, data
+        )
+        return parsed
+
+    async def _start(
+        self,
+        kind: str,
+        req: ChatRequest | CompletionRequest,
+        shape: RequestShape,
+        prompt_ids: list[int],
+        sampling: Sampling,
+    ) -> tuple[Stream, trace.Span]:
+        """The request's server span and its dispatch: the worker's stream once it has a first event. A
+        dispatch that fails answers the client in the OpenAI error shape, and ends the span."""
         op = "chat" if kind == "chat" else "text_completion"
         span = self.tracer.start_span(
-            f"{op} {model.name}",
+            f"{op} {shape.model}",
             kind=trace.SpanKind.SERVER,
             attributes={
                 "gen_ai.operation.name": op,
-                "gen_ai.request.model": model.name,
+                "gen_ai.request.model": shape.model,
                 "gen_ai.request.max_tokens": shape.max_new_tokens,
                 "gen_ai.request.temperature": req.temperature,
                 "gen_ai.request.top_p": req.top_p,
@@ -244,22 +217,22 @@ class Router:
             span.end()
             raise
         span.set_attribute("zipkv.worker.id", stream.worker_id)
-        relay = Relay(
-            stream,
-            tok,
-            req.stop_strings(),
-            len(prompt_ids),
-            self.metrics,
-            model.name,
-            t_in,
-            span,
-            slo_ms=(shape.slo_ttft_ms, shape.slo_tpot_ms),
-        )
-        owner.append(relay)
-        shape_out = ResponseShape("chat" if kind == "chat" else "text", model.name, uuid.uuid4().hex[:24])
+        return stream, span
+
+    async def _respond(
+        self,
+        request: Request,
+        kind: str,
+        req: ChatRequest | CompletionRequest,
+        relay: Relay,
+        worker_id: str,
+        model_name: str,
+    ) -> Response:
+        """Server-sent events while the relay streams, or one JSON body once it finished."""
+        shape_out = ResponseShape("chat" if kind == "chat" else "text", model_name, uuid.uuid4().hex[:24])
         if req.stream:
             body = stream_sse(relay, shape_out, req.include_usage, self._done)
-            headers = {"cache-control": "no-cache", "x-zipkv-worker": stream.worker_id}
+            headers = {"cache-control": "no-cache", "x-zipkv-worker": worker_id}
             return RelayResponse(relay, self._done, body, headers)
         out = await _collect_unless_gone(request, relay, self._done)
         if out.error:
@@ -269,7 +242,7 @@ class Router:
             )
         return JSONResponse(
             shape_out.full(out.text, out.finish_reason, out.prompt_tokens, out.completion_tokens),
-            headers={"x-zipkv-worker": stream.worker_id},
+            headers={"x-zipkv-worker": worker_id},
         )
 
 
