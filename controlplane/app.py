@@ -20,7 +20,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from zipkv.controlplane import admission as adm
+from zipkv.controlplane import gate
 from zipkv.controlplane.config import RouterConfig
 from zipkv.controlplane.openai_api import error_body
 from zipkv.controlplane.openapi_schema import install as install_openapi
@@ -35,7 +35,7 @@ __all__ = ["Router", "build_app"]
 log = logging.getLogger("zipkv.controlplane")
 
 
-def _error_response(exc: adm.HttpError) -> JSONResponse:
+def _error_response(exc: gate.HttpError) -> JSONResponse:
     headers = {"retry-after": str(exc.retry_after_s)} if exc.retry_after_s else None
     return JSONResponse(
         error_body(exc.message, exc.type, exc.code, exc.param), status_code=exc.status, headers=headers
@@ -45,20 +45,20 @@ def _error_response(exc: adm.HttpError) -> JSONResponse:
 ROUTES = "POST /v1/completions, POST /v1/chat/completions, GET /v1/models, /healthz, /readyz, /metrics"
 
 
-def _routing_http_error(request: Request, exc: StarletteHTTPException) -> adm.HttpError:
+def _routing_http_error(request: Request, exc: StarletteHTTPException) -> gate.HttpError:
     """404 / 405 (and any other error the framework raises) in the OpenAI error shape."""
     where = f"{request.method} {request.url.path}"
     if exc.status_code == 404:
-        return adm.HttpError(
+        return gate.HttpError(
             404, f"no route {where}; this server has {ROUTES}", "invalid_request_error", "not_found"
         )
     if exc.status_code == 405:
         allowed = {k.lower(): v for k, v in (exc.headers or {}).items()}.get("allow", "")
-        return adm.HttpError(
+        return gate.HttpError(
             405, f"{where}: method not allowed (use {allowed})", "invalid_request_error", "method_not_allowed"
         )
     kind = "server_error" if exc.status_code >= 500 else "invalid_request_error"
-    return adm.HttpError(exc.status_code, f"{where}: {exc.detail}", kind, "http_error")
+    return gate.HttpError(exc.status_code, f"{where}: {exc.detail}", kind, "http_error")
 
 
 def build_app(
@@ -118,8 +118,8 @@ def _lifespan(
 def _install_error_handlers(app: FastAPI, router: Router) -> None:
     """Every error in the OpenAI error shape: ours, the framework's (404, 405), and the unexpected."""
 
-    @app.exception_handler(adm.HttpError)
-    async def _http_error(request: Request, exc: adm.HttpError) -> JSONResponse:
+    @app.exception_handler(gate.HttpError)
+    async def _http_error(request: Request, exc: gate.HttpError) -> JSONResponse:
         return _error_response(exc)
 
     @app.exception_handler(StarletteHTTPException)

@@ -2,13 +2,13 @@
 (tokenising), its `RequestShape` (placement, after the context check) and `Sampling` (dispatch). Every
 malformed case is a 400 in the OpenAI error shape.
 
-Split from router.py, which runs a request through the edge checks, dispatch and the response: these are
+Split from router.py, which runs a request through the gate (gate.py), dispatch and the response: these are
 pure functions of the request, the config and the tokenizer.
 """
 
 from __future__ import annotations
 
-from zipkv.controlplane import admission as adm
+from zipkv.controlplane import gate
 from zipkv.controlplane.chat_template import NoChatTemplate
 from zipkv.controlplane.config import ModelConfig, RouterConfig
 from zipkv.controlplane.context import fits_context
@@ -23,7 +23,7 @@ def find_model(cfg: RouterConfig, name: str) -> ModelConfig:
     model = cfg.model(name)
     if model is None:
         served = [m.name for m in cfg.models]
-        raise adm.bad_request(
+        raise gate.bad_request(
             f"unknown model {name!r}; this router serves {served}", "model", "model_not_found"
         )
     return model
@@ -34,23 +34,23 @@ def prompt_ids(cfg: RouterConfig, req: ChatRequest | CompletionRequest, tok: Tok
     if isinstance(req, ChatRequest):
         limit = cfg.http.max_prompt_messages
         if len(req.messages) > limit:
-            raise adm.bad_request(f"messages: {len(req.messages)} messages, at most {limit}", "messages")
+            raise gate.bad_request(f"messages: {len(req.messages)} messages, at most {limit}", "messages")
         msgs = [{"role": m.role, "content": m.text()} for m in req.messages]
         try:
             return tok.chat_ids(msgs)
         except NoChatTemplate as exc:
-            raise adm.bad_request(
+            raise gate.bad_request(
                 f"model {req.model!r}: {exc}", "messages", "chat_template_missing"
             ) from None
         except Exception as exc:  # a template that refuses the conversation (jinja raise_exception)
-            raise adm.bad_request(f"messages: the chat template refused them: {exc}", "messages") from None
+            raise gate.bad_request(f"messages: the chat template refused them: {exc}", "messages") from None
     if isinstance(req.prompt, str):
         return tok.encode(req.prompt)
     if isinstance(req.prompt[0], str):
         return tok.encode(str(req.prompt[0]))
     ids = [int(i) for i in req.prompt]
     if any(i < 0 or i >= tok.vocab_size for i in ids):
-        raise adm.bad_request(f"prompt: token ids must be in [0, {tok.vocab_size})", "prompt")
+        raise gate.bad_request(f"prompt: token ids must be in [0, {tok.vocab_size})", "prompt")
     return ids
 
 
@@ -63,7 +63,7 @@ def request_shape(
 ) -> RequestShape:
     """What placement needs; 400 when the prompt, or the prompt and max_tokens, exceed the context ``ctx``."""
     if not fits_context(n_prompt + 1, ctx):  # room for at least one new token
-        raise adm.bad_request(
+        raise gate.bad_request(
             f"prompt has {n_prompt} tokens; model {model.name!r} accepts at most {ctx - 1} "
             f"(its context is {ctx}); shorten the prompt",
             "prompt",
@@ -71,7 +71,7 @@ def request_shape(
         )
     asked = req.requested_max_tokens() if isinstance(req, ChatRequest) else req.max_tokens
     if asked is not None and not fits_context(n_prompt + asked, ctx):
-        raise adm.bad_request(
+        raise gate.bad_request(
             f"prompt ({n_prompt}) + max_tokens ({asked}) exceeds the context of {ctx} tokens; "
             "lower max_tokens",
             "max_tokens",

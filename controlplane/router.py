@@ -1,4 +1,4 @@
-"""One router's request handling: admission, tokenising and the request's shape (request_shape.py),
+"""One router's request handling: the gate (gate.py), tokenising and the request's shape (request_shape.py),
 placement and dispatch, the response.
 
 `Router` holds everything one router process owns (store, metrics, tracer, dispatcher, tokenisers,
@@ -18,7 +18,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 from opentelemetry import trace
 
-from zipkv.controlplane import admission as adm
+from zipkv.controlplane import gate
 from zipkv.controlplane.config import ModelConfig, RouterConfig
 from zipkv.controlplane.context import model_context_tokens
 from zipkv.controlplane.dispatch import Dispatcher, DispatchError, Sampling
@@ -70,9 +70,9 @@ class Router:
                 log.warning(
                     "model %s has no chat template: chat completions get 400 (completions work)", m.name
                 )
-        self.limiter = adm.RateLimiter(cfg.limits.requests_per_s, cfg.limits.burst)
+        self.limiter = gate.RateLimiter(cfg.limits.requests_per_s, cfg.limits.burst)
         per_min = cfg.security.auth_failures_per_minute
-        self.auth_failures = adm.RateLimiter(per_min / 60.0, max(per_min, 1))  # rate 0: off
+        self.auth_failures = gate.RateLimiter(per_min / 60.0, max(per_min, 1))  # rate 0: off
         self.inflight = 0
         self.report_port = 0
 
@@ -81,12 +81,12 @@ class Router:
         self.metrics.inflight.set(self.inflight)
 
     def check_key(self, request: Request) -> str:
-        """The caller's API key (see admission.check_api_key), with failed attempts limited per client
+        """The caller's API key (see gate.check_api_key), with failed attempts limited per client
         address: past `security.auth_failures_per_minute` the address gets 429 before any key check."""
         client = request.client.host if request.client else ""
         if not self.auth_failures.has_tokens(client):
             self.metrics.rejections.labels("auth_failures").inc()
-            raise adm.HttpError(
+            raise gate.HttpError(
                 429,
                 "too many failed API-key attempts from this address; wait a minute and check the key",
                 "rate_limit_error",
@@ -94,18 +94,19 @@ class Router:
                 retry_after_s=60,
             )
         try:
-            return adm.check_api_key(request, self.cfg)
-        except adm.HttpError:
+            return gate.check_api_key(request, self.cfg)
+        except gate.HttpError:
             self.auth_failures.allow(client)  # spends one of the address's attempts
             self.metrics.rejections.labels("unauthenticated").inc()
             raise
 
-    def _admit(self, request: Request) -> None:
+    def _pass_gate(self, request: Request) -> None:
+        """The API key, the rate limit and the in-flight limit (429 past either limit)."""
         key = self.check_key(request)
         lim = self.cfg.limits
         if not self.limiter.allow(key or (request.client.host if request.client else "")):
             self.metrics.rejections.labels("rate_limited").inc()
-            raise adm.HttpError(
+            raise gate.HttpError(
                 429,
                 "rate limit exceeded; slow down",
                 "rate_limit_error",
@@ -114,7 +115,7 @@ class Router:
             )
         if lim.max_inflight_requests and self.inflight >= lim.max_inflight_requests:
             self.metrics.rejections.labels("over_capacity").inc()
-            raise adm.HttpError(
+            raise gate.HttpError(
                 429,
                 f"router is at its limit of {lim.max_inflight_requests} requests in flight",
                 "rate_limit_error",
@@ -129,8 +130,8 @@ class Router:
 
     async def handle(self, request: Request, kind: str) -> Response:
         t_in = time.perf_counter()
-        self._admit(request)
-        # Counted from admission (not from the first token), so a burst cannot pass the in-flight limit;
+        self._pass_gate(request)
+        # Counted from the gate (not from the first token), so a burst cannot pass the in-flight limit;
         # once a Relay exists it owns the count (its finish() calls _done exactly once).
         self.inflight += 1
         self.metrics.inflight.set(self.inflight)
@@ -146,7 +147,7 @@ class Router:
         model = find_model(self.cfg, req.model)
         tok = self.tokenizers[model.name]
         ids = prompt_ids(self.cfg, req, tok)
-        slo = adm.slo_from_headers(request, self.cfg)
+        slo = gate.slo_from_headers(request, self.cfg)
         shape = request_shape(req, model, len(ids), slo, self.context_tokens(model))
         stream, span = await self._start(kind, req, shape, ids, sampling(req, tok))
         relay = Relay(
@@ -165,13 +166,13 @@ class Router:
 
     async def _parse(self, request: Request, kind: str) -> ChatRequest | CompletionRequest:
         """The body as the request model of ``kind``; 400 for a field this server does not support."""
-        data = await adm.read_json(request, self.cfg.http.max_request_bytes)
+        data = await gate.read_json(request, self.cfg.http.max_request_bytes)
         field = unsupported_field(data) if isinstance(data, dict) else None
         if field is not None:
-            raise adm.bad_request(
+            raise gate.bad_request(
                 f"{field} is not supported by this server; remove it from the request", field, "unsupported"
             )
-        parsed: ChatRequest | CompletionRequest = adm.parse_model(
+        parsed: ChatRequest | CompletionRequest = gate.parse_model(
             ChatRequest if kind == "chat" else CompletionRequest, data
         )
         return parsed
@@ -206,7 +207,7 @@ class Router:
             self.metrics.rejections.labels(exc.reason).inc()
             span.set_status(trace.Status(trace.StatusCode.ERROR, exc.message))
             span.end()
-            raise adm.HttpError(
+            raise gate.HttpError(
                 exc.status,
                 exc.message,
                 "server_error" if exc.status >= 500 else "invalid_request_error",
@@ -255,5 +256,5 @@ async def _collect_unless_gone(request: Request, relay: Relay, on_done: Callable
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
-            raise adm.HttpError(499, "client closed the request", "invalid_request_error", "client_gone")
+            raise gate.HttpError(499, "client closed the request", "invalid_request_error", "client_gone")
     return task.result()

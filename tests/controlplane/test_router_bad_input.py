@@ -11,7 +11,7 @@ import httpx
 import pytest
 from router_harness import MODEL, Stack, stack
 
-from zipkv.controlplane.admission import RateLimiter
+from zipkv.controlplane.gate import RateLimiter
 from zipkv.testing.scripted_worker import Script
 
 OK = {"model": MODEL, "prompt": "x", "max_tokens": 2}
