@@ -16,7 +16,7 @@ seam fails a test instead of a GPU run.
 3. makes the idle memory check count zipkv's pool in its own units (page ids held vs. the prefix cache and
    requests, and the PagePool's byte accounting) instead of SGLang's ``available + cached == total``.
 4. before each prefill decision, releases SGLang's ``batch_is_full`` latch when compression freed room
-   (admission.py) and hands the allocator the radix cache to reclaim from (reclaim.py).
+   (admission_latch.py) and hands the allocator the radix cache to reclaim from (reclaim.py).
 Nothing changes for other backends.
 """
 
@@ -25,7 +25,7 @@ from __future__ import annotations
 import logging
 from typing import Any, cast
 
-from zipkv.worker.engines.sglang.admission import AdmissionLatch
+from zipkv.worker.engines.sglang.admission_latch import AdmissionLatch
 from zipkv.worker.engines.sglang.kv_stats_board import KVStatsBoard
 from zipkv.worker.engines.sglang.reclaim import PrefixCache
 from zipkv.worker.engines.sglang.seam_table import SEAMS as SEAMS
@@ -202,7 +202,7 @@ def _patch_prefill(scheduler: Any) -> None:
 
     def _get_new_batch_prefill(self: Any, running_batch: Any):  # type: ignore[no-untyped-def]
         # SGLang's batch_is_full latch only clears when a request finishes; compression frees room
-        # earlier (admission.py).
+        # earlier (admission_latch.py).
         allocator = self.token_to_kv_pool_allocator
         if _CLASSES and isinstance(allocator, _CLASSES["allocator"]):
             latch = self.__dict__.setdefault("_zipkv_admission_latch", AdmissionLatch())
