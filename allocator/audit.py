@@ -41,9 +41,16 @@ def _intervals(led: Ledger) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndar
 
 
 def check(led: Ledger) -> None:
-    cfg, cu = led.cfg, led.cu
-    kind = led.chunk_kind
-    # chunks: one place each
+    """Every invariant of the ledger; an AssertionError names the first one broken."""
+    _check_chunk_lists(led)
+    chunk, length = _check_places(led)
+    _check_units(led, chunk, length)
+    _check_rooms_and_reservations(led)
+
+
+def _check_chunk_lists(led: Ledger) -> None:
+    """Every empty chunk is listed exactly once (pool or a layer's), and draining ones by their kind."""
+    cfg, kind = led.cfg, led.chunk_kind
     places = np.zeros(cfg.num_chunks, dtype=np.int64)
     np.add.at(places, np.asarray(led.pool, dtype=np.int64), 1)
     for empties in led.private_empty:
@@ -57,6 +64,11 @@ def check(led: Ledger) -> None:
     draining = sum(chunks.size for _, chunks in led.draining)
     assert draining == (kind == ChunkKind.DRAINING).sum(), "draining list and chunk kinds differ"
 
+
+def _check_places(led: Ledger) -> tuple[np.ndarray, np.ndarray]:
+    """Live pages and free slots do not overlap, each inside one chunk of its layer and of the right kind,
+    compressed ones below their chunk's bump pointer. Returns each interval's (chunk, length)."""
+    cu, kind = led.cu, led.chunk_kind
     start, length, layer, want = _intervals(led)
     order = np.argsort(start, kind="stable")
     s, e = start[order], start[order] + length[order]
@@ -71,8 +83,13 @@ def check(led: Ledger) -> None:
     assert (start[on_log] + length[on_log] <= chunk[on_log] * cu + led.chunk_bump[chunk[on_log]]).all(), (
         "a compressed page lies past its chunk's bump pointer"
     )
+    return chunk, length
 
-    # bytes: recount each chunk's live units from the pages and slots in it
+
+def _check_units(led: Ledger, chunk: np.ndarray, length: np.ndarray) -> None:
+    """Bytes: each chunk's live units recounted from the pages and slots in it, and every unit of the
+    heap accounted for once (live, free slot, dead, tail or empty chunk)."""
+    cfg, cu, kind = led.cfg, led.cu, led.chunk_kind
     free_slots = sum(len(x) for x in led.slots)
     occupied = np.zeros(cfg.num_chunks, dtype=np.int64)
     np.add.at(occupied, chunk, length)
@@ -95,6 +112,11 @@ def check(led: Ledger) -> None:
     assert int(led.chunk_live[~(raw_chunks | log)].sum()) == 0, "an empty chunk holds live units"
     total = int(led.chunk_live.sum()) + free_slots * led.raw + dead + tails + empty
     assert total == cfg.num_chunks * cu, f"units not conserved: {total} != {cfg.num_chunks * cu}"
+
+
+def _check_rooms_and_reservations(led: Ledger) -> None:
+    """The room lists match their flags and hold only their layer's LOG chunks; reservations add up."""
+    kind = led.chunk_kind
     assert led.reserved_pages == sum(led.reservations.values()) >= 0, "reservation total drifted"
     listed = [c for rooms in led.log_rooms for c in rooms]
     assert len(listed) == len(set(listed)) == int(led.in_rooms.sum()), "room lists and flags differ"

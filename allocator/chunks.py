@@ -2,8 +2,8 @@
 
 A chunk is empty (in the shared pool, or held by one layer when there is no pool), a RAW chunk of fixed
 slots for uncompressed pages, or a LOG chunk where compressed pages sit one after another behind a bump
-pointer; an emptied chunk drains (its fence) before it is reused. ``Ledger`` (ledger.py) builds the page
-bookkeeping on top of this table.
+pointer; an emptied chunk drains (its fence) before it is reused. ``PageTable`` (page_table.py) builds the
+page bookkeeping on top of this table, ``Ledger`` (ledger.py) the pages that move.
 """
 
 from __future__ import annotations

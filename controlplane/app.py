@@ -10,7 +10,7 @@ import asyncio
 import contextlib
 import logging
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -20,7 +20,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from zipkv.controlplane import admission as adm
+from zipkv.controlplane import gate
 from zipkv.controlplane.config import RouterConfig
 from zipkv.controlplane.openai_api import error_body
 from zipkv.controlplane.openapi_schema import install as install_openapi
@@ -35,7 +35,7 @@ __all__ = ["Router", "build_app"]
 log = logging.getLogger("zipkv.controlplane")
 
 
-def _error_response(exc: adm.HttpError) -> JSONResponse:
+def _error_response(exc: gate.HttpError) -> JSONResponse:
     headers = {"retry-after": str(exc.retry_after_s)} if exc.retry_after_s else None
     return JSONResponse(
         error_body(exc.message, exc.type, exc.code, exc.param), status_code=exc.status, headers=headers
@@ -45,20 +45,20 @@ def _error_response(exc: adm.HttpError) -> JSONResponse:
 ROUTES = "POST /v1/completions, POST /v1/chat/completions, GET /v1/models, /healthz, /readyz, /metrics"
 
 
-def _routing_http_error(request: Request, exc: StarletteHTTPException) -> adm.HttpError:
+def _routing_http_error(request: Request, exc: StarletteHTTPException) -> gate.HttpError:
     """404 / 405 (and any other error the framework raises) in the OpenAI error shape."""
     where = f"{request.method} {request.url.path}"
     if exc.status_code == 404:
-        return adm.HttpError(
+        return gate.HttpError(
             404, f"no route {where}; this server has {ROUTES}", "invalid_request_error", "not_found"
         )
     if exc.status_code == 405:
         allowed = {k.lower(): v for k, v in (exc.headers or {}).items()}.get("allow", "")
-        return adm.HttpError(
+        return gate.HttpError(
             405, f"{where}: method not allowed (use {allowed})", "invalid_request_error", "method_not_allowed"
         )
     kind = "server_error" if exc.status_code >= 500 else "invalid_request_error"
-    return adm.HttpError(exc.status_code, f"{where}: {exc.detail}", kind, "http_error")
+    return gate.HttpError(exc.status_code, f"{where}: {exc.detail}", kind, "http_error")
 
 
 def build_app(
@@ -67,6 +67,23 @@ def build_app(
     """The router as an ASGI app. Its lifespan serves ControlPlane reports on cfg.grpc."""
     provider = tracer_provider or make_tracer_provider(cfg.telemetry)
     router = Router(cfg, store or make_store(cfg), provider)
+    # A provider made here is this app's to shut down; one passed in stays the caller's.
+    own_provider = provider if tracer_provider is None else None
+    lifespan = _lifespan(router, own_provider)
+    app = FastAPI(title="zipkv router", lifespan=lifespan, docs_url=None, redoc_url=None)
+    app.state.router = router
+    install_openapi(app, [m.name for m in cfg.models])
+    _install_error_handlers(app, router)
+    _install_routes(app, router)
+    return app
+
+
+def _lifespan(
+    router: Router, own_provider: trace.TracerProvider | None
+) -> Callable[[FastAPI], contextlib.AbstractAsyncContextManager[None]]:
+    """Start: the report server and the shared-state refresher. Stop: them, the dispatcher, the store and
+    a tracer provider of the app's own, in that order."""
+    cfg = router.cfg
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -91,16 +108,18 @@ def build_app(
             closer = getattr(router.store, "close", None)
             if closer is not None:
                 await closer()
-            if isinstance(provider, TracerProvider) and tracer_provider is None:
-                provider.shutdown()
+            if isinstance(own_provider, TracerProvider):
+                own_provider.shutdown()
             log.info("router stopped")
 
-    app = FastAPI(title="zipkv router", lifespan=lifespan, docs_url=None, redoc_url=None)
-    app.state.router = router
-    install_openapi(app, [m.name for m in cfg.models])
+    return lifespan
 
-    @app.exception_handler(adm.HttpError)
-    async def _http_error(request: Request, exc: adm.HttpError) -> JSONResponse:
+
+def _install_error_handlers(app: FastAPI, router: Router) -> None:
+    """Every error in the OpenAI error shape: ours, the framework's (404, 405), and the unexpected."""
+
+    @app.exception_handler(gate.HttpError)
+    async def _http_error(request: Request, exc: gate.HttpError) -> JSONResponse:
         return _error_response(exc)
 
     @app.exception_handler(StarletteHTTPException)
@@ -121,6 +140,11 @@ def build_app(
             "that id: retry, and report it if it persists"
         )
         return JSONResponse(error_body(message, "server_error", 500), status_code=500)
+
+
+def _install_routes(app: FastAPI, router: Router) -> None:
+    """The routes of ROUTES."""
+    cfg = router.cfg
 
     @app.post("/v1/chat/completions")
     async def chat(request: Request) -> Response:
@@ -159,5 +183,3 @@ def build_app(
     async def metrics() -> Response:
         router.metrics.observe_snapshot(router.store.snapshot())
         return Response(router.metrics.render(), media_type=CONTENT_TYPE_LATEST)
-
-    return app

@@ -12,7 +12,16 @@ _LATENCY_MS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 3000
 class RouterMetrics:
     def __init__(self, models: tuple[str, ...] = ()) -> None:
         self._models = models
-        r = self.registry = CollectorRegistry()
+        self.registry = CollectorRegistry()
+        # Registered in this order, which is the order /metrics lists them in.
+        self._add_latencies(self.registry)
+        self._add_placement_counters(self.registry)
+        self._add_outcome_counters(self.registry)
+        self._add_gauges(self.registry)
+        self._known: set[tuple[str, str]] = set()
+
+    def _add_latencies(self, r: CollectorRegistry) -> None:
+        """Request latencies per model, and the placement decision's."""
         self.ttft_ms = Histogram(
             "zipkv_router_ttft_ms",
             "HTTP request in to first token out",
@@ -41,6 +50,9 @@ class RouterMetrics:
             buckets=(0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10),
             registry=r,
         )
+
+    def _add_placement_counters(self, r: CollectorRegistry) -> None:
+        """Requests placed, retried elsewhere, refused, and placements that saw a stale report."""
         self.placements = Counter(
             "zipkv_router_placements_total", "requests placed on a worker", ["worker", "mode"], registry=r
         )
@@ -55,6 +67,10 @@ class RouterMetrics:
             "placements that saw a stale report (coarse comparison)",
             registry=r,
         )
+
+    def _add_outcome_counters(self, r: CollectorRegistry) -> None:
+        """Outcomes: of capacity reports (and the field that refused one), of finished requests against
+        their SLOs, of streams a worker broke."""
         self.reports = Counter(
             "zipkv_router_reports_total", "capacity reports by outcome", ["outcome"], registry=r
         )
@@ -73,6 +89,9 @@ class RouterMetrics:
         self.stream_errors = Counter(
             "zipkv_router_stream_errors_total", "streams ended by a worker failure", registry=r
         )
+
+    def _add_gauges(self, r: CollectorRegistry) -> None:
+        """Per worker (headroom, ratio), per model (live workers), and the router's own state."""
         self.headroom_tokens = Gauge(
             "zipkv_router_worker_headroom_tokens",
             "free tokens under compression minus reservations",
@@ -87,7 +106,6 @@ class RouterMetrics:
         self.degraded = Gauge(
             "zipkv_router_degraded", "1 while the shared state (Redis) is unreachable", registry=r
         )
-        self._known: set[tuple[str, str]] = set()
 
     def observe_snapshot(self, snap: Snapshot) -> None:
         seen: set[tuple[str, str]] = set()

@@ -10,28 +10,17 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # the commands import the stack when they run, so `zipkv --help` loads none of it
+    from zipkv.stack.local_stack import LocalStack, StackOptions
 
 
 def _up(args: argparse.Namespace) -> int:
-    from zipkv.stack.local_stack import LocalStack, StackOptions
+    from zipkv.stack.local_stack import LocalStack
 
     try:
-        options = StackOptions(
-            port=args.port,
-            workers=args.workers,
-            routers=args.routers,
-            redis_url=args.redis,
-            model_path=args.model,
-            model_name=args.model_name,
-            kv_budget_mib=args.kv_budget_mib,
-            compression=not args.no_compression,
-            device=args.device,
-            max_context_tokens=args.max_context_tokens,
-            chat_template=args.chat_template,
-            otlp_endpoint=args.otlp,
-            metrics_port=args.metrics_port,
-        )
+        options = _stack_options(args)
     except ValueError as exc:
         print(f"zipkv up: {exc}", file=sys.stderr)
         return 2
@@ -55,9 +44,40 @@ def _up(args: argparse.Namespace) -> int:
     if stop.is_set():
         stack.stop()
         return 130
+    _print_ready(stack)
+    _supervise_until(stop, stack)
+    print("\nstopping (draining workers; a second Ctrl-C is ignored until done)", flush=True)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    stack.stop()
+    return 0
+
+
+def _stack_options(args: argparse.Namespace) -> StackOptions:
+    """`zipkv up`'s flags as the stack's options (ValueError saying which flag is wrong)."""
+    from zipkv.stack.local_stack import StackOptions
+
+    return StackOptions(
+        port=args.port,
+        workers=args.workers,
+        routers=args.routers,
+        redis_url=args.redis,
+        model_path=args.model,
+        model_name=args.model_name,
+        kv_budget_mib=args.kv_budget_mib,
+        compression=not args.no_compression,
+        device=args.device,
+        max_context_tokens=args.max_context_tokens,
+        chat_template=args.chat_template,
+        otlp_endpoint=args.otlp,
+        metrics_port=args.metrics_port,
+    )
+
+
+def _print_ready(stack: LocalStack) -> None:
+    """Where the API is, a request to try, and where to look."""
     from zipkv.stack.local_observability import where_to_look
 
-    url = stack.base_urls[0]
+    url, options = stack.base_urls[0], stack.options
     print(
         f"\nzipkv is ready: {options.workers} worker(s), model {stack.model_name!r}, "
         f"OpenAI API at {url}/v1\n"
@@ -68,16 +88,17 @@ def _up(args: argparse.Namespace) -> int:
         "Press Ctrl-C to stop.",
         flush=True,
     )
+
+
+def _supervise_until(stop: threading.Event, stack: LocalStack) -> None:
+    """Until ``stop`` is set: a lost router is restarted while the others keep serving; one that keeps
+    crashing stops the stack."""
     while not stop.wait(0.5):
         try:
-            stack.supervise_routers()  # a lost router is restarted while the others keep serving
+            stack.supervise_routers()
         except RuntimeError as exc:
             print(f"zipkv up: {exc}; stopping", file=sys.stderr)
             stop.set()
-    print("\nstopping (draining workers; a second Ctrl-C is ignored until done)", flush=True)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    stack.stop()
-    return 0
 
 
 def _fmt_tokens(n: float) -> str:

@@ -1,4 +1,6 @@
 """A local zipkv stack in one command: router process(es), a local Ray with N worker replicas, a status tap.
+The routers' process plumbing (spawn, wait, restart limit) is router_processes.py, the model it serves
+(name, GGUF import, context) model_prep.py.
 
 Used by `zipkv up` and by the end-to-end tests. Start order: the status tap and the router(s) first
 (seconds), then Ray and the Serve replicas (the slow part), so each replica's first report lands at once.
@@ -6,15 +8,12 @@ Used by `zipkv up` and by the end-to-end tests. Start order: the status tap and 
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 import os
 import secrets
-import signal
 import socket
 import subprocess
-import sys
 import tempfile
 import time
 import urllib.error
@@ -24,11 +23,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from zipkv.stack.ray_head import start_local_ray
+from zipkv.stack.model_prep import prepare_model, served_name
+from zipkv.stack.ray_head import start_local_ray, stop_local_ray
+from zipkv.stack.router_processes import (
+    RestartBudget,
+    exited_error,
+    router_config,
+    spawn_router,
+    stop_routers,
+    wait_answering,
+    write_pids,
+)
 from zipkv.stack.status_tap import StatusTap
 
 APP_NAME = "zipkv"
-MAX_RESTARTS_PER_MIN = 5
 STATE_DIR = Path(os.environ.get("ZIPKV_STATE_DIR", Path(tempfile.gettempdir()) / "zipkv"))
 
 
@@ -64,16 +72,6 @@ class StackOptions:
             raise ValueError("--routers > 1 needs shared state: add --redis redis://HOST:6379/0")
 
 
-def _die_with_parent() -> None:
-    """Linux: the router gets SIGTERM if this process dies without stopping it (e.g. SIGKILL)."""
-    try:
-        import ctypes
-
-        ctypes.CDLL("libc.so.6").prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
-
-
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -94,16 +92,13 @@ class LocalStack:
         self.progress = progress
         self.report_token = secrets.token_hex(16)
         self.dispatch_token = secrets.token_hex(16)  # router -> worker (Generate, Abort)
-        path = Path(options.model_path) if options.model_path else None
-        self.model_name = options.model_name or (
-            (path.stem if path.suffix == ".gguf" else path.name) if path else "zipkv-tiny"
-        )
+        self.model_name = served_name(options.model_name, options.model_path)
         self.grpc_ports = [free_port() for _ in range(options.routers)]
         self.routers: list[subprocess.Popen[bytes]] = []
         self.tap: StatusTap | None = None
         self.workdir = Path(tempfile.mkdtemp(prefix="zipkv-up-"))
         self._ray_started = False
-        self._restarts: dict[int, list[float]] = {}
+        self._restarts = RestartBudget()
         self._t0 = time.monotonic()
         self.model_path = options.model_path  # a GGUF is replaced by its dequantized folder at start
         self.context_tokens = 0  # set at start, from the model's config (or the option) and the budget
@@ -111,20 +106,10 @@ class LocalStack:
     def prepare_model(self) -> None:
         """Before anything starts: a GGUF model becomes a Hugging Face folder (once, cached), and the
         context is resolved and checked against the KV budget (raises ValueError saying what to change)."""
-        from zipkv.worker.checkpoint import model_shape, read_config
-        from zipkv.worker.engine_factory import checked_context
-        from zipkv.worker.engines.reference.gguf_import import resolve_model_path
-        from zipkv.worker.engines.reference.model import tiny_config
-
         o = self.options
-        if o.model_path:
-            self.model_path = resolve_model_path(o.model_path, progress=self._say)
-            shape = model_shape(read_config(self.model_path))
-        else:
-            shape = model_shape(tiny_config().to_dict())
-        budget = int(o.kv_budget_mib * (1 << 20))
-        self.context_tokens = checked_context(shape, o.max_context_tokens or 0, budget, o.compression)
-        self._say(f"context {self.context_tokens} tokens (model {shape.context_tokens})")
+        self.model_path, self.context_tokens = prepare_model(
+            o.model_path, o.max_context_tokens, o.kv_budget_mib, o.compression, self._say
+        )
 
     def _prepared(self) -> None:
         if not self.context_tokens:  # once; every router config and replica carries the same context
@@ -159,14 +144,9 @@ class LocalStack:
         model["tokenizer"] = self.model_path if self.model_path else "byte"
         if o.chat_template:
             model["chat_template"] = o.chat_template
-        config: dict[str, Any] = {
-            "http": {"host": "127.0.0.1", "port": o.port + k},
-            "grpc": {"host": "127.0.0.1", "port": self.grpc_ports[k]},
-            "models": [model],
-            "security": {"report_token": self.report_token, "dispatch_token": self.dispatch_token},
-        }
-        if o.redis_url:
-            config["state"] = {"backend": "redis", "redis_url": o.redis_url}
+        config = router_config(
+            o.port + k, self.grpc_ports[k], model, self.report_token, self.dispatch_token, o.redis_url
+        )
         path = self.workdir / f"router-{k}.yaml"
         path.write_text(json.dumps(config, indent=2))  # JSON is YAML
         return path
@@ -174,20 +154,14 @@ class LocalStack:
     def supervise_routers(self) -> list[int]:
         """Restart every router process that exited (same config and ports, so workers and clients find
         it again); returns the restarted indices. At most `MAX_RESTARTS_PER_MIN` per router per minute:
-        past that it is crash-looping, and RuntimeError says so (with its log)."""
+        past that it is crash-looping, and RuntimeError says so (with its log; router_processes.py)."""
         restarted = []
         now = time.monotonic()
         for k, proc in enumerate(self.routers):
             if proc.poll() is None:
                 continue
-            recent = [t for t in self._restarts.get(k, []) if now - t < 60.0]
-            if len(recent) >= MAX_RESTARTS_PER_MIN:
-                raise RuntimeError(
-                    f"router {k} exited {len(recent) + 1} times within a minute "
-                    f"(last code {proc.returncode}); giving up:\n{self.router_log(k)[-3000:]}"
-                )
+            self._restarts.spend(k, proc, now, lambda k=k: self.router_log(k))
             self._say(f"router {k} exited (code {proc.returncode}); restarting it, the others keep serving")
-            self._restarts[k] = [*recent, now]
             self.routers[k] = self._spawn_router(k)
             restarted.append(k)
         if restarted:
@@ -195,9 +169,7 @@ class LocalStack:
         return restarted
 
     def _write_pids(self) -> None:
-        """Router process ids, for fault drills (scripts/fault_suite.sh kills one by its id)."""
-        pids = {"routers": [p.pid for p in self.routers], "base_urls": self.base_urls}
-        (STATE_DIR / f"pids-{self.options.port}.json").write_text(json.dumps(pids))
+        write_pids(STATE_DIR / f"pids-{self.options.port}.json", self.routers, self.base_urls)
 
     def _start_router(self, k: int) -> None:
         self.routers.append(self._spawn_router(k))
@@ -206,16 +178,7 @@ class LocalStack:
         path = self._router_config(k)
         self._say(f"starting router {k + 1}/{self.options.routers} on {self.base_urls[k]} (config {path})")
         env = {**os.environ, **otel_env(self.options.otlp_endpoint), **self.options.router_env}
-        log = open(self.workdir / f"router-{k}.log", "ab")  # noqa: SIM115 (lives as long as the process)
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "zipkv.controlplane", "--config", str(path)],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env=env,
-            start_new_session=True,  # Ctrl-C reaches us once; we stop the router ourselves
-            preexec_fn=_die_with_parent,
-        )
-        return proc
+        return spawn_router(path, self.workdir / f"router-{k}.log", env)
 
     def router_log(self, k: int = 0) -> str:
         path = self.workdir / f"router-{k}.log"
@@ -224,20 +187,14 @@ class LocalStack:
     def _wait_routers(self, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
         for k, url in enumerate(self.base_urls):
-            while True:
-                if self.routers[k].poll() is not None:
-                    raise RuntimeError(
-                        f"router {k} exited with code {self.routers[k].returncode}:\n"
-                        + self.router_log(k)[-3000:]
-                    )
-                try:
-                    if http_get(f"{url}/healthz", 1.0)[0] == 200:
-                        break
-                except OSError:
-                    pass
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"router {k} did not answer {url}/healthz within {timeout_s:.0f} s")
-                time.sleep(0.2)
+            wait_answering(
+                k,
+                self.routers[k],
+                lambda url=url: http_get(f"{url}/healthz", 1.0)[0] == 200,
+                lambda k=k: self.router_log(k),
+                deadline,
+                f"{url}/healthz within {timeout_s:.0f} s",
+            )
         self._say(f"router{'s' if self.options.routers > 1 else ''} up")
 
     def _start_workers(self, report_addresses: list[str]) -> None:
@@ -309,9 +266,7 @@ class LocalStack:
                 break
             for k, proc in enumerate(self.routers):
                 if proc.poll() is not None:
-                    raise RuntimeError(
-                        f"router {k} exited with code {proc.returncode}:\n{self.router_log(k)[-3000:]}"
-                    )
+                    raise exited_error(k, proc, self.router_log(k))
             if time.monotonic() > deadline:
                 raise TimeoutError(
                     f"only {reported}/{self.options.workers} workers reported within {timeout_s:.0f} s: see "
@@ -330,23 +285,10 @@ class LocalStack:
     # ---- stop ---------------------------------------------------------------------------------------
     def stop(self) -> None:
         if self._ray_started:
-            import ray
-            from ray import serve
-
             self._say("draining workers")
-            try:
-                serve.delete(APP_NAME)  # graceful: each replica drains (its __del__) before it goes
-            finally:
-                ray.shutdown()
+            stop_local_ray(APP_NAME)
             self._ray_started = False
-        for proc in self.routers:
-            if proc.poll() is None:
-                proc.terminate()
-        for proc in self.routers:
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+        stop_routers(self.routers)
         if self.tap is not None:
             self.tap.stop()
             self.tap.path.unlink(missing_ok=True)
@@ -361,7 +303,3 @@ def otel_env(otlp_endpoint: str | None) -> dict[str, str]:
     if otlp_endpoint:
         env["OTEL_EXPORTER_OTLP_ENDPOINT"] = otlp_endpoint
     return env
-
-
-def options_dict(options: StackOptions) -> dict[str, Any]:
-    return dataclasses.asdict(options)

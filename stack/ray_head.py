@@ -1,4 +1,5 @@
-"""Start a local Ray head for the worker replicas, patiently, and say why when it does not come up.
+"""Start a local Ray head for the worker replicas, patiently, and say why when it does not come up; stop it
+with its Serve app drained.
 
 Ray's driver waits 30 s for the GCS to write its port file and another 30 s (fixed) for the raylet to
 register. A busy 2-core machine has run past both in turn (seen once in CI: the GCS wait on the first
@@ -63,3 +64,14 @@ def start_local_ray(
                     f"and that {RAY_SESSION_LOGS.parent.parent} is writable"
                 ) from exc
             say(f"Ray did not start ({detail}); try {attempt + 1} of {ATTEMPTS}")
+
+
+def stop_local_ray(app_name: str) -> None:
+    """Delete the Serve app (graceful: each replica drains, its __del__, before it goes), then Ray."""
+    import ray
+    from ray import serve
+
+    try:
+        serve.delete(app_name)
+    finally:
+        ray.shutdown()

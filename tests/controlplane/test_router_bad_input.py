@@ -11,7 +11,7 @@ import httpx
 import pytest
 from router_harness import MODEL, Stack, stack
 
-from zipkv.controlplane.admission import RateLimiter
+from zipkv.controlplane.gate import RateLimiter
 from zipkv.testing.scripted_worker import Script
 
 OK = {"model": MODEL, "prompt": "x", "max_tokens": 2}
@@ -200,7 +200,7 @@ def test_readyz_is_503_without_a_worker_and_names_why() -> None:
 
 def test_seed_reaches_the_sglang_engine() -> None:
     from zipkv.worker.engine import SamplingOptions
-    from zipkv.worker.engines.sglang.engine import sglang_sampling_params
+    from zipkv.worker.engines.sglang.engine_args import sglang_sampling_params
 
     assert sglang_sampling_params(SamplingOptions(seed=43))["sampling_seed"] == 43
     assert sglang_sampling_params(SamplingOptions())["sampling_seed"] is None

@@ -252,7 +252,7 @@ def test_chat_uses_the_models_own_template(tmp_path: Path) -> None:
         assert list(w.seen.requests[0].sampling.stop_token_ids) == [2]  # the tokenizer's EOS
 
 
-def test_context_reported_by_workers_bounds_admission() -> None:
+def test_context_reported_by_workers_bounds_the_prompts_accepted() -> None:
     with stack() as st:  # configured context 4096
         st.add_worker(max_context_tokens=100)
         r = _post(st, {"model": MODEL, "prompt": "x" * 150})

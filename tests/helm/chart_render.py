@@ -25,6 +25,8 @@ import jsonschema
 import kubernetes_validate
 import yaml
 
+from zipkv.controlplane.config import RouterConfig, load_config
+
 REPO = Path(__file__).resolve().parents[2]
 CHART_DIR = REPO / "helm" / "zipkv"
 EXAMPLES = sorted((CHART_DIR / "examples").glob("*.yaml"))
@@ -236,6 +238,17 @@ def free_port() -> int:
 
 def router_config_text(objs: list[Obj]) -> str:
     return str(one(objs, "ConfigMap", "router")["data"]["router.yaml"])
+
+
+def router_container(objs: list[Obj]) -> Obj:
+    return next(containers(one(objs, "Deployment", "router")))
+
+
+def load_router_config(objs: list[Obj], tmp_path: Path, secrets: Any = None) -> RouterConfig:
+    """The router config the pod would load: its ConfigMap under its container's environment."""
+    path = tmp_path / "router.yaml"
+    path.write_text(router_config_text(objs))
+    return load_config(str(path), container_env(router_container(objs), objs, secrets))
 
 
 def serve_config(objs: list[Obj]) -> dict[str, Any]:

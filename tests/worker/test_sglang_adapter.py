@@ -1,4 +1,5 @@
-"""The SGLang engine adapter's own logic on the CPU: Engine arguments, KV sizing, stream -> events.
+"""The SGLang engine adapter's own logic on the CPU: SGLang's loop and owner thread, stream -> events,
+capacity, the kv stats board. What it hands SGLang (arguments, KV sizing) is test_sglang_engine_args.py.
 
 SGLang itself needs a GPU; here the adapter is fed SGLang-shaped stream outputs (the dicts
 ``Engine.async_generate(stream=True)`` yields with skip_tokenizer_init: cumulative ``output_ids``).
@@ -15,56 +16,15 @@ from pathlib import Path
 from typing import ClassVar
 
 import pytest
+from worker_helpers import LLAMA_8B
 
 from zipkv.worker.engine import EngineRequest, FinishReason, SamplingOptions
 from zipkv.worker.engine_stats import EncodeCounts, KVStats, now_ns
-from zipkv.worker.engines.sglang import telemetry as sglang_telemetry
-from zipkv.worker.engines.sglang.engine import (
-    WARMUP_PROMPT_TOKENS,
-    SGLangEngine,
-    _Running,
-    _Timings,
-    engine_kwargs,
-    kv_bytes_per_token,
-)
+from zipkv.worker.engines.sglang.engine import WARMUP_PROMPT_TOKENS, SGLangEngine, _Running, _Timings
 from zipkv.worker.engines.sglang.kv_stats_board import KVStatsBoard
 from zipkv.worker.engines.sglang.owner_thread import OwnerThread
-from zipkv.worker.engines.sglang.telemetry import kernels_in_use, scheduler_env
+from zipkv.worker.engines.sglang.telemetry import kernels_in_use
 from zipkv.worker.settings import WorkerSettings
-
-LLAMA_8B = {
-    "num_attention_heads": 32,
-    "num_key_value_heads": 8,
-    "hidden_size": 4096,
-    "head_dim": 128,
-    "num_hidden_layers": 32,
-    "max_position_embeddings": 131072,
-}
-
-
-def test_engine_kwargs_size_the_budget_in_raw_tokens_and_pick_the_backend(tmp_path: Path) -> None:
-    (tmp_path / "config.json").write_text(json.dumps(LLAMA_8B))
-    llama = str(tmp_path)
-    assert kv_bytes_per_token(llama) == 131072
-    settings = WorkerSettings(engine="sglang", model_path=llama, kv_budget_bytes=46 * 8448 * 131072)
-    kw = engine_kwargs(settings, llama)
-    assert (
-        kw["attention_backend"] == "zipkv" and kw["max_total_tokens"] == 46 * 8448 and kw["page_size"] == 16
-    )
-    off = WorkerSettings(engine="sglang", model_path=llama, compression=False)
-    assert engine_kwargs(off, llama, disable_cuda_graph=True)["attention_backend"] == "zipkv_uncompressed"
-    assert engine_kwargs(off, llama, disable_cuda_graph=True)["disable_cuda_graph"] is True
-
-
-def test_sglang_args_from_serve_win_over_zipkv_defaults_and_lose_to_overrides(tmp_path: Path) -> None:
-    from zipkv.worker.serve import settings_from_args
-
-    (tmp_path / "config.json").write_text(json.dumps(LLAMA_8B))
-    extra = '{"log_level": "info", "mem_fraction_static": 0.3, "page_size": 32}'
-    settings, _, _, _ = settings_from_args({"engine": "sglang", "model": str(tmp_path), "sglang_args": extra})
-    kw = engine_kwargs(settings, str(tmp_path), page_size=64)
-    assert (kw["log_level"], kw["mem_fraction_static"], kw["page_size"]) == ("info", 0.3, 64)
-    assert kw["attention_backend"] == "zipkv"  # untouched defaults stay
 
 
 def _running_loop_or_none() -> asyncio.AbstractEventLoop | None:
@@ -158,19 +118,6 @@ def test_capacity_inside_a_serve_constructor_drives_sglangs_loop_off_the_running
         own_loop.close()
 
 
-def test_worker_defaults_are_the_measured_sglang_milestone(tmp_path: Path) -> None:
-    """The replica runs SGLang with the flags the H200 end-to-end benchmark measured (milestone 2)."""
-    import importlib
-    import sys
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-    module = importlib.import_module("bench_sglang_e2e")
-    (tmp_path / "config.json").write_text(json.dumps(LLAMA_8B))
-    kw = engine_kwargs(WorkerSettings(engine="sglang", model_path=str(tmp_path)), str(tmp_path))
-    for key in ("disable_radix_cache", "chunked_prefill_size", "disable_prefill_cuda_graph"):
-        assert kw[key] == module.MILESTONES["m2"][key], key
-
-
 class _StandInEngine:
     """Stands in for ``sglang.Engine``, which cannot start without a GPU: records where it is called."""
 
@@ -259,29 +206,6 @@ def test_the_worker_spans_context_goes_to_sglangs_scheduler() -> None:
     assert seen["external_trace_header"] == dict(headers) and seen["rid"] == "r5"
     (event,) = eng.step()
     assert event.finish is FinishReason.STOP
-
-
-def test_otlp_export_turns_on_sglangs_scheduler_tracing_without_per_token_spans(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    (tmp_path / "config.json").write_text(json.dumps(LLAMA_8B))
-    settings = WorkerSettings(engine="sglang", model_path=str(tmp_path))
-    monkeypatch.delenv("OTEL_EXPORTER_OTLP_ENDPOINT", raising=False)
-    monkeypatch.delenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", raising=False)
-    assert "enable_trace" not in engine_kwargs(settings, str(tmp_path)) and scheduler_env() == {}
-    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://collector:4317")
-    # SGLang refuses to start tracing without the OTLP HTTP exporter: then only the worker's spans
-    monkeypatch.setattr(sglang_telemetry, "sglang_can_trace", lambda: False)
-    assert "enable_trace" not in engine_kwargs(settings, str(tmp_path))
-    monkeypatch.setattr(sglang_telemetry, "sglang_can_trace", lambda: True)
-    kw = engine_kwargs(settings, str(tmp_path))
-    assert kw["enable_trace"] is True and kw["otlp_traces_endpoint"] == "http://collector:4317"
-    # SGLang's level 3 adds a decode_loop span per decode step (per token): the scheduler runs at 2
-    assert scheduler_env() == {"SGLANG_TRACE_LEVEL": "2"}
-    monkeypatch.setenv("SGLANG_TRACE_LEVEL", "1")
-    assert scheduler_env() == {}  # the operator's level stays
-    monkeypatch.setenv("OTEL_SDK_DISABLED", "true")
-    assert "enable_trace" not in engine_kwargs(settings, str(tmp_path))
 
 
 def test_kv_stats_come_from_the_schedulers_board_with_the_kernels_in_use(

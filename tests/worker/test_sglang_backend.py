@@ -16,7 +16,8 @@ import torch
 from zipkv.allocator import PagePool
 from zipkv.kernels.format.layout import PAGE_TOKENS, PageFormat
 from zipkv.worker.engines.sglang.allocator import ZipkvAllocator
-from zipkv.worker.engines.sglang.attention import BatchView, ZipkvAttention, ZipkvKV
+from zipkv.worker.engines.sglang.attention import BatchView, ZipkvAttention
+from zipkv.worker.engines.sglang.kvstore import ZipkvKV
 from zipkv.worker.engines.sglang.slots import budget_bytes_for_tokens, virtual_pages_for_budget
 
 if not torch.cuda.is_available():  # before the kernels are imported (lazily, by the decode path)

@@ -1,4 +1,5 @@
-"""Worker-test helpers: a ControlPlane servicer that records reports, a Generate collector."""
+"""Worker-test helpers: a ControlPlane servicer that records reports, a Generate collector, a Llama-3.1-8B
+config.json (the SGLang adapter's tests size KV from it)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,16 @@ import grpc
 
 from zipkv.protos import zipkv_pb2 as pb
 from zipkv.protos import zipkv_pb2_grpc as pb_grpc
+
+# Llama-3.1-8B's config.json, the fields the SGLang adapter reads: 131072 KV bytes per token.
+LLAMA_8B = {
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "hidden_size": 4096,
+    "head_dim": 128,
+    "num_hidden_layers": 32,
+    "max_position_embeddings": 131072,
+}
 
 
 class RecordingControlPlane(pb_grpc.ControlPlaneServicer):

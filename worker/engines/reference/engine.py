@@ -5,8 +5,8 @@ Each `step()`:
 2. admits queued requests first come, first served while the allocator says their worst case fits:
    a request reserves the pages it may need to reach its max length (`headroom_pages()` already counts
    the pages that compression freed), so a running request never fails for lack of memory;
-3. runs the model once over a packed batch of the admitted prompts (prefill) and one token of every
-   running request (decode);
+3. runs the model once over a packed batch (batch_inputs.py) of the admitted prompts (prefill) and one
+   token of every running request (decode);
 4. samples, finishes requests (stop tokens, EOS, max tokens, context limit), marks pages that filled as
    full and ends the allocator's step, which compresses them.
 """
@@ -24,7 +24,7 @@ from zipkv.kernels.format.layout import FORMAT_VERSION, PAGE_TOKENS, PageFormat
 from zipkv.protos.capacity import Capacity
 from zipkv.worker.engine import EngineEvent, EngineRequest, FinishReason, RequestRejected
 from zipkv.worker.engine_stats import KVStats, now_ns
-from zipkv.worker.engines.reference.attention import SeqSlice, StepBatch
+from zipkv.worker.engines.reference.batch_inputs import pack_batch
 from zipkv.worker.engines.reference.kvstore import KVStore
 from zipkv.worker.engines.reference.model import LoadedModel
 from zipkv.worker.engines.reference.running import Running, ewma, pages_for
@@ -165,7 +165,7 @@ class ReferenceEngine:
             if admitted and prefill_tokens + prompt > self.config.max_prefill_tokens:
                 break
             need = self._worst_case_pages(req.request)
-            # headroom_pages() already keeps the allocator's encode margin (allocator/ledger.py) out
+            # headroom_pages() already keeps the allocator's encode margin (allocator/page_table.py) out
             fit = self.store.headroom_pages()
             if need > fit:
                 break  # first come, first served: wait for pages to come back
@@ -181,51 +181,21 @@ class ReferenceEngine:
         return admitted
 
     def _forward(self, batch: list[Running]) -> list[int]:
-        input_ids: list[int] = []
-        positions: list[int] = []
-        slots: list[int] = []
-        seqs: list[SeqSlice] = []
         for req in batch:
-            tokens = req.tokens
-            new = tokens[req.computed_tokens :]
-            kv_len = len(tokens)
-            self._grow_pages(req, kv_len)
-            seqs.append(
-                SeqSlice(
-                    q_start=len(input_ids),
-                    q_len=len(new),
-                    kv_len=kv_len,
-                    page_ids=torch.tensor(req.page_ids, dtype=torch.int64, device=self.device),
-                )
-            )
-            for pos in range(req.computed_tokens, kv_len):
-                slots.append(req.page_ids[pos // PAGE_TOKENS] * PAGE_TOKENS + pos % PAGE_TOKENS)
-            input_ids.extend(new)
-            positions.extend(range(req.computed_tokens, kv_len))
-        plan = None
-        if self.store.decode_on_device and all(s.q_len == 1 for s in seqs):
-            plan = self.store.plan_decode(
-                [r.page_ids for r in batch], [s.kv_len for s in seqs], self.loaded.num_q_heads
-            )
-        step = StepBatch(
-            store=self.store,
-            slots=torch.tensor(slots, dtype=torch.int64, device=self.device),
-            seqs=tuple(seqs),
-            decode_plan=plan,
-        )
-        last_rows = torch.tensor([s.q_start + s.q_len - 1 for s in seqs], device=self.device)
+            self._grow_pages(req, len(req.tokens))
+        inputs = pack_batch(batch, self.store, self.device, self.loaded.num_q_heads)
         with torch.inference_mode():
             out = self.loaded.model(
-                input_ids=torch.tensor([input_ids], device=self.device),
-                position_ids=torch.tensor([positions], device=self.device),
+                input_ids=inputs.input_ids,
+                position_ids=inputs.position_ids,
                 use_cache=False,
-                logits_to_keep=last_rows,
-                zipkv_batch=step,
+                logits_to_keep=inputs.last_rows,
+                zipkv_batch=inputs.step,
             )
         logits = out.logits[0]  # [B, vocab]
         tokens = []
         for i, req in enumerate(batch):
-            req.computed_tokens = seqs[i].kv_len
+            req.computed_tokens = inputs.step.seqs[i].kv_len
             self._mark_filled(req)
             tokens.append(sample_next(logits[i], req.request.sampling, req.generator))
         return tokens

@@ -28,8 +28,6 @@ allocator base class. Rules that keep it sync-free on the scheduling path:
 
 from __future__ import annotations
 
-import logging
-from collections import deque
 from collections.abc import Callable
 
 import torch
@@ -37,11 +35,10 @@ import torch
 from zipkv.allocator import OutOfPages, PagePool
 from zipkv.kernels.format.layout import PAGE_TOKENS
 from zipkv.worker.engines.sglang.kv_stats_board import PUBLISH_EVERY_STEPS, KVStatsBoard
-from zipkv.worker.engines.sglang.readback import Readback, copy_to_host
+from zipkv.worker.engines.sglang.readback import ReadbackQueue
 from zipkv.worker.engines.sglang.reclaim import PrefixCache, overcount_tokens, reclaim
 from zipkv.worker.engines.sglang.slots import decode_slots, extend_slots, plan_extend, to_device
-
-log = logging.getLogger("zipkv.worker.sglang")
+from zipkv.worker.engines.sglang.telemetry import log_pool_step
 
 LOG_EVERY_STEPS = 128  # a pool line in the scheduler's log (INFO) every this many forward steps
 PAD_PAGE = 0  # SGLang writes padded (CUDA-graph) rows to slot 0: page 0 must stay allocated and raw
@@ -66,8 +63,7 @@ class ZipkvAllocator:
                 f"PagePool gave page {pad} as its first page; the SGLang pool needs page 0 first"
             )
         self._live_pages = 0  # pages held by SGLang (pad excluded)
-        self._queue: deque[Readback] = deque()
-        self._waiting_fills: list[tuple[int, set[int]]] = []  # (forward step, page ids) not yet marked full
+        self._readbacks = ReadbackQueue(keep=frozenset({PAD_PAGE}))  # fills and frees known on the device
         self._forward_step = 0
         self._decode_reqs = 0  # requests of the last decode batch, 0 after a prefill (for the pool line)
         self._in_free_group = False
@@ -256,64 +252,31 @@ class ZipkvAllocator:
     def _record_fill(self, known: list[int], device_ids: torch.Tensor | None) -> None:
         if not self.compression or (not known and device_ids is None):
             return
-        copy, event = copy_to_host(device_ids)
-        self._queue.append(Readback("fill", self._forward_step + 1, known, copy, event))
+        self._readbacks.add_fill(self._forward_step + 1, known, device_ids)
 
     def _record_free(self, page_ids: torch.Tensor) -> None:
-        copy, event = copy_to_host(page_ids)
-        self._queue.append(Readback("free", 0, [], copy, event))
+        self._readbacks.add_free(page_ids)
         self.drain(block=False)
 
     def drain(self, block: bool) -> None:
         """Apply landed readbacks in order; with ``block``, wait for all of them (idle checks, OOM)."""
-        while self._queue:
-            head = self._queue[0]
-            if not head.ready():
-                if not block:
-                    return
-                head.event.synchronize()
-            self._queue.popleft()
-            ids = head.ids()
-            if head.kind == "fill":
-                self._waiting_fills.append((head.step, set(ids)))
-                continue
-            freed = set(ids) - {PAD_PAGE}
-            for _, waiting in self._waiting_fills:
-                waiting -= freed
-            self.pool.free(sorted(freed))
-            self._live_pages -= len(freed)
+        self._readbacks.drain(block, self._free_pages)
+
+    def _free_pages(self, page_ids: list[int]) -> None:
+        self.pool.free(page_ids)
+        self._live_pages -= len(page_ids)
 
     def compress_step(self) -> int:
         """At the start of each forward step (forward stream): mark the pages that the previous steps
         filled and run the pool's step (one encode launch). Returns the number of pages marked."""
         self._forward_step += 1
         self.drain(block=False)
-        ready = [ids for step, ids in self._waiting_fills if step < self._forward_step]
-        self._waiting_fills = [(s, ids) for s, ids in self._waiting_fills if s >= self._forward_step]
-        pages = sorted(set().union(*ready)) if ready else []
+        pages = self._readbacks.take_filled(self._forward_step)
         if pages:
             self.pool.mark_full(pages)
         self.pool.end_step()
         if self.stats_board is not None and self._forward_step % PUBLISH_EVERY_STEPS == 0:
             self.stats_board.publish_pool(self.pool)
-        if self._forward_step % LOG_EVERY_STEPS == 0 and log.isEnabledFor(logging.INFO):
-            st = self.pool.stats()
-            # Host counters only (no device sync). block_fraction: blocks stored compressed over the blocks
-            # of compressed pages; decode_reqs: requests of the last decode batch (0 after a prefill).
-            log.info(
-                "zipkv pool step=%d compressed_pages=%d raw_pages=%d encoding_pages=%d ratio=%.4f "
-                "headroom_pages=%d live_pages=%d compressed_blocks=%d compressed_page_blocks=%d "
-                "block_fraction=%.4f decode_reqs=%d",
-                self._forward_step,
-                st.compressed_pages,
-                st.raw_pages,
-                st.encoding_pages,
-                st.compression_ratio,
-                st.headroom_pages,
-                self._live_pages,
-                st.compressed_blocks,
-                st.compressed_page_blocks,
-                st.compressed_blocks / st.compressed_page_blocks if st.compressed_page_blocks else 0.0,
-                self._decode_reqs,
-            )
+        if self._forward_step % LOG_EVERY_STEPS == 0:
+            log_pool_step(self._forward_step, self.pool, self._live_pages, self._decode_reqs)
         return len(pages)

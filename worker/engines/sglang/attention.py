@@ -3,7 +3,7 @@
 No sglang import here: `seams` subclasses SGLang's ``AttentionBackend`` and ``KVCache``, turns each
 ``ForwardBatch`` into a `BatchView` and calls into this module.
 
-- **Store**: new tokens go into their raw pages (``store_tokens``, the page table of the layer).
+- **Store**: new tokens go into their raw pages (`ZipkvKV`, kvstore.py).
 - **Decode**: one `plan_decode` per step (every layer reuses it); the page list is read from SGLang's
   ``req_to_token`` in a padded layout (``max_pages`` per request, ``page_indptr = b * max_pages``) so that its
   shape is static and the whole plan is recorded into SGLang's decode CUDA graph. ``compressed=False`` is the
@@ -24,10 +24,9 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from zipkv.allocator import PagePool
-from zipkv.allocator.pool import LayerPages
 from zipkv.kernels.format.layout import PAGE_TOKENS, PageFormat
 from zipkv.worker.engines.sglang.allocator import ZipkvAllocator
+from zipkv.worker.engines.sglang.kvstore import ZipkvKV
 from zipkv.worker.engines.sglang.slots import to_device
 
 if TYPE_CHECKING:  # the kernels import Triton: loaded on first use
@@ -46,56 +45,6 @@ class BatchView:
     seq_lens_cpu: list[int] | None
     extend_prefix_lens_cpu: list[int] | None = None  # extend only
     extend_seq_lens_cpu: list[int] | None = None  # extend only
-
-
-class ZipkvKV:
-    """The pool's page tables and the token store, per SGLang layer id."""
-
-    def __init__(self, pool: PagePool, fmt: PageFormat, start_layer: int) -> None:
-        self.pool, self.fmt, self.start_layer = pool, fmt, start_layer
-        try:  # the Triton codec on the GPU; the torch reference elsewhere
-            from zipkv.kernels.codec import pages as codec
-
-            self._store = codec.store_tokens
-            self._decode_pages: Callable[..., None] | None = codec.decode_pages
-        except ImportError:
-            from zipkv.kernels.reference import pages as reference
-
-            self._store = reference.store_tokens
-            self._decode_pages = None
-
-    def pages(self, layer_id: int) -> LayerPages:
-        """SGLang's layer ``layer_id`` in the pool (a pipeline stage's layers start at ``start_layer``)."""
-        return self.pool.layer(layer_id - self.start_layer)
-
-    def store(self, layer_id: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-        """k, v: [n, H, D] in the model dtype (bf16); slots: int64 [n]."""
-        if k.dtype != torch.bfloat16:
-            raise TypeError(
-                f"zipkv stores bf16 KV; this model runs {k.dtype}: start SGLang with dtype=bfloat16"
-            )
-        pages = self.pages(layer_id)
-        self._store(pages.heap, pages.loc, slots, k.contiguous(), v.contiguous(), self.fmt)
-
-    def read_pages(self, layer_id: int, page_ids: torch.Tensor) -> torch.Tensor:
-        """Pages of one layer, raw or compressed, restored: bf16 [n, 2, H, 16, D]."""
-        pages = self.pages(layer_id)
-        if self._decode_pages is None or page_ids.device.type != "cuda":
-            from zipkv.kernels.reference.pages import gather_pages
-
-            return gather_pages(pages.heap, pages.loc, pages.meta, page_ids, self.fmt)
-        fmt = self.fmt
-        out = torch.empty(
-            page_ids.numel(),
-            2,
-            fmt.num_kv_heads,
-            PAGE_TOKENS,
-            fmt.head_dim,
-            dtype=torch.bfloat16,
-            device=page_ids.device,
-        )
-        self._decode_pages(pages.heap, pages.loc[page_ids], pages.meta[page_ids], out, fmt)
-        return out
 
 
 def page_table(req_to_token: torch.Tensor, req_pool_indices: torch.Tensor, max_pages: int) -> torch.Tensor:

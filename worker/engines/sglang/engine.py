@@ -5,7 +5,8 @@ worker/engines/sglang/availability.py). SGLang runs its scheduler in a spawned p
 allocator and attention backend are installed there by the plugin (`zipkv.worker.engines.sglang.plugin`), or,
 when zipkv is not installed as a distribution, by the Engine subclass from `seams.engine_class`.
 ``compression`` picks the backend: ``zipkv`` or its uncompressed twin ``zipkv_uncompressed`` (same pool and
-kernel, no page compressed).
+kernel, no page compressed). What it hands SGLang (the engine's arguments, a request's sampling
+parameters) is engine_args.py.
 
 Threading: one thread drives `step`; each request is an asyncio task on SGLang's own event loop that turns
 SGLang's stream into `EngineEvent`s; `step` runs that loop for a moment and returns what arrived.
@@ -14,7 +15,6 @@ SGLang's stream into `EngineEvent`s; `step` runs that loop for a moment and retu
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import os
 import time
@@ -24,22 +24,17 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from zipkv.protos.capacity import Capacity
-from zipkv.worker.engine import (
-    EngineEvent,
-    EngineRequest,
-    FinishReason,
-    RequestRejected,
-    SamplingOptions,
-)
+from zipkv.worker.engine import EngineEvent, EngineRequest, FinishReason, RequestRejected
 from zipkv.worker.engine_stats import KVStats, now_ns
+from zipkv.worker.engines.sglang.engine_args import (
+    engine_kwargs,
+    kv_bytes_per_token,
+    model_config,
+    sglang_sampling_params,
+)
 from zipkv.worker.engines.sglang.kv_stats_board import KVStatsBoard
 from zipkv.worker.engines.sglang.owner_thread import OwnerThread
-from zipkv.worker.engines.sglang.telemetry import (
-    kernels_in_use,
-    request_timings,
-    scheduler_environ,
-    tracing_kwargs,
-)
+from zipkv.worker.engines.sglang.telemetry import kernels_in_use, request_timings, scheduler_environ
 from zipkv.worker.settings import WorkerSettings
 
 # The warm-up request: three pages of prompt (the prefill fills two, so the encoder runs) and a few decode
@@ -72,34 +67,6 @@ class _Timings:
     itl_ms: deque[float] = field(default_factory=lambda: deque(maxlen=256))
 
 
-def engine_kwargs(settings: WorkerSettings, model_path: str, **overrides: Any) -> dict[str, Any]:
-    """The ``sglang.Engine`` arguments for zipkv; `settings.sglang_args` win over these, overrides over
-    both (see docs/sglang.md for each)."""
-    kwargs: dict[str, Any] = {
-        "model_path": model_path,
-        "attention_backend": "zipkv" if settings.compression else "zipkv_uncompressed",
-        "page_size": 16,
-        "dtype": "bfloat16",
-        "max_running_requests": settings.max_running_requests,
-        "max_total_tokens": settings.kv_budget_bytes // kv_bytes_per_token(model_path),
-        **({"context_length": settings.max_context_tokens} if settings.max_context_tokens else {}),
-        "disable_prefill_cuda_graph": True,  # zipkv's extend runs eagerly (milestone 2 covers decode graphs)
-        # Milestone 3 (radix cache, chunked prefill) runs on the GPU with identical greedy tokens, but its
-        # extend restores cached prefix pages into scratch (slower TTFT) and is measured only at a small
-        # scale: the default is milestone 2, measured end to end; sglang_args can turn them back on.
-        "disable_radix_cache": True,
-        "chunked_prefill_size": -1,
-        "sampling_backend": "pytorch",
-        "skip_tokenizer_init": True,  # the router tokenizes; the worker sees token ids
-        "log_level": "warning",
-        "random_seed": 0,
-        **tracing_kwargs(),  # SGLang's scheduler spans join the worker's trace (telemetry.py)
-    }
-    kwargs.update(settings.sglang_kwargs())
-    kwargs.update(overrides)
-    return kwargs
-
-
 def warm_up(engine: Any) -> float:
     """Two short greedy requests through ``engine`` (``sglang.Engine``, where no loop runs); seconds taken.
     The second repeats the first, so with the radix cache on it also runs the prefix-hit path."""
@@ -112,33 +79,6 @@ def warm_up(engine: Any) -> float:
     return time.perf_counter() - t0
 
 
-def _model_config(model_path: str) -> dict[str, Any]:
-    with open(os.path.join(model_path, "config.json")) as f:
-        return dict(json.load(f))
-
-
-def kv_bytes_per_token(model_path: str) -> int:
-    """Uncompressed bf16 KV bytes per token over all layers, from the model's config.json."""
-    cfg = _model_config(model_path)
-    heads = cfg["num_attention_heads"]
-    head_dim = cfg.get("head_dim") or cfg["hidden_size"] // heads
-    return 2 * cfg.get("num_key_value_heads", heads) * head_dim * 2 * cfg["num_hidden_layers"]
-
-
-def sglang_sampling_params(s: SamplingOptions) -> dict[str, Any]:
-    """SGLang's `sampling_params` for one request. A seed goes in as `sampling_seed`; SGLang samples
-    from it only with `enable_deterministic_inference` (pass it in `sglang_args`), else it is ignored."""
-    return {
-        "max_new_tokens": s.max_new_tokens,
-        "temperature": s.temperature,
-        "top_p": s.top_p,
-        "top_k": s.top_k or -1,
-        "ignore_eos": s.ignore_eos,
-        "stop_token_ids": list(s.stop_token_ids) or None,
-        "sampling_seed": s.seed or None,  # 0: no seed
-    }
-
-
 class SGLangEngine:
     def __init__(self, settings: WorkerSettings, **engine_overrides: Any) -> None:
         if settings.model_path is None:
@@ -149,7 +89,7 @@ class SGLangEngine:
         self.model_name = settings.model_name or os.path.basename(os.path.normpath(settings.model_path))
         self._kv_bytes_per_token = kv_bytes_per_token(settings.model_path)
         self._context_tokens = settings.max_context_tokens or int(
-            _model_config(settings.model_path).get("max_position_embeddings", 0)
+            model_config(settings.model_path).get("max_position_embeddings", 0)
         )
         kwargs = engine_kwargs(settings, settings.model_path, **engine_overrides)
         # The scheduler process publishes its pool's stats here for the replica's /metrics; it inherits

@@ -20,7 +20,7 @@ from zipkv.kernels.attention.decode_config import serving_format_version
 from zipkv.kernels.format.layout import PageFormat
 from zipkv.worker.encode_timer import TimedEncoder
 from zipkv.worker.engines.sglang.allocator import ZipkvAllocator
-from zipkv.worker.engines.sglang.attention import ZipkvKV
+from zipkv.worker.engines.sglang.kvstore import ZipkvKV
 from zipkv.worker.engines.sglang.slots import budget_bytes_for_tokens, virtual_pages_for_budget
 
 

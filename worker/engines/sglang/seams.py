@@ -15,6 +15,8 @@ seam fails a test instead of a GPU run.
    the uncompressed pool: ``max_total_num_tokens x cell size``);
 3. makes the idle memory check count zipkv's pool in its own units (page ids held vs. the prefix cache and
    requests, and the PagePool's byte accounting) instead of SGLang's ``available + cached == total``.
+4. before each prefill decision, releases SGLang's ``batch_is_full`` latch when compression freed room
+   (admission_latch.py) and hands the allocator the radix cache to reclaim from (reclaim.py).
 Nothing changes for other backends.
 """
 
@@ -23,7 +25,7 @@ from __future__ import annotations
 import logging
 from typing import Any, cast
 
-from zipkv.worker.engines.sglang.admission import AdmissionLatch
+from zipkv.worker.engines.sglang.admission_latch import AdmissionLatch
 from zipkv.worker.engines.sglang.kv_stats_board import KVStatsBoard
 from zipkv.worker.engines.sglang.reclaim import PrefixCache
 from zipkv.worker.engines.sglang.seam_table import SEAMS as SEAMS
@@ -89,20 +91,32 @@ def install() -> None:
     """Register the backends and patch the pool, allocator and idle-check seams (idempotent)."""
     if _INSTALLED:
         return
-    from sglang.srt.layers.attention.attention_registry import register_attention_backend
     from sglang.srt.managers.scheduler import Scheduler
     from sglang.srt.managers.scheduler_components.invariant_checker import SchedulerInvariantChecker
     from sglang.srt.mem_cache.kv_cache_configurator import KVCacheConfigurator
+
+    _register_backends()
+    _patch_pool_builders(KVCacheConfigurator)
+    _patch_prefill(Scheduler)
+    _patch_idle_check(SchedulerInvariantChecker)
+    _INSTALLED.append(True)
+    log.info("zipkv installed into sglang %s: backends %s", SGLANG_VERSION, ", ".join(BACKEND_NAMES))
+
+
+def _register_backends() -> None:
+    """Step 1: the backends ``zipkv`` and ``zipkv_uncompressed``, also among the CLI's choices."""
+    from sglang.srt.layers.attention.attention_registry import register_attention_backend
     from sglang.srt.server_args import ATTENTION_BACKEND_CHOICES, add_attention_backend_choices
 
     for name, compressed in BACKEND_NAMES.items():
         register_attention_backend(name)(lambda runner, c=compressed: _classes()["backend"](runner, c))
     add_attention_backend_choices([n for n in BACKEND_NAMES if n not in ATTENTION_BACKEND_CHOICES])
 
-    build_pool = KVCacheConfigurator._build_mha_kv_pool
-    build_allocator = KVCacheConfigurator._build_token_to_kv_pool_allocator
-    check_full_pool = SchedulerInvariantChecker._check_full_pool
-    get_new_batch_prefill = Scheduler.get_new_batch_prefill
+
+def _patch_pool_builders(configurator: Any) -> None:
+    """Step 2: SGLang's ``KVCacheConfigurator`` builds zipkv's pool and allocator for a zipkv backend."""
+    build_pool = configurator._build_mha_kv_pool
+    build_allocator = configurator._build_token_to_kv_pool_allocator
 
     def _build_mha_kv_pool(
         self: Any, *, max_total_num_tokens: int, mha_pool_class: type, quant_method: Any = None
@@ -115,39 +129,57 @@ def install() -> None:
                 mha_pool_class=mha_pool_class,
                 quant_method=quant_method,
             )
-        info = self.layer_info
-        pool = _classes()["kv_cache"](
-            raw_tokens=max_total_num_tokens,
-            # This rank's KV heads (SGLang's own pools divide them the same way).
-            head_num=self.model_config.get_num_kv_heads(self.server_args.tp_size),
-            head_dim=self.model_config.head_dim,
-            layer_num=info.num_effective_layers,
-            device=self.device,
-            start_layer=info.start_layer,
-            end_layer=info.end_layer,
-            compression=BACKEND_NAMES[name],
-        )
-        log.info(
-            "zipkv pool: %s, budget %d bytes for %d raw tokens, %d virtual slots",
-            name,
-            pool.budget_bytes,
-            max_total_num_tokens,
-            pool.size,
-        )
-        return pool
+        return _zipkv_pool(self, name, max_total_num_tokens)
 
     def _build_token_to_kv_pool_allocator(self: Any, **kwargs: Any):  # type: ignore[no-untyped-def]
         pool = kwargs["token_to_kv_pool"]
         if _CLASSES and isinstance(pool, _CLASSES["kv_cache"]):  # built by _build_mha_kv_pool above
-            allocator: Any = _CLASSES["allocator"](pool)
-            if self.server_args.tp_size > 1:  # the ranks' schedulers must admit alike (allocator.py)
-                allocator.agree_across_ranks()
-            board = KVStatsBoard.from_env()  # the replica's /metrics reads it (kv_stats_board.py)
-            if board is not None:
-                allocator.stats_board = board
-                board.publish_pool(allocator.pool)
-            return allocator
+            return _zipkv_allocator(pool, self.server_args.tp_size)
         return build_allocator(self, **kwargs)
+
+    configurator._build_mha_kv_pool = _build_mha_kv_pool
+    configurator._build_token_to_kv_pool_allocator = _build_token_to_kv_pool_allocator
+
+
+def _zipkv_pool(configurator: Any, name: str, max_total_num_tokens: int) -> Any:
+    """zipkv's KV pool over the bytes SGLang's memory profile gave the uncompressed pool."""
+    info = configurator.layer_info
+    pool = _classes()["kv_cache"](
+        raw_tokens=max_total_num_tokens,
+        # This rank's KV heads (SGLang's own pools divide them the same way).
+        head_num=configurator.model_config.get_num_kv_heads(configurator.server_args.tp_size),
+        head_dim=configurator.model_config.head_dim,
+        layer_num=info.num_effective_layers,
+        device=configurator.device,
+        start_layer=info.start_layer,
+        end_layer=info.end_layer,
+        compression=BACKEND_NAMES[name],
+    )
+    log.info(
+        "zipkv pool: %s, budget %d bytes for %d raw tokens, %d virtual slots",
+        name,
+        pool.budget_bytes,
+        max_total_num_tokens,
+        pool.size,
+    )
+    return pool
+
+
+def _zipkv_allocator(pool: Any, tp_size: int) -> Any:
+    """zipkv's allocator over ``pool``, agreeing across tensor-parallel ranks, publishing to /metrics."""
+    allocator: Any = _CLASSES["allocator"](pool)
+    if tp_size > 1:  # the ranks' schedulers must admit alike (allocator.py)
+        allocator.agree_across_ranks()
+    board = KVStatsBoard.from_env()  # the replica's /metrics reads it (kv_stats_board.py)
+    if board is not None:
+        allocator.stats_board = board
+        board.publish_pool(allocator.pool)
+    return allocator
+
+
+def _patch_idle_check(checker: Any) -> None:
+    """Step 3: the idle memory check counts zipkv's pool in its own units."""
+    check_full_pool = checker._check_full_pool
 
     def _check_full_pool(self: Any, ps: Any, uncached: int = 0):  # type: ignore[no-untyped-def]
         allocator = self.token_to_kv_pool_allocator
@@ -160,9 +192,17 @@ def install() -> None:
             uncached,
         )
 
+    checker._check_full_pool = _check_full_pool
+
+
+def _patch_prefill(scheduler: Any) -> None:
+    """Step 4, before each prefill decision: release SGLang's batch_is_full latch when compression freed
+    room, and wire the radix cache into the allocator for reclaiming."""
+    get_new_batch_prefill = scheduler.get_new_batch_prefill
+
     def _get_new_batch_prefill(self: Any, running_batch: Any):  # type: ignore[no-untyped-def]
         # SGLang's batch_is_full latch only clears when a request finishes; compression frees room
-        # earlier (admission.py).
+        # earlier (admission_latch.py).
         allocator = self.token_to_kv_pool_allocator
         if _CLASSES and isinstance(allocator, _CLASSES["allocator"]):
             latch = self.__dict__.setdefault("_zipkv_admission_latch", AdmissionLatch())
@@ -173,12 +213,7 @@ def install() -> None:
                 ours.prefix_cache = _prefix_cache(self.tree_cache)
         return get_new_batch_prefill(self, running_batch)
 
-    KVCacheConfigurator._build_mha_kv_pool = _build_mha_kv_pool
-    Scheduler.get_new_batch_prefill = _get_new_batch_prefill
-    KVCacheConfigurator._build_token_to_kv_pool_allocator = _build_token_to_kv_pool_allocator
-    SchedulerInvariantChecker._check_full_pool = _check_full_pool
-    _INSTALLED.append(True)
-    log.info("zipkv installed into sglang %s: backends %s", SGLANG_VERSION, ", ".join(BACKEND_NAMES))
+    scheduler.get_new_batch_prefill = _get_new_batch_prefill
 
 
 # ---- the parent-process surface the engine adapter uses (sglang.Engine) -------------------------------

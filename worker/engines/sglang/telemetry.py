@@ -5,6 +5,9 @@ SGLang's `cached_tokens`). Inside the scheduler, SGLang's own request tracing (`
 its stages from host timestamps it already takes; the adapter turns it on when OTLP export is on and
 hands it the worker span's context (`external_trace_header`), at `SGLANG_TRACE_LEVEL` 2 unless the
 operator set one: level 3 adds a `decode_loop` span per decode step, i.e. per token.
+
+Logs: the pool line the scheduler writes every so many forward steps (`log_pool_step`), which
+bench/sglang_e2e_metrics.py parses.
 """
 
 from __future__ import annotations
@@ -14,10 +17,13 @@ import importlib.util
 import logging
 import os
 from collections.abc import Iterator, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from zipkv.worker.engine_stats import KernelsInUse, RequestTimings, decode_kernel_label, now_ns
 from zipkv.worker.telemetry import otlp_endpoint
+
+if TYPE_CHECKING:  # the allocator package loads torch
+    from zipkv.allocator import PagePool
 
 log = logging.getLogger("zipkv.worker.sglang")
 TRACE_LEVEL_ENV = "SGLANG_TRACE_LEVEL"
@@ -106,4 +112,29 @@ def request_timings(
         prefix_hit_tokens=cached_tokens,
         decode_tokens=decoded,
         decode_steps=decoded,
+    )
+
+
+def log_pool_step(step: int, pool: PagePool, live_pages: int, decode_reqs: int) -> None:
+    """The pool line at forward step ``step`` (INFO), from host counters only (no device sync).
+    block_fraction: blocks stored compressed over the blocks of compressed pages; decode_reqs: requests of
+    the last decode batch (0 after a prefill)."""
+    if not log.isEnabledFor(logging.INFO):
+        return
+    st = pool.stats()
+    log.info(
+        "zipkv pool step=%d compressed_pages=%d raw_pages=%d encoding_pages=%d ratio=%.4f "
+        "headroom_pages=%d live_pages=%d compressed_blocks=%d compressed_page_blocks=%d "
+        "block_fraction=%.4f decode_reqs=%d",
+        step,
+        st.compressed_pages,
+        st.raw_pages,
+        st.encoding_pages,
+        st.compression_ratio,
+        st.headroom_pages,
+        live_pages,
+        st.compressed_blocks,
+        st.compressed_page_blocks,
+        st.compressed_blocks / st.compressed_page_blocks if st.compressed_page_blocks else 0.0,
+        decode_reqs,
     )

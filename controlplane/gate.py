@@ -1,4 +1,6 @@
-"""Admission at the HTTP edge: API keys, body size, JSON, SLO headers, rate and in-flight limits.
+"""The gate: what a request passes at the HTTP edge before the router takes it on: API keys, body size, JSON,
+SLO headers, rate and in-flight limits. (Not admission, which is an engine starting a queued request:
+docs/design.md, Words.)
 
 Every refusal is an `HttpError` with an OpenAI-shaped body; no stack trace reaches a client.
 """

@@ -1,4 +1,4 @@
-"""SGLang's batch_is_full latch released when compression frees room (worker/engines/sglang/admission.py).
+"""SGLang's batch_is_full latch released when compression frees room (sglang/admission_latch.py).
 
 Runs over zipkv's real SGLang allocator on the CPU (PagePool + the torch reference encoder); the running
 batch is a stand-in for SGLang's ScheduleBatch (only its ``batch_is_full`` flag is read and written).
@@ -12,7 +12,7 @@ import torch
 from test_sglang_pool import fill, make
 
 from zipkv.kernels.format.layout import PAGE_TOKENS
-from zipkv.worker.engines.sglang.admission import AdmissionLatch
+from zipkv.worker.engines.sglang.admission_latch import AdmissionLatch
 
 
 def _prefill(alloc, tokens: int):  # type: ignore[no-untyped-def]
