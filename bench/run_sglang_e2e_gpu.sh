@@ -12,6 +12,9 @@
 # Tensor parallel call (TP2=1, two GPUs: nvidia-h200-x2, bench/run_two_gpu.sh): medium_1024x2048 at tp_size=2
 # for zipkv, zipkv_uncompressed (greedy identity), flashinfer (the ratio), merged like ONLINE=1.
 #     TP2=1 bash bench/run_sglang_e2e_gpu.sh
+# On a fresh (cold) machine the JIT compiles make the offline runs too long for one call: two calls,
+#     RUNS=zipkv:m2:offline:330,zipkv_uncompressed:m2:offline:230 bash bench/run_sglang_e2e_gpu.sh
+#     MERGE_WITH=<the first call's sglang_e2e.json> RUNS=flashinfer:m2:offline:400 bash bench/run_sglang_e2e_gpu.sh
 # RUNS=... overrides the runs (SYSTEM:MILESTONE[:offline|online|small[:TIMEOUT_S]], comma-separated).
 # Expected (2026-11-30 timings): setup 20 s cold, 5 s warm; offline zipkv 120-150 s (cold Triton JIT), the
 # uncompressed twin and Triton 60-80 s, FlashInfer 110-190 s; online ~110-150 s per system on a warm machine.
@@ -40,6 +43,9 @@ else
   DEFAULT_RUNS="zipkv:m2:offline:200,zipkv_uncompressed:m2:offline:130,triton:m2:offline:130,flashinfer:m2:offline"
 fi
 RUNS=${RUNS:-$DEFAULT_RUNS}
+# MERGE_WITH=FILE: add this call's runs to an earlier call's record (e.g. FlashInfer after zipkv, when the
+# three offline runs of a cold machine do not fit one call).
+if [ -n "${MERGE_WITH:-}" ]; then cp "$MERGE_WITH" "$OUT/sglang_e2e.json" && MERGE=(--merge); fi
 LEFT=$(( ${DEADLINE_S:-560} - ($(date +%s) - T0) ))
 python3 bench/bench_sglang_e2e.py --model .carry/llama31_8b --deadline-s "$LEFT" --timeout-s 240 --runs "$RUNS" \
   "${MERGE[@]}" --out "$OUT/sglang_e2e.json" --logs "$OUT/logs" \
