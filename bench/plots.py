@@ -25,17 +25,16 @@ from typing import Any
 
 import matplotlib
 
+from bench.paths import RESULTS, ROOT
+
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from plot_hopper import hopper_figure
-from plot_trace import trace_timeline
+from bench.kernels.plot_hopper import hopper_figure
+from bench.serving.plot_trace import trace_timeline
 
-ROOT = Path(__file__).resolve().parents[1]
-RESULTS = ROOT / "bench" / "results"
 # Fields of a decode row that are measurements or the shape, not a variant of the implementation.
 MEASURED = {"batch", "context", "median_us", "compressible_fraction", "stored_bytes", "splits", "rel_err"}
 REALISTIC = (0.5, 0.999)  # compressible fractions of real KV (docs/format.md: 0.94); 0 and 1 are extremes

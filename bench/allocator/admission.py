@@ -32,14 +32,20 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from admission_sizes import LayerFractions, expected_page_bytes, load_study, size_model, study_fractions
 
+from bench.allocator.admission_sizes import (
+    LayerFractions,
+    expected_page_bytes,
+    load_study,
+    size_model,
+    study_fractions,
+)
+from bench.paths import RESULTS
 from zipkv.allocator import Ledger, LedgerConfig
 from zipkv.allocator.plans import CompletedFence, EncodePlan, PageState
 from zipkv.allocator.pool import unit_bytes_for
 from zipkv.kernels.format.layout import PAGE_TOKENS, PageFormat
 
-ROOT = Path(__file__).resolve().parents[1]
 LAYERS, KV_HEADS, HEAD_DIM = 32, 8, 128
 PROMPT_TOKENS, OUTPUT_TOKENS, BASELINE_REQUESTS = 8192, 256, 46
 CHUNK_BYTES = 2 << 20
@@ -230,7 +236,7 @@ def print_table(rows: list[dict[str, object]]) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", type=Path, default=ROOT / "bench/results/admission.json")
+    parser.add_argument("--out", type=Path, default=RESULTS / "admission.json")
     parser.add_argument("--format-versions", type=int, nargs="+", choices=(2, 3), default=DEFAULT_VERSIONS)
     args = parser.parse_args()
     study = load_study()

@@ -22,10 +22,11 @@ from typing import Any
 
 import numpy as np
 
+from bench.paths import RESULTS
 from zipkv.allocator.plans import EncodePlan
 from zipkv.kernels.format.layout import PageFormat
 
-STUDY = Path(__file__).resolve().parents[1] / "bench/results/format_study.json"
+STUDY = RESULTS / "format_study.json"
 K_STREAM = "K"  # the study's headline K: after RoPE as SGLang 0.5.17 computes it (fp32, rounded once)
 MODEL_KINDS = {"smollm2": "decoder", "minilm": "encoder"}
 

@@ -26,14 +26,14 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import numpy as np
-from admission import FMT, LAYERS, cpu_name, kv_budget_bytes, make_ledger
-from admission_sizes import load_study, study_fractions
 
+from bench.allocator.admission import FMT, LAYERS, cpu_name, kv_budget_bytes, make_ledger
+from bench.allocator.admission_sizes import load_study, study_fractions
+from bench.paths import RESULTS
 from zipkv.allocator import Ledger, PagePool
 from zipkv.allocator.plans import EncodePlan
 from zipkv.kernels.format.layout import COMPRESSED_BLOCK_BYTES, PAGE_TOKENS, RAW_BLOCK_BYTES
 
-ROOT = Path(__file__).resolve().parents[1]
 BATCH, PROMPT_TOKENS, OUTPUT_TOKENS = 256, 768, 512
 COMPACTION_INTERVAL_STEPS = PagePool.DEFAULT_COMPACTION_INTERVAL_STEPS
 
@@ -141,7 +141,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=2000)
     parser.add_argument("--warmup", type=int, default=300)
-    parser.add_argument("--out", type=Path, default=ROOT / "bench/results/allocator_step.json")
+    parser.add_argument("--out", type=Path, default=RESULTS / "allocator_step.json")
     args = parser.parse_args()
     # the bookkeeping cost hardly depends on the fraction: MiniLM's mean under v2, as when first measured
     measured = study_fractions(load_study(), "minilm", FMT.version, LAYERS)

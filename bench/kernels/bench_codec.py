@@ -37,8 +37,8 @@ if (
 ):  # before zipkv.kernels.codec.pages's triton.jit: the kernels then run interpreted
     os.environ.setdefault("TRITON_INTERPRET", "1")
 import triton
-from real_kv import describe, tile_pages
 
+from bench.kernels.real_kv import describe, tile_pages
 from zipkv.kernels.codec import pages as codec
 from zipkv.kernels.format import layout_v3 as v3
 from zipkv.kernels.format.layout import OFFSET_BYTES, RAW_MARKER, PageFormat

@@ -29,8 +29,7 @@ from pathlib import Path
 import torch
 import triton
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from decode_attention_baselines import (
+from bench.kernels.decode_attention_baselines import (
     HEAD_DIM,
     HKV,
     HQ,
@@ -42,8 +41,7 @@ from decode_attention_baselines import (
     sdpa_fn,
     sglang_fn,
 )
-from decode_attention_data import REAL, bench_pages, data_notes, encode_packed
-
+from bench.kernels.decode_attention_data import REAL, bench_pages, data_notes, encode_packed
 from zipkv.kernels.attention import decode as da
 from zipkv.kernels.attention.decode_config import DecodeKernelConfig, kernel_config, parse_kernel_config
 from zipkv.kernels.format.layout import FORMAT_VERSION, PageFormat

@@ -18,15 +18,14 @@ import argparse
 import json
 import math
 import platform
-import sys
 import time
 import traceback
 from collections.abc import Callable
 from functools import partial
-from pathlib import Path
 
 import torch
 
+from bench.kernels.decode_attention_baselines import Timer, flashinfer_fn, read_floor_fn
 from zipkv.kernels.attention.decode_config import HOPPER_CONFIG
 from zipkv.kernels.attention.decode_plan import choose_max_splits, plan_decode
 from zipkv.kernels.attention.hopper.launch import decode_attention_hopper
@@ -34,9 +33,6 @@ from zipkv.kernels.format.layout import PAGE_TOKENS, PageFormat
 from zipkv.kernels.reference import heap_v3
 from zipkv.kernels.reference import pages_v3 as ref
 from zipkv.kernels.reference.attention import decode_attention_reference
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # the decode bench's timer, floor and FlashInfer
-from decode_attention_baselines import Timer, flashinfer_fn, read_floor_fn
 
 CTAS_PER_SM = HOPPER_CONFIG.ctas_per_sm  # the plan's programs per SM (kernels/attention/decode_config.py)
 

@@ -31,10 +31,8 @@ import torch
 
 if not torch.cuda.is_available():  # before any triton.jit below: the kernels then run interpreted
     os.environ.setdefault("TRITON_INTERPRET", "1")
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from decode_attention_baselines import HEAD_DIM, HKV, HQ, Timer, rel_err
-from decode_attention_data import REAL, bench_pages, data_notes, encode_packed
-
+from bench.kernels.decode_attention_baselines import HEAD_DIM, HKV, HQ, Timer, rel_err
+from bench.kernels.decode_attention_data import REAL, bench_pages, data_notes, encode_packed
 from zipkv.kernels.attention.extend import extend_attention, plan_extend
 from zipkv.kernels.format.layout import PAGE_TOKENS, PageFormat
 from zipkv.kernels.reference.attention import extend_attention_reference

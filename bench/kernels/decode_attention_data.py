@@ -16,8 +16,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from real_kv import describe, tile_pages
 
+from bench.kernels.real_kv import describe, tile_pages
 from zipkv.kernels.format import layout_v3 as v3
 from zipkv.kernels.format.layout import BLOCK_VALUES, OFFSET_BYTES, PAGE_TOKENS, RAW_MARKER, PageFormat
 from zipkv.kernels.reference.pages_v3 import encode_pages_v3

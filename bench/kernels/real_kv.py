@@ -26,7 +26,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-FIXTURE = Path(__file__).resolve().parent / "data" / "smollm2_kv.npz"
+from bench.paths import DATA
+
+FIXTURE = DATA / "smollm2_kv.npz"
 FIXTURE_LAYERS = (3, 11, 19, 27)
 FIXTURE_START, FIXTURE_TOKENS = 2048, 1024
 SOURCE_HEAD_DIM = 64

@@ -31,21 +31,16 @@ from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
-# The two measuring modules live next to this file: importers other than `python bench/bench_router.py`
-# (tests, tools) do not have bench/ on sys.path.
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from router_placement import bench_placement
-from router_traffic import bench_latency, bench_throughput
-
-ROOT = Path(__file__).resolve().parents[1]
+from bench.paths import RESULTS
+from bench.router.router_placement import bench_placement
+from bench.router.router_traffic import bench_latency, bench_throughput
 
 
 def _parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--out", default=str(ROOT / "bench/results/router.json"))
+    parser.add_argument("--out", default=str(RESULTS / "router.json"))
     parser.add_argument("--workers", type=int, default=100)
     parser.add_argument("--iters", type=int, default=20_000)
     parser.add_argument("--latency-requests", type=int, default=500)

@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from router_placement import MODEL, pct
+from bench.router.router_placement import MODEL, pct
 
 if TYPE_CHECKING:
     import httpx

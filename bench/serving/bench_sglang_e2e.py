@@ -50,7 +50,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from sglang_e2e_config import (
+from bench.serving.sglang_e2e_config import (
     BUDGET_TOKENS,
     MILESTONES,
     SYSTEMS,
@@ -59,7 +59,13 @@ from sglang_e2e_config import (
     engine_kwargs,
     parse_runs,
 )
-from sglang_e2e_metrics import Stream, client_metrics, compare_outputs, log_metrics, request_digest
+from bench.serving.sglang_e2e_metrics import (
+    Stream,
+    client_metrics,
+    compare_outputs,
+    log_metrics,
+    request_digest,
+)
 
 ROW_FIELDS = (
     "max_running_requests",
@@ -133,7 +139,8 @@ def run_one(args: argparse.Namespace, spec: RunSpec, left_s: int) -> dict[str, A
     logs = Path(args.logs)
     js, log = logs / f"{spec.name}.json", logs / f"{spec.name}.log"
     timeout_s = min(spec.timeout_s or args.timeout_s, left_s)
-    cmd = ["timeout", str(timeout_s), sys.executable, __file__, "--model", args.model]
+    cmd = ["timeout", str(timeout_s), sys.executable, "-m", "bench.serving.bench_sglang_e2e"]  # this module
+    cmd += ["--model", args.model]
     cmd += ["--child", spec.system, "--json", str(js), "--milestone", spec.milestone]
     cmd += ["--workload", next(k for k, w in WORKLOADS.items() if w == spec.workload)]
     cmd += ["--budget-tokens", str(args.budget_tokens)]

@@ -24,8 +24,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ray_serve_gpu_stack import ServeStack, replica_info, replica_log_tail
-
+from bench.serving.ray_serve_gpu_stack import ServeStack, replica_info, replica_log_tail
 from zipkv.stack.local_stack import StackOptions, free_port, http_get
 
 PROMPT = "zipkv serves this request through the router and a Ray Serve replica."

@@ -23,11 +23,10 @@ from typing import Any
 import torch
 from transformers import AutoConfig
 
+from bench.paths import CONFIGS
 from zipkv.worker.engine import EngineRequest, SamplingOptions
 from zipkv.worker.engines.reference.engine import ReferenceEngine, ReferenceEngineConfig
 from zipkv.worker.engines.reference.model import LoadedModel, build_model
-
-HERE = Path(__file__).resolve().parent
 
 
 def requests(n: int, vocab: int, max_new: int, seed: int = 0) -> list[EngineRequest]:
@@ -85,7 +84,7 @@ def run(
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--config", default=str(HERE / "configs" / "llama31_8b.json"))
+    p.add_argument("--config", default=str(CONFIGS / "llama31_8b.json"))
     p.add_argument("--layers", type=int, default=0, help="override num_hidden_layers (0 = as in the config)")
     p.add_argument("--device", default="cuda")
     p.add_argument("--requests", type=int, default=4)

@@ -34,7 +34,7 @@ import types
 from pathlib import Path
 from typing import Any
 
-from trace_workload import TraceRequest, prompt_token_ids
+from bench.serving.trace_workload import TraceRequest, prompt_token_ids
 
 BACKEND = "sglang-oai"  # /v1/completions with the id list as `prompt`: zipkv's router, SGLang's server
 GATEWAY_BACKEND = "sglang"  # /generate with `input_ids`: what SGLang's gateway forwards for token ids

@@ -21,9 +21,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from serving_metrics import SLOS, Outcome, mean_itl_ms, rate_row, with_knees
-
-RESULTS = Path(__file__).resolve().parent / "results"
+from bench.paths import RESULTS
+from bench.serving.serving_metrics import SLOS, Outcome, mean_itl_ms, rate_row, with_knees
 
 
 def outcomes(records: list[dict[str, Any] | None]) -> tuple[list[Outcome], list[float]]:
@@ -148,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     report = build(args.in_dir, args.device, args.command)
     args.out.write_text(json.dumps(report, indent=1) + "\n")
-    from serving_plots import plot_serving
+    from bench.serving.serving_plots import plot_serving
 
     plot = args.plot or args.out.with_suffix(".png")
     plot_serving(report["rows"], plot, f"Serving under SLO, Mooncake trace ({args.device})")

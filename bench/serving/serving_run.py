@@ -15,19 +15,17 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from id_tokenizer import build as build_tokenizer
-from serving_systems import SYSTEMS, client_backend, start
-from step_model import KV_BYTES_PER_TOKEN
-from trace_workload import load_trace, native_rate_rps
+from bench.serving.id_tokenizer import build as build_tokenizer
+from bench.serving.serving_systems import SYSTEMS, client_backend, start
+from bench.serving.trace_workload import load_trace, native_rate_rps
+from bench.sim.step_model import KV_BYTES_PER_TOKEN
 
-HERE = Path(__file__).resolve().parent
 TINY_VOCAB = 259  # the built-in tiny model's (controlplane/tokenizer.py ByteTokenizer)
 
 
@@ -87,7 +85,8 @@ def main(argv: list[str] | None = None) -> int:
         left = args.deadline_s - (time.monotonic() - t0) - 20  # 20 s to stop
         cmd = [
             sys.executable,
-            str(HERE / "serving_sweep.py"),
+            "-m",
+            "bench.serving.serving_sweep",
             "--system",
             args.system,
             "--base-url",
@@ -117,8 +116,7 @@ def main(argv: list[str] | None = None) -> int:
             "--out-dir",
             str(args.out_dir),
         ]
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")])}
-        rc = subprocess.run(cmd, env=env, timeout=max(left, 1)).returncode
+        rc = subprocess.run(cmd, timeout=max(left, 1)).returncode
     except subprocess.TimeoutExpired:
         rc = 124
     finally:

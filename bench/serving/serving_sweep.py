@@ -17,8 +17,21 @@ import time
 from pathlib import Path
 from typing import Any
 
-from serving_client import API_PATHS, BACKEND, bench_args, dataset_rows, import_bench_serving, run_rate
-from trace_workload import LLAMA3_CONTEXT_TOKENS, LLAMA3_PLAIN_VOCAB, arrivals_s, load_trace, summary
+from bench.serving.serving_client import (
+    API_PATHS,
+    BACKEND,
+    bench_args,
+    dataset_rows,
+    import_bench_serving,
+    run_rate,
+)
+from bench.serving.trace_workload import (
+    LLAMA3_CONTEXT_TOKENS,
+    LLAMA3_PLAIN_VOCAB,
+    arrivals_s,
+    load_trace,
+    summary,
+)
 
 WARMUP_SALT = 10_000
 
@@ -35,8 +48,7 @@ def scrape_placements(url: str, metric: str) -> dict[str, float] | None:
     None when there is nothing to read or the read failed (the rate's record says so, the sweep goes on)."""
     if not url or not metric:
         return None
-    from serving_systems import placements
-
+    from bench.serving.serving_systems import placements
     from zipkv.stack.local_stack import http_get
 
     try:

@@ -38,8 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ray_serve_gpu_stack import ServeStack
-
+from bench.serving.ray_serve_gpu_stack import ServeStack
 from zipkv.stack.local_stack import StackOptions, free_port, http_get
 
 MODEL_NAME = "llama"
@@ -63,7 +62,7 @@ def gateway_policy(system: str) -> str | None:
 def client_backend(system: str) -> str:
     """bench_serving's backend for a system: /generate with input_ids through the gateway, else the
     OpenAI completions endpoint (serving_client.py)."""
-    from serving_client import BACKEND, GATEWAY_BACKEND
+    from bench.serving.serving_client import BACKEND, GATEWAY_BACKEND
 
     return GATEWAY_BACKEND if gateway_policy(system) else BACKEND
 

@@ -30,8 +30,6 @@ from opentelemetry.proto.collector.trace.v1 import trace_service_pb2 as tpb
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc as tgrpc
 from opentelemetry.proto.common.v1 import common_pb2
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
 TOKEN = "trace-capture-token"
 MODEL = "zipkv-tiny"
 

@@ -29,8 +29,10 @@ from pathlib import Path
 
 import numpy as np
 
+from bench.paths import DATA
+
 BLOCK_TOKENS = 512
-DEFAULT_TRACE = Path(__file__).resolve().parent / "data" / "traces" / "mooncake_conversation_trace.jsonl"
+DEFAULT_TRACE = DATA / "traces" / "mooncake_conversation_trace.jsonl"
 LLAMA3_CONTEXT_TOKENS = 131072
 LLAMA3_PLAIN_VOCAB = 128000  # ids 128000..128255 are Llama 3's special tokens
 

@@ -34,16 +34,16 @@ import time
 from pathlib import Path
 from typing import Any
 
-from serving_metrics import SLOS, rate_row
-from sim_calibrate import compression_ratio, spec_for
-from sim_cluster import ZIPKV_POLICIES, simulate, zipkv_config
-from sim_policies import BASELINES
-from sim_report import build_report
-from sim_worker import WorkerSpec
-from step_model import GIB_PER_GB, StepModel
-from trace_workload import LLAMA3_CONTEXT_TOKENS, arrivals_s, load_trace, summary
+from bench.paths import RESULTS
+from bench.serving.serving_metrics import SLOS, rate_row
+from bench.serving.trace_workload import LLAMA3_CONTEXT_TOKENS, arrivals_s, load_trace, summary
+from bench.sim.sim_calibrate import compression_ratio, spec_for
+from bench.sim.sim_cluster import ZIPKV_POLICIES, simulate, zipkv_config
+from bench.sim.sim_policies import BASELINES
+from bench.sim.sim_report import build_report
+from bench.sim.sim_worker import WorkerSpec
+from bench.sim.step_model import GIB_PER_GB, StepModel
 
-RESULTS = Path(__file__).resolve().parent / "results"
 POOLS = ("zipkv", "sglang", "mixed_ratio", "mixed_budget")
 HETERO_POOLS = ("mixed_ratio", "mixed_budget")
 POLICIES = (*BASELINES, *ZIPKV_POLICIES)
@@ -209,7 +209,7 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from sim_calibrate import calibrated_models, replay_table
+    from bench.sim.sim_calibrate import calibrated_models, replay_table
 
     args = _parse(argv)
     t0 = time.monotonic()
@@ -247,7 +247,7 @@ def main(argv: list[str] | None = None) -> int:
         meta, rows = merged(json.loads(args.out.read_text()), meta, rows)
     report = build_report(meta, models, decode_table, replay_table(models), rows)
     args.out.write_text(json.dumps(report, indent=1) + "\n")
-    from serving_plots import plot_cluster
+    from bench.serving.serving_plots import plot_cluster
 
     plot_cluster(report["rows"], args.plot, workers=[n for n in (8, 32) if n in args.workers] or args.workers)
     for line in report["summary"]:

@@ -27,13 +27,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from cluster_sim import router_decode_ms_per_gib, router_prefill_ms_per_token
-from serving_metrics import SLOS, rate_row
-from sim_calibrate import calibrated_models, spec_for
-from sim_cluster import simulate
-from trace_workload import arrivals_s, load_trace
+from bench.paths import RESULTS
+from bench.serving.serving_metrics import SLOS, rate_row
+from bench.serving.trace_workload import arrivals_s, load_trace
+from bench.sim.cluster_sim import router_decode_ms_per_gib, router_prefill_ms_per_token
+from bench.sim.sim_calibrate import calibrated_models, spec_for
+from bench.sim.sim_cluster import simulate
 
-RESULTS = Path(__file__).resolve().parent / "results"
 SIM_POLICY = {
     "zipkv": "zipkv",
     "sglang_gateway_cache_aware": "cache_aware",

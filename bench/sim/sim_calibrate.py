@@ -14,9 +14,10 @@ import statistics
 from typing import Any
 
 import simpy
-from sim_worker import GapHistogram, SimRequest, SimWorker, WorkerSpec
-from step_model import SYSTEMS, StepModel, budget_tokens, decode_points, fit_decode, measured
-from trace_workload import TraceRequest
+
+from bench.serving.trace_workload import TraceRequest
+from bench.sim.sim_worker import GapHistogram, SimRequest, SimWorker, WorkerSpec
+from bench.sim.step_model import SYSTEMS, StepModel, budget_tokens, decode_points, fit_decode, measured
 
 OFFLINE = ("offline_8192x256", 64, 8192, 256)
 ONLINE = ("online_1024x8192", 32, 1024, 8192)

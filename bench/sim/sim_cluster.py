@@ -13,12 +13,12 @@ from dataclasses import dataclass
 from typing import Any
 
 import simpy
-from serving_metrics import Outcome, Slo
-from sim_policies import BASELINES, Policy
-from sim_worker import GapHistogram, SimRequest, SimWorker, WorkerSpec
-from sim_zipkv_router import ZipkvRouter
-from trace_workload import TraceRequest
 
+from bench.serving.serving_metrics import Outcome, Slo
+from bench.serving.trace_workload import TraceRequest
+from bench.sim.sim_policies import BASELINES, Policy
+from bench.sim.sim_worker import GapHistogram, SimRequest, SimWorker, WorkerSpec
+from bench.sim.sim_zipkv_router import ZipkvRouter
 from zipkv.controlplane.config import PlacementConfig
 
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from sim_worker import SimRequest, SimWorker
+from bench.sim.sim_worker import SimRequest, SimWorker
 
 
 class Policy(Protocol):

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from serving_metrics import shed_onset_rps, with_knees
-from step_model import ATTENTION_PER_CONTEXT_TOKEN, StepModel
+from bench.serving.serving_metrics import shed_onset_rps, with_knees
+from bench.sim.step_model import ATTENTION_PER_CONTEXT_TOKEN, StepModel
 
 STEP_MODEL_FORM = (
     "decode_ms = fixed_ms + ms_per_kv_gb[system] * (context tokens of the batch x 131072 B / 1e9); "

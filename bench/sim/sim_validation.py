@@ -17,12 +17,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from serving_metrics import SLOS, rate_row
-from sim_calibrate import calibrated_models, spec_for
-from sim_cluster import simulate
-from trace_workload import arrivals_s, load_trace
+from bench.paths import RESULTS
+from bench.serving.serving_metrics import SLOS, rate_row
+from bench.serving.trace_workload import arrivals_s, load_trace
+from bench.sim.sim_calibrate import calibrated_models, spec_for
+from bench.sim.sim_cluster import simulate
 
-RESULTS = Path(__file__).resolve().parent / "results"
 STEP_SYSTEM = {"zipkv": "zipkv", "zipkv_uncompressed": "zipkv_uncompressed", "sglang_gateway": "sglang"}
 QUANTITIES = ("ttft_p50_s", "ttft_p99_s", "itl_p50_ms", "itl_p99_ms")
 TOLERANCE = 0.15

@@ -18,9 +18,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from sim_kv_cache import KvCache
-from step_model import StepModel
-from trace_workload import TraceRequest
+from bench.serving.trace_workload import TraceRequest
+from bench.sim.sim_kv_cache import KvCache
+from bench.sim.step_model import StepModel
 
 GAP_BIN_MS = 0.1
 

@@ -19,11 +19,10 @@ from __future__ import annotations
 from collections.abc import Coroutine
 from typing import Any
 
-from serving_metrics import Slo
-from sim_worker import SimRequest, SimWorker
-from step_model import KV_BYTES_PER_TOKEN
-from trace_workload import BLOCK_TOKENS
-
+from bench.serving.serving_metrics import Slo
+from bench.serving.trace_workload import BLOCK_TOKENS
+from bench.sim.sim_worker import SimRequest, SimWorker
+from bench.sim.step_model import KV_BYTES_PER_TOKEN
 from zipkv.controlplane.config import PlacementConfig
 from zipkv.controlplane.placement import RequestShape, place
 from zipkv.controlplane.prefix_index import PrefixIndex, chain_hashes

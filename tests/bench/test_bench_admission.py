@@ -5,18 +5,20 @@ from __future__ import annotations
 
 import json
 import math
-import sys
 from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-
-from admission import HEAD_DIM, KV_HEADS, LAYERS, kv_budget_bytes, simulate
-from admission_sizes import expected_page_bytes, load_study, page_bytes_table, size_model, study_fractions
-
+from bench.allocator.admission import HEAD_DIM, KV_HEADS, LAYERS, kv_budget_bytes, simulate
+from bench.allocator.admission_sizes import (
+    expected_page_bytes,
+    load_study,
+    page_bytes_table,
+    size_model,
+    study_fractions,
+)
 from zipkv.kernels.format.layout import PageFormat
 
 ROOT = Path(__file__).resolve().parents[2]

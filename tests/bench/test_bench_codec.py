@@ -18,12 +18,12 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.mark.parametrize(("version", "data"), [(3, ["normal", "raw"]), (2, ["normal"])])
 def test_the_codec_bench_checks_and_times_a_format(tmp_path: Path, version: int, data: list[str]) -> None:
     out = tmp_path / "codec.json"
-    cmd = [sys.executable, str(ROOT / "bench" / "bench_codec.py"), "--device", "cpu", "--layers", "1",
+    cmd = [sys.executable, "-m", "bench.kernels.bench_codec", "--device", "cpu", "--layers", "1",
            "--pages-per-layer", "2", "--reps", "1", "--warmups", "0", "--encode-warps", "4",
            "--decode-warps", "4", "--decode-page-heads", "1", "--format-version", str(version),
            "--data", *data, "--out", str(out)]  # fmt: skip
     env = {**os.environ, "TRITON_INTERPRET": "1"}
-    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    done = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     record = json.loads(out.read_text())
     assert record["benchmark"] is False and record["device"].startswith("cpu")

@@ -3,14 +3,11 @@
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-
-import trace_workload as tw
+from bench.serving import trace_workload as tw
 
 
 def _trace(tmp_path: Path, records: list[dict[str, object]]) -> Path:
