@@ -23,8 +23,7 @@ from typing import Any
 
 from bench.serving.id_tokenizer import build as build_tokenizer
 from bench.serving.serving_systems import SYSTEMS, client_backend, start
-from bench.serving.trace_workload import load_trace, native_rate_rps
-from bench.sim.step_model import KV_BYTES_PER_TOKEN
+from bench.serving.trace_workload import KV_BYTES_PER_TOKEN, load_trace, native_rate_rps
 
 TINY_VOCAB = 259  # the built-in tiny model's (controlplane/tokenizer.py ByteTokenizer)
 

@@ -35,6 +35,7 @@ BLOCK_TOKENS = 512
 DEFAULT_TRACE = DATA / "traces" / "mooncake_conversation_trace.jsonl"
 LLAMA3_CONTEXT_TOKENS = 131072
 LLAMA3_PLAIN_VOCAB = 128000  # ids 128000..128255 are Llama 3's special tokens
+KV_BYTES_PER_TOKEN = 32 * 8 * 128 * 2 * 2  # Llama-3.1-8B: layers x KV heads x dim x (K, V) x BF16 = 131,072
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,9 +20,8 @@ from collections.abc import Coroutine
 from typing import Any
 
 from bench.serving.serving_metrics import Slo
-from bench.serving.trace_workload import BLOCK_TOKENS
+from bench.serving.trace_workload import BLOCK_TOKENS, KV_BYTES_PER_TOKEN
 from bench.sim.sim_worker import SimRequest, SimWorker
-from bench.sim.step_model import KV_BYTES_PER_TOKEN
 from zipkv.controlplane.config import PlacementConfig
 from zipkv.controlplane.placement import RequestShape, place
 from zipkv.controlplane.prefix_index import PrefixIndex, chain_hashes

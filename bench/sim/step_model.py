@@ -27,10 +27,10 @@ from pathlib import Path
 import numpy as np
 
 from bench import paths
+from bench.serving.trace_workload import KV_BYTES_PER_TOKEN
 
 RESULTS = paths.RESULTS / "sglang_e2e.json"
 GIB_PER_GB = float(1 << 30) / 1e9
-KV_BYTES_PER_TOKEN = 32 * 8 * 128 * 2 * 2  # layers x KV heads x head_dim x (K, V) x BF16 = 131,072
 ATTENTION_PER_CONTEXT_TOKEN = 4 * 32 * 32 * 128 / (2 * 8.03e9)  # 2 matmuls x 2 FLOPs x layers x q heads x dim
 SYSTEMS = ("sglang", "zipkv_uncompressed", "zipkv")
 E2E_NAMES = {"sglang": "flashinfer", "zipkv_uncompressed": "zipkv_uncompressed", "zipkv": "zipkv"}
