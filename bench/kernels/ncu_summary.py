@@ -3,6 +3,7 @@ uses (instructions, shared loads/stores, DRAM throughput, stall reasons per issu
 
 from __future__ import annotations
 
+import argparse
 import csv
 import json
 import sys
@@ -27,6 +28,7 @@ KEEP = (
 
 
 def main() -> None:
+    argparse.ArgumentParser(description=__doc__).parse_args()  # no options: --help says what it reads
     rows = list(csv.reader(sys.stdin))
     if len(rows) < 3:
         print(json.dumps({"error": "no ncu rows"}))
