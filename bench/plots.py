@@ -1,7 +1,7 @@
 """The pictures in the docs, drawn from the committed results: one command, no GPU.
 
-    python bench/plots.py                 # writes docs/img/*.png
-    python bench/plots.py --out /tmp/img  # elsewhere
+    python -m bench.plots                 # writes docs/img/*.png
+    python -m bench.plots --out /tmp/img  # elsewhere
 
 - decode_attention*.png: every bench/results/decode_attention*.json, kernel time against context per
   implementation (one panel per batch size) and speed relative to FlashInfer. Lines are keyed by `impl`
@@ -11,7 +11,7 @@
 - admission.png: bench/results/admission.json (the allocator at Llama-3.1-8B shapes) and
   admission_e2e.json (the reference engine's admission against its KV budget).
 - decode_hopper.png: bench/results/decode_hopper.json, the Hopper kernel's speed against FlashInfer's.
-- trace_timeline.png: bench/results/trace_cpu.json, one request's spans (bench/trace_capture.py).
+- trace_timeline.png: bench/results/trace_cpu.json, one request's spans (bench/serving/trace_capture.py).
 """
 
 from __future__ import annotations

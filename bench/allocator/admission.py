@@ -8,13 +8,14 @@ admitted request decodes its 256 tokens (pages fill and compress online) to prov
 
 Page formats v3 and v2 side by side (``--format-versions``), each with its own block model and the pool's
 unit for it (``unit_bytes_for``: 64 B for v3, 256 B for v2). Stored page sizes are drawn block by block from
-the format study's measured per-layer fractions of that format (bench/admission_sizes.py): SmolLM2-135M-
-Instruct's KV (a trained decoder, K after RoPE as SGLang computes it) is the headline; all-MiniLM-L6-v2 (an
-encoder) is a secondary row. The compressed runs pay for the ``page_meta`` table out of the same budget.
+the format study's measured per-layer fractions of that format (bench/allocator/admission_sizes.py):
+SmolLM2-135M-Instruct's KV (a trained decoder, K after RoPE as SGLang computes it) is the headline;
+all-MiniLM-L6-v2 (an encoder) is a secondary row. The compressed runs pay for the ``page_meta`` table out of
+the same budget.
 The bookkeeping is the allocator's real host ledger (``zipkv.allocator.Ledger``); only the encoder's output
 sizes are drawn, not computed.
 
-    python bench/admission.py            # writes bench/results/admission.json, prints a table
+    python -m bench.allocator.admission            # writes bench/results/admission.json, prints a table
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ from zipkv.kernels.format.layout import PAGE_TOKENS, PageFormat
 LAYERS, KV_HEADS, HEAD_DIM = 32, 8, 128
 PROMPT_TOKENS, OUTPUT_TOKENS, BASELINE_REQUESTS = 8192, 256, 46
 CHUNK_BYTES = 2 << 20
-FMT = PageFormat(HEAD_DIM, KV_HEADS)  # the default format (bench/allocator_step.py)
+FMT = PageFormat(HEAD_DIM, KV_HEADS)  # the default format (bench/allocator/allocator_step.py)
 DEFAULT_VERSIONS = (3, 2)
 DECODER, ENCODER = "smollm2", "minilm"
 
@@ -247,7 +248,7 @@ def main() -> None:
         version_rows, formats[f"v{version}"] = run_format(study, version)
         rows += version_rows
     result = {
-        "command": "python bench/admission.py",
+        "command": "python -m bench.allocator.admission",
         "date": datetime.now(UTC).strftime("%Y-%m-%d"),
         "machine": f"{cpu_name()} ({os.cpu_count()} cores, shared with other work; load average "
         f"{os.getloadavg()[0]:.1f}), Python {platform.python_version()}, numpy {np.__version__}",

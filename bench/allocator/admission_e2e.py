@@ -6,7 +6,7 @@ once storing full pages compressed and once raw. Admission reserves each request
 memory. Reported per budget: the most requests running at once, the mean, steps to drain the burst, and
 that every request finished normally with identical tokens in both runs.
 
-    python bench/admission_e2e.py --out bench/results/admission_e2e.json
+    python -m bench.allocator.admission_e2e --out bench/results/admission_e2e.json
 """
 
 from __future__ import annotations
@@ -98,7 +98,8 @@ def main(argv: list[str] | None = None) -> int:
         "machine": f"{platform.machine()} CPU, {torch.get_num_threads()} torch thread(s)",
         "versions": {"torch": torch.__version__, "python": sys.version.split()[0]},
         "date_utc": time.strftime("%Y-%m-%d %H:%M", time.gmtime()),
-        "command": "python bench/admission_e2e.py " + " ".join(sys.argv[1:] if argv is None else argv),
+        "command": "python -m bench.allocator.admission_e2e "
+        + " ".join(sys.argv[1:] if argv is None else argv),
         "workload": {
             "requests": args.requests,
             "prompt_tokens": args.prompt_tokens,

@@ -12,7 +12,7 @@ after their launch, as on the GPU. CPU time of the thread (``time.thread_time_ns
 Not included: the device-side calls ``PagePool`` issues per step (about a dozen torch launches and small
 host-to-device copies); they are asynchronous and are not measured here.
 
-    python bench/allocator_step.py     # writes bench/results/allocator_step.json, prints a table
+    python -m bench.allocator.allocator_step     # writes bench/results/allocator_step.json, prints a table
 """
 
 from __future__ import annotations
@@ -158,7 +158,7 @@ def main() -> None:
     decode_us, prefill_us = np.array(decode) / 1e3, np.array(prefill) / 1e3
     stats = work.led
     result = {
-        "command": "python bench/allocator_step.py",
+        "command": "python -m bench.allocator.allocator_step",
         "date": datetime.now(UTC).strftime("%Y-%m-%d"),
         "machine": f"{cpu_name()} ({os.cpu_count()} cores, shared with other work; load average "
         f"{os.getloadavg()[0]:.1f}), Python {platform.python_version()}, numpy {np.__version__}",

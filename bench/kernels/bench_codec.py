@@ -2,15 +2,15 @@
 
 Pages of Llama-3.1-8B shape (32 layers x ``--pages-per-layer`` pages, 8 KV heads, head_dim 128, page 16) in
 page format ``--format-version`` (default: the default format). Data (``--data``): ``real``, SmolLM2-135M-
-Instruct's captured K and V tiled to that shape (bench/real_kv.py), the first and the one that says what real
-decoder KV gives; then synthetic pages (N(0,1) values, one exponent window, random bit patterns). Each
-records the fraction of blocks that coded. Every kernel output is checked bit for bit (decode against the
+Instruct's captured K and V tiled to that shape (bench/kernels/real_kv.py), the first and the one that says
+what real decoder KV gives; then synthetic pages (N(0,1) values, one exponent window, random bit patterns).
+Each records the fraction of blocks that coded. Every kernel output is checked bit for bit (decode against the
 original pages, encode against the torch reference on a sample of pages) before it is timed. Timing: CUDA
 events around each call, L2 flushed before each call by zeroing a 512 MiB buffer (outside the events),
 warm-ups, median of ``--reps`` calls.
 
-    python bench/bench_codec.py --out bench/results/codec.json
-    python bench/bench_codec.py --format-version 3 --out bench/results/codec_v3.json
+    python -m bench.kernels.bench_codec --out bench/results/codec.json
+    python -m bench.kernels.bench_codec --format-version 3 --out bench/results/codec_v3.json
 
 Without a GPU it runs under Triton's interpreter as a smoke test of the script (``--device cpu`` and a tiny
 ``--layers 1 --pages-per-layer 2``): its times are wall-clock times of the interpreter, not a benchmark.

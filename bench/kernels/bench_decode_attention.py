@@ -1,8 +1,8 @@
 """Fused decode attention on the GPU: zipkv against the read floor and named baselines, same pages, one run.
 
 Per (batch, context) and data, on the same pages (``real``: SmolLM2's captured K and V tiled to the shape,
-bench/real_kv.py; a number: synthetic pages at that compressible fraction), with the fraction of blocks
-that coded on them recorded: the read floor (a streaming read of
+bench/kernels/real_kv.py; a number: synthetic pages at that compressible fraction), with the fraction of
+blocks that coded on them recorded: the read floor (a streaming read of
 every stored byte), zipkv on compressed pages, its uncompressed twin on the raw pages, decompress-then-
 attend (zipkv.kernels.codec.pages.decode_pages, then the twin), FlashInfer's
 BatchDecodeWithPagedKVCacheWrapper (tensor cores; HND pages, the same bytes the twin reads), SGLang's Triton
@@ -10,7 +10,7 @@ decode kernel and cuDNN SDPA on dense K/V (both on token-major [tokens, H, D] co
 before every call, median. Correctness on every shape: zipkv == twin bit for bit, and relative error against a
 float64 reference.
 
-    python bench/bench_decode_attention.py --out bench/results/decode_attention.json
+    python -m bench.kernels.bench_decode_attention --out bench/results/decode_attention.json
 """
 
 # The timed closures are built and called inside one loop iteration, on purpose.
@@ -208,7 +208,7 @@ def main() -> None:
         "--shapes", default="", help="BxL list overriding --batches/--contexts, e.g. 32x8192,1x32768"
     )
     ap.add_argument("--fractions", default=f"{REAL},0,1",
-                    help="real (SmolLM2 KV, bench/real_kv.py) or synthetic fractions")  # fmt: skip
+                    help="real (SmolLM2 KV, bench/kernels/real_kv.py) or synthetic fractions")  # fmt: skip
     ap.add_argument("--impls", default="read_floor,zipkv,zipkv_twin,decompress_then_attend,flashinfer_tc,"
                     "sglang_triton,sdpa_cudnn")  # fmt: skip
     ap.add_argument(

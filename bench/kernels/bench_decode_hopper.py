@@ -9,7 +9,7 @@ holding the same values, and within 1e-2 of a float64 reference. ``--bench`` tim
 serving), zipkv on raw pages, FlashInfer's tensor-core decode on the same values, and the read floor of
 the stored bytes and of raw bytes (a streaming read). ``--ncu`` launches one shape for Nsight Compute.
 
-    python bench/bench_decode_hopper.py --check --bench --out bench/results/decode_hopper.json
+    python -m bench.kernels.bench_decode_hopper --check --bench --out bench/results/decode_hopper.json
 """
 
 from __future__ import annotations
@@ -305,7 +305,7 @@ def main() -> None:
         torch=torch.__version__,
         python=platform.python_version(),
         date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-        command="python bench/bench_decode_hopper.py "
+        command="python -m bench.kernels.bench_decode_hopper "
         + " ".join(
             x
             for x in (("--check" if a.check else ""), ("--bench" if a.bench else ""), f"--shapes {a.shapes}")

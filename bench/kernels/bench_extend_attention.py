@@ -1,6 +1,6 @@
 """Fused extend attention: new tokens over a compressed cached prefix, against named baselines, one run.
 
-Per (batch, prefix, new tokens) shape and data (``real``: SmolLM2's K and V tiled, bench/real_kv.py; a
+Per (batch, prefix, new tokens) shape and data (``real``: SmolLM2's K and V tiled, bench/kernels/real_kv.py; a
 number: synthetic pages at that compressible fraction), on the same values: zipkv's extend kernel
 reading the compressed prefix pages (kernels/attention/extend.py), its twin on the raw pages,
 decompress-then-attend (zipkv.kernels.codec.pages.decode_pages of the prefix pages into scratch, then the
@@ -9,7 +9,7 @@ K/V (prefix + new tokens, causal from the prefix's end; GQA). CUDA events with L
 median, on the GPU. Correctness on every shape: zipkv == twin bit for bit, relative error of request 0's
 first new tokens (up to 128) against a float64 reference.
 
-    python bench/bench_extend_attention.py --out bench/results/extend_attention.json
+    python -m bench.kernels.bench_extend_attention --out bench/results/extend_attention.json
 
 Without a GPU it runs under Triton's interpreter as a smoke test of the script (``--device cpu``, tiny
 shapes): its times are wall-clock times of the interpreter, not a benchmark.
@@ -140,7 +140,7 @@ def main() -> None:
     ap.add_argument("--shapes", default="1x2048x2048,1x8192x2048,1x30720x2048,16x2048x1024",
                     help="batch x prefix tokens x new tokens list")  # fmt: skip
     ap.add_argument("--fractions", default=f"{REAL},1",
-                    help="real (SmolLM2 KV, bench/real_kv.py) or synthetic fractions")  # fmt: skip
+                    help="real (SmolLM2 KV, bench/kernels/real_kv.py) or synthetic fractions")  # fmt: skip
     ap.add_argument("--impls", default="zipkv,zipkv_twin,decompress_then_attend,sdpa")
     ap.add_argument("--format-version", type=int, default=PageFormat(HEAD_DIM, HKV).version)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")

@@ -1,7 +1,7 @@
 """The decode-attention benchmark's timer and everything it measures besides zipkv: the read floor (a
 streaming read of every stored byte), the float64 reference, and the named baselines on the same values:
 FlashInfer's BatchDecodeWithPagedKVCacheWrapper (tensor cores), SGLang's Triton decode kernel and cuDNN
-SDPA. bench/bench_decode_attention.py runs them side by side with zipkv.
+SDPA. bench/kernels/bench_decode_attention.py runs them side by side with zipkv.
 """
 
 # The timed closures are built and returned on purpose.

@@ -1,9 +1,9 @@
 """Benchmark data for decode attention: KV pages, real or synthetic, stored packed.
 
 Real pages (``--fractions real``, the default first entry) are SmolLM2-135M-Instruct's captured K and V
-tiled to the benchmark's shape (bench/real_kv.py); the benches report the fraction of blocks that coded
-on them. Synthetic pages (a number ``f``) are random normal bf16 with magnitudes clamped to [2^-9, 60), so
-every 512-value block fits the format's exponent window, of which about ``1 - f`` of the blocks are then
+tiled to the benchmark's shape (bench/kernels/real_kv.py); the benches report the fraction of blocks that
+coded on them. Synthetic pages (a number ``f``) are random normal bf16 with magnitudes clamped to [2^-9, 60),
+so every 512-value block fits the format's exponent window, of which about ``1 - f`` of the blocks are then
 made raw by planting one tiny value (1e-30, far below the window): a controlled fraction, not real KV. The
 encoder here is a vectorised torch rendering of kernels/format/layout.py for token-major blocks (the bench
 checks it byte for byte against zipkv.kernels.reference.pages.encode_page); page format v3's pages come from

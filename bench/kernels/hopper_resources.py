@@ -5,7 +5,7 @@ way the GPU machine compiles it; run it with the GPU machine's Triton (3.6.0, wh
 written against) to get the figures the H200 reports. SASS counts come from the cubin (cuobjdump in Triton's
 package): the instructions of the main loop, by opcode, say what a tile costs before any GPU time is spent.
 
-    python bench/hopper_resources.py [--head-dims 128] [--pages 4] [--stages 3] [--json]
+    python -m bench.kernels.hopper_resources [--head-dims 128] [--pages 4] [--stages 3] [--json]
 """
 
 from __future__ import annotations

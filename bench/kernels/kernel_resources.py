@@ -10,8 +10,8 @@ Other Triton versions allocate differently: at head_dim 128 (one warp, 32-token 
 v2 252 registers and v3 255 with 88 bytes of spill, where 3.6 gives 244 and 247 with none
 (docs/benchmarks.md), so judge a change with 3.6.
 
-    python bench/kernel_resources.py [--head-dim 128] [--configs 32:1:1,32:1:2] [--arch 90]
-    python bench/kernel_resources.py --kernel codec [--configs 4,8]   # v3 encode/decode, num_warps
+    python -m bench.kernels.kernel_resources [--head-dim 128] [--configs 32:1:1,32:1:2] [--arch 90]
+    python -m bench.kernels.kernel_resources --kernel codec [--configs 4,8]   # v3 encode/decode, num_warps
 """
 
 from __future__ import annotations

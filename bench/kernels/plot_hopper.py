@@ -1,5 +1,5 @@
-"""The Hopper decode kernel's benchmark (bench/bench_decode_hopper.py's JSON) as a picture: per batch x
-context, each implementation's speed against FlashInfer's (time of FlashInfer / time of it), with the
+"""The Hopper decode kernel's benchmark (bench/kernels/bench_decode_hopper.py's JSON) as a picture: per
+batch x context, each implementation's speed against FlashInfer's (time of FlashInfer / time of it), with the
 stored-byte read floor as the ceiling the compressed kernel could reach. Used by bench/plots.py for
 bench/results/decode_hopper.json."""
 

@@ -14,7 +14,7 @@ any benchmark shape from them:
 - KV head ``j`` of request ``r`` draws source heads ``(g j + i + r) mod 12`` (``g`` = head_dim / 64).
 
 The benches report the coded fraction they measure on the pages they ran. Regenerate the fixture (needs
-the study's packages, docs/format.md) with ``python bench/real_kv.py --write``.
+the study's packages, docs/format.md) with ``python -m bench.kernels.real_kv --write``.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ def load_fixture(path: Path = FIXTURE) -> tuple[torch.Tensor, torch.Tensor, dict
     """(K, V) bf16 ``[source heads, tokens, 64]`` and the capture's description."""
     if not path.is_file():
         raise FileNotFoundError(f"{path} missing: it is committed with the repository (git checkout it) "
-                                "or regenerated with `python bench/real_kv.py --write`")  # fmt: skip
+                                "or regenerated with `python -m bench.kernels.real_kv --write`")  # fmt: skip
     with np.load(path) as data:
         k, v = (torch.from_numpy(data[name]).view(torch.bfloat16) for name in ("k", "v"))
         info = json.loads(str(data["info"]))
@@ -89,7 +89,7 @@ def describe(fixture: Path = FIXTURE) -> str:
     """One line naming the data the pages come from, for the benches' records."""
     info = load_fixture(fixture)[2]
     return (f"real KV: {info['model']} layers {info['layers']}, tokens {info['positions']}, K {info['k']}; "
-            "tiled (bench/real_kv.py)")  # fmt: skip
+            "tiled (bench/kernels/real_kv.py)")  # fmt: skip
 
 
 def write_fixture(path: Path = FIXTURE) -> None:

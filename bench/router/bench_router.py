@@ -1,6 +1,6 @@
 """Router benchmark: placement decision time, added latency, streamed requests per second.
 
-    python bench/bench_router.py --out bench/results/router.json
+    python -m bench.router.bench_router --out bench/results/router.json
 
 1. Placement: `place()` over a snapshot of 100 workers (mixed fresh state), p50/p99 of single calls;
    also the full decision as the router makes it (snapshot + span + metric: `Dispatcher.decide`).
@@ -63,7 +63,7 @@ def _record(placement: dict[str, Any], latency: dict[str, Any], throughput: dict
         "versions": {
             p: version(p) for p in ("grpcio", "fastapi", "uvicorn", "starlette", "httpx", "protobuf")
         },
-        "command": "python bench/bench_router.py " + " ".join(sys.argv[1:]),
+        "command": "python -m bench.router.bench_router " + " ".join(sys.argv[1:]),
         "placement": placement,
         "latency": latency,
         "throughput": throughput,

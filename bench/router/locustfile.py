@@ -2,7 +2,8 @@
 chats, spread over every router in ZIPKV_ROUTERS (comma-separated base URLs; default the --host).
 A request fails unless it ends complete: 200 and, when streamed, a final `data: [DONE]`.
 
-    locust -f bench/locustfile.py --headless -u 8 -r 8 -t 180s --host http://127.0.0.1:8000 --csv out/locust
+    locust -f bench/router/locustfile.py --headless -u 8 -r 8 -t 180s --host http://127.0.0.1:8000 \
+        --csv out/locust
 """
 
 from __future__ import annotations

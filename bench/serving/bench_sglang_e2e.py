@@ -28,8 +28,8 @@ Metrics: defined in ``sglang_e2e_metrics`` (its docstring). Results: ``rows`` (o
 milestone) plus ``greedy_tokens_identical`` (zipkv vs zipkv_uncompressed per workload, request by request)
 and ``zipkv_over_flashinfer`` (throughput ratios per workload). ``--merge`` adds rows to an existing file.
 
-    python bench/bench_sglang_e2e.py --model DIR --runs zipkv:m2,flashinfer:m2:offline:240
-    python bench/bench_sglang_e2e.py --model DIR --runs zipkv:m2:online,flashinfer:m2:online --merge
+    python -m bench.serving.bench_sglang_e2e --model DIR --runs zipkv:m2,flashinfer:m2:offline:240
+    python -m bench.serving.bench_sglang_e2e --model DIR --runs zipkv:m2:online,flashinfer:m2:online --merge
 Run spec: SYSTEM:MILESTONE[:WORKLOAD[:TIMEOUT_S]], WORKLOAD offline (default) | online | small | medium |
 prefix | evict.
 """

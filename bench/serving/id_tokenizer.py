@@ -8,7 +8,7 @@ system: the zipkv router (the `tokenizers` package) and SGLang's server and benc
 PreTrainedTokenizerFast) load the same folder. No id is special, so EOS never ends a stream early either
 (the sweep sets ignore_eos anyway).
 
-    python bench/id_tokenizer.py --vocab-size 128256 --out /tmp/id_tokenizer   # Llama-3.1-8B's vocabulary
+    python -m bench.serving.id_tokenizer --vocab-size 128256 --out /tmp/id_tokenizer  # Llama-3.1-8B's vocab
 """
 
 from __future__ import annotations
@@ -38,7 +38,9 @@ def build(vocab_size: int, out: Path) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python bench/id_tokenizer.py", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(
+        prog="python -m bench.serving.id_tokenizer", description=__doc__.split("\n")[0]
+    )
     p.add_argument("--vocab-size", type=int, required=True)
     p.add_argument("--out", type=Path, required=True)
     args = p.parse_args(argv)

@@ -1,5 +1,5 @@
-"""The stack that bench/ray_serve_gpu.py checks: `zipkv up`'s router and its Ray Serve worker replicas (one
-unless the options say more; the serving sweep's two-GPU run starts two), started
+"""The stack that bench/serving/ray_serve_gpu.py checks: `zipkv up`'s router and its Ray Serve worker replicas
+(one unless the options say more; the serving sweep's two-GPU run starts two), started
 with that bench's engine, waited on until the replica reports, and queried through Serve.
 
 Kept apart from the request checks and the JSON record so that this side (start, readiness, stop, the

@@ -6,8 +6,8 @@ the compressed run stores full pages in zipkv's format and decodes with the fuse
 them; the other run keeps every page raw and uses the kernel's uncompressed twin. The claim checked:
 identical greedy tokens.
 
-    python bench/reference_engine_gpu.py --out bench/results/reference_engine_gpu.json   # on the GPU machine
-    python bench/reference_engine_gpu.py --device cpu --layers 1 --requests 2 --max-new 4  # smoke test
+    python -m bench.serving.reference_engine_gpu --out bench/results/reference_engine_gpu.json  # GPU machine
+    python -m bench.serving.reference_engine_gpu --device cpu --layers 1 --requests 2 --max-new 4 # smoke run
 """
 
 from __future__ import annotations
@@ -117,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
         "device": torch.cuda.get_device_name() if args.device.startswith("cuda") else platform.processor(),
         "versions": {"torch": torch.__version__, "python": sys.version.split()[0]},
         "date_utc": time.strftime("%Y-%m-%d %H:%M", time.gmtime()),
-        "command": "python bench/reference_engine_gpu.py "
+        "command": "python -m bench.serving.reference_engine_gpu "
         + " ".join(argv if argv is not None else sys.argv[1:]),
         "requests": [
             {"prompt_tokens": len(r.prompt_token_ids), "max_new_tokens": args.max_new} for r in reqs

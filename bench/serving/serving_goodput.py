@@ -1,7 +1,7 @@
 """The serving sweep's table: bench/results/serving_goodput.json (+ serving_goodput.png) from the per-request
-records bench/serving_sweep.py wrote (DIR/SYSTEM/rate_R.json, SGLang bench_serving's measurements).
+records bench/serving/serving_sweep.py wrote (DIR/SYSTEM/rate_R.json, SGLang bench_serving's measurements).
 
-    python bench/serving_goodput.py --in $OUT/serving --device "$(nvidia-smi ...)" --command "..." \\
+    python -m bench.serving.serving_goodput --in $OUT/serving --device "$(nvidia-smi ...)" --command "..." \\
         --out bench/results/serving_goodput.json
 
 Rows: one per system, SLO and rate, with `system`, `slo`, `rate_rps`, `goodput_rps`, `ttft_p50_s`,
@@ -136,7 +136,9 @@ def build(in_dir: Path | list[Path], device: str, command: str) -> dict[str, Any
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python bench/serving_goodput.py", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(
+        prog="python -m bench.serving.serving_goodput", description=__doc__.split("\n")[0]
+    )
     p.add_argument(
         "--in", dest="in_dir", type=Path, action="append", required=True, help="serving_sweep.py's --out-dir"
     )

@@ -1,6 +1,6 @@
 """Goodput under SLO, latency percentiles and the knee, from per-request outcomes. Shared by the GPU serving
-sweep (bench/serving_goodput.py, from SGLang bench_serving's per-request records) and the cluster
-simulation (bench/cluster_sim.py), so both report the same quantities the same way.
+sweep (bench/serving/serving_goodput.py, from SGLang bench_serving's per-request records) and the cluster
+simulation (bench/sim/cluster_sim.py), so both report the same quantities the same way.
 
 Definitions (the tests in tests/bench/test_serving_metrics.py work them by hand):
     good        the request completed and ttft_s <= slo.ttft_s and mean_itl_ms <= slo.mean_itl_ms, where a

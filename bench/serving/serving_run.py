@@ -1,14 +1,14 @@
 """One system of the serving sweep, start to stop: the id tokenizer, the system, the rate sweep, a record.
 
-    python bench/serving_run.py --system zipkv --engine sglang --model .carry/llama31_8b \\
+    python -m bench.serving.serving_run --system zipkv --engine sglang --model .carry/llama31_8b \\
         --rates 0.5,1,2,4 --requests 48 --out-dir $OUT/serving            # on the GPU machine
-    python bench/serving_run.py --system zipkv --engine reference --max-context-tokens 1024 \\
+    python -m bench.serving.serving_run --system zipkv --engine reference --max-context-tokens 1024 \\
         --rates 0.5,1 --requests 8 --out-dir /tmp/serving                   # the same path on a CPU
-    python bench/serving_run.py --system sglang_gateway_cache_aware --replicas 2 ...  # two GPUs
+    python -m bench.serving.serving_run --system sglang_gateway_cache_aware --replicas 2 ...  # two GPUs
 
-The sweep runs as its own process (bench/serving_sweep.py, SGLang's bench_serving) under a deadline;
+The sweep runs as its own process (bench/serving/serving_sweep.py, SGLang's bench_serving) under a deadline;
 OUT_DIR/SYSTEM/system.json records what ran (flags, start-up times, the stand-in when there is one);
-bench/serving_goodput.py reads the rate files next to it.
+bench/serving/serving_goodput.py reads the rate files next to it.
 """
 
 from __future__ import annotations
@@ -29,7 +29,9 @@ TINY_VOCAB = 259  # the built-in tiny model's (controlplane/tokenizer.py ByteTok
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python bench/serving_run.py", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(
+        prog="python -m bench.serving.serving_run", description=__doc__.split("\n")[0]
+    )
     p.add_argument("--system", required=True, choices=SYSTEMS)
     p.add_argument("--replicas", type=int, default=1, help="workers, one GPU each (the KV budget: each's)")
     p.add_argument("--engine", choices=["sglang", "reference"], default="sglang")

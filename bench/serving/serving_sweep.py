@@ -1,6 +1,6 @@
 """Sweep one running system over request rates with SGLang's bench_serving (serving_client.py).
 
-    python bench/serving_sweep.py --system zipkv --base-url http://127.0.0.1:8000 --model llama \\
+    python -m bench.serving.serving_sweep --system zipkv --base-url http://127.0.0.1:8000 --model llama \\
         --tokenizer /tmp/id_tokenizer --rates 0.5,1,2 --requests 48 --out-dir $OUT/serving
 
 For each rate: the same trace window (`--offset`, `--requests`), its arrivals scaled to the rate, prompts
@@ -59,12 +59,14 @@ def scrape_placements(url: str, metric: str) -> dict[str, float] | None:
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python bench/serving_sweep.py", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(
+        prog="python -m bench.serving.serving_sweep", description=__doc__.split("\n")[0]
+    )
     p.add_argument("--system", required=True, help="a serving_systems.SYSTEMS name (the record's folder)")
     p.add_argument("--backend", choices=sorted(API_PATHS), default=BACKEND, help="bench_serving's backend")
     p.add_argument("--base-url", required=True, help="the system's OpenAI endpoint, without /v1")
     p.add_argument("--model", required=True, help="the served model name")
-    p.add_argument("--tokenizer", required=True, help="folder of bench/id_tokenizer.py's tokenizer")
+    p.add_argument("--tokenizer", required=True, help="folder of bench/serving/id_tokenizer.py's tokenizer")
     p.add_argument("--rates", type=lambda s: [float(x) for x in s.split(",")], required=True)
     p.add_argument("--requests", type=int, default=48, help="trace requests per rate")
     p.add_argument("--offset", type=int, default=0, help="first trace request")

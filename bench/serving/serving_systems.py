@@ -1,7 +1,7 @@
 """Start and stop the systems the serving sweep compares, each behind an OpenAI /v1/completions endpoint.
 
     zipkv               zipkv's router + one Ray Serve replica running SGLang with zipkv (`zipkv up`'s stack,
-                        bench/ray_serve_gpu_stack.py), the id tokenizer at the router
+                        bench/serving/ray_serve_gpu_stack.py), the id tokenizer at the router
     zipkv_uncompressed  the same with compression off (zipkv's pool and kernel, no page compressed)
     sglang_gateway      SGLang's own server (`python -m sglang.launch_server`, FlashInfer), measured
                         directly: with one worker SGLang's gateway only proxies, and sglang-router 0.3.2

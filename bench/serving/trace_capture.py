@@ -1,6 +1,6 @@
 """One request's trace from the HTTP edge to the engine step, on the CPU, as an OTLP collector receives it.
 
-    python bench/trace_capture.py --out bench/results/trace_cpu.json
+    python -m bench.serving.trace_capture --out bench/results/trace_cpu.json
 
 An OTLP/gRPC collector endpoint runs in this process (`OtlpReceiver`: opentelemetry-proto's
 TraceService over real gRPC, keeping every span it is sent). The router (in-process, exporting by its
@@ -8,7 +8,7 @@ TraceService over real gRPC, keeping every span it is sent). The router (in-proc
 CPU, exporting by the standard OTEL_EXPORTER_OTLP_ENDPOINT) both export to it; one streamed completion
 goes through the router's HTTP API; both tracer providers are shut down (which flushes them) and the
 spans are returned, and written with the run's details by the command line. tests/worker/test_request_trace.py
-checks the trace; `python bench/plots.py` draws the file as a timeline for docs/observability.md.
+checks the trace; `python -m bench.plots` draws the file as a timeline for docs/observability.md.
 """
 
 from __future__ import annotations
@@ -177,7 +177,7 @@ def main() -> int:
     spans = sorted(receiver.spans, key=lambda s: (s["start_ns"], s["name"]))
     out = {
         "what": "one streamed completion through the router and a reference-engine worker (tiny model, CPU)",
-        "command": "python bench/trace_capture.py --out " + str(args.out),
+        "command": "python -m bench.serving.trace_capture --out " + str(args.out),
         "date_utc": time.strftime("%Y-%m-%d %H:%M", time.gmtime()),
         "machine": f"{platform.machine()} CPU, Python {platform.python_version()}",
         "request": seen,

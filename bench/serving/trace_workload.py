@@ -1,6 +1,6 @@
 """The Mooncake conversation trace as requests: token-id prompts, the context cap, arrivals at a chosen rate.
 
-One workload for every system and for the cluster simulation (bench/cluster_sim.py):
+One workload for every system and for the cluster simulation (bench/sim/cluster_sim.py):
 
 - Prompts: each 512-token block id of the trace (`hash_ids`) becomes 512 token ids drawn from a generator
   seeded by (seed, salt, block id), so equal ids give equal token blocks and a shared run of leading ids is
@@ -135,7 +135,9 @@ def summary(requests: list[TraceRequest]) -> dict[str, float]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python bench/trace_workload.py", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(
+        prog="python -m bench.serving.trace_workload", description=__doc__.split("\n")[0]
+    )
     p.add_argument("--max-context-tokens", type=int, default=LLAMA3_CONTEXT_TOKENS)
     p.add_argument("--limit", type=int, default=None)
     p.add_argument("--offset", type=int, default=0)

@@ -1,8 +1,8 @@
 """Placement at cluster scale: the Mooncake trace on N simulated H200 workers under each policy.
 
-    python bench/cluster_sim.py --jobs 2             # -> bench/results/cluster_sim.json + cluster_sim.png
-    python bench/cluster_sim.py --workers 8 --hetero-workers 8 --requests 1000 --jobs 2   # smaller
-    python bench/cluster_sim.py --workers 8,32 --pools zipkv,mixed_ratio,mixed_budget \
+    python -m bench.sim.cluster_sim --jobs 2             # -> bench/results/cluster_sim.json + cluster_sim.png
+    python -m bench.sim.cluster_sim --workers 8 --hetero-workers 8 --requests 1000 --jobs 2   # smaller
+    python -m bench.sim.cluster_sim --workers 8,32 --pools zipkv,mixed_ratio,mixed_budget \
         --policies zipkv_affinity --merge --jobs 2   # add rows to the results, keep the others
 
 The trace is sampled: requests --offset .. --offset + --requests (4,000 of 12,031 by default, the first
@@ -180,7 +180,7 @@ def jobs(args: argparse.Namespace, models: dict[str, StepModel]) -> list[dict[st
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python bench/cluster_sim.py", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m bench.sim.cluster_sim", description=__doc__.split("\n")[0])
     floats = lambda s: tuple(float(x) for x in s.split(","))
     ints = lambda s: tuple(int(x) for x in s.split(","))
     p.add_argument("--workers", type=ints, default=(4, 8, 16, 32))
@@ -220,7 +220,7 @@ def main(argv: list[str] | None = None) -> int:
     reqs = load_trace(LLAMA3_CONTEXT_TOKENS, args.requests, args.offset)
     meta = {
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-        "command": "python bench/cluster_sim.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "command": "python -m bench.sim.cluster_sim " + " ".join(argv if argv is not None else sys.argv[1:]),
         "machine": f"{platform.machine()} CPU, Python {platform.python_version()}",
         "versions": _versions(),
         "wall_s": round(time.monotonic() - t0, 1),

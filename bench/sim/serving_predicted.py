@@ -1,13 +1,13 @@
 """What the cluster simulation predicts for the serving sweep on N workers, beside what the sweep measured.
 
-    python bench/serving_predicted.py --workers 2 --rates 1,2,4,6 \\
+    python -m bench.sim.serving_predicted --workers 2 --rates 1,2,4,6 \\
         --out bench/results/serving_predicted_two_gpu.json                      # before the GPU run
-    python bench/serving_predicted.py --workers 2 --measured bench/results/serving_goodput_two_gpu.json \\
+    python -m bench.sim.serving_predicted --workers 2 --measured bench/results/serving_goodput_two_gpu.json \\
         --out bench/results/serving_predicted_two_gpu.json                      # after it: side by side
 
 The same trace window as the sweep (the measured file's `workload`, else --requests / --offset and the
 sweep's 131,072-token context cap), its arrivals scaled to each rate, on N simulated workers of the same
-KV budget, chunked prefill and running cap (bench/sim_calibrate.py's worker, fitted to the one-GPU runs).
+KV budget, chunked prefill and running cap (bench/sim/sim_calibrate.py's worker, fitted to the one-GPU runs).
 The sweep's systems map to the simulation's placement:
     zipkv                        zipkv's router (sim_zipkv_router.py: the router's own placement code)
     sglang_gateway_cache_aware   cache_aware (sglang-router 0.3.2's default, as sim_policies.py states it)
@@ -73,7 +73,7 @@ def predict(
     models, _ = calibrated_models()
     reqs = load_trace(context_tokens, requests, offset)
     have = measured_rows(measured)
-    # The router's configured costs as bench/cluster_sim.py sets them, so these rows are its predictions.
+    # The router's configured costs as bench/sim/cluster_sim.py sets them, so these rows are its predictions.
     prefill_ms_per_token = router_prefill_ms_per_token(models)
     decode_ms_per_gib = router_decode_ms_per_gib(models)
     rows: list[dict[str, Any]] = []
@@ -113,7 +113,9 @@ def predict(
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python bench/serving_predicted.py", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(
+        prog="python -m bench.sim.serving_predicted", description=__doc__.split("\n")[0]
+    )
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--rates", default="", help="req/s, comma-separated (default: the measured file's)")
     p.add_argument("--requests", type=int, default=48)

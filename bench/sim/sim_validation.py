@@ -1,6 +1,6 @@
 """The cluster simulation against the GPU serving sweep: the same workload on one simulated worker.
 
-    python bench/sim_validation.py      # reads bench/results/serving_goodput.json -> sim_validation.json
+    python -m bench.sim.sim_validation      # reads bench/results/serving_goodput.json -> sim_validation.json
 
 For each system of the GPU sweep (zipkv and zipkv_uncompressed through zipkv's router, so with its
 admission; sglang_gateway as SGLang's FlashInfer worker) and each of its first three rates, the simulation
@@ -62,7 +62,7 @@ def compare(measured: dict[str, Any], rates_per_system: int = 3) -> dict[str, An
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python bench/sim_validation.py", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m bench.sim.sim_validation", description=__doc__.split("\n")[0])
     p.add_argument("--measured", type=Path, default=RESULTS / "serving_goodput.json")
     p.add_argument("--out", type=Path, default=RESULTS / "sim_validation.json")
     args = p.parse_args(argv)

@@ -15,7 +15,7 @@ The linear part is the GEMMs; the attention part grows with the context each tok
 of their FLOPs (Llama-3.1-8B: 524,288 attention FLOPs per context token against 16.06 GFLOPs of weights per
 token: 3.26e-5; derived, not measured: every measured prompt was <= 8,192 tokens). `prefill_tokens_per_s`
 is fitted per system by replaying the offline measurement (64 x 8192 -> 256 at once) through the simulated
-engine and matching its mean TTFT (bench/sim_calibrate.py).
+engine and matching its mean TTFT (bench/sim/sim_calibrate.py).
 """
 
 from __future__ import annotations

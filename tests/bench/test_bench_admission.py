@@ -1,5 +1,6 @@
-"""bench/admission.py and bench/admission_sizes.py: the block model of each page format, the study's
-fractions, and equal-memory admission on the allocator's real ledger at v3 and v2 (CPU, a few seconds)."""
+"""bench/allocator/admission.py and bench/allocator/admission_sizes.py: the block model of each page format,
+the study's fractions, and equal-memory admission on the allocator's real ledger at v3 and v2 (CPU, a few
+seconds)."""
 
 from __future__ import annotations
 

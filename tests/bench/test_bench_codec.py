@@ -1,6 +1,7 @@
-"""bench/bench_codec.py on the CPU (Triton interpreter, two pages): the script the GPU machine runs, end to
-end at formats v3 and v2, checked through its JSON record (a smoke run of the script, not a benchmark; the
-script itself checks every kernel output bit for bit before timing it, and exits non-zero if one differs)."""
+"""bench/kernels/bench_codec.py on the CPU (Triton interpreter, two pages): the script the GPU machine runs,
+end to end at formats v3 and v2, checked through its JSON record (a smoke run of the script, not a benchmark;
+the script itself checks every kernel output bit for bit before timing it, and exits non-zero if one
+differs)."""
 
 from __future__ import annotations
 

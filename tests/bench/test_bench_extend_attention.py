@@ -1,5 +1,5 @@
-"""bench/bench_extend_attention.py on the CPU (Triton interpreter, tiny shapes): the script the GPU machine
-runs, end to end, checked through its JSON record (a smoke run of the script, not a benchmark)."""
+"""bench/kernels/bench_extend_attention.py on the CPU (Triton interpreter, tiny shapes): the script the GPU
+machine runs, end to end, checked through its JSON record (a smoke run of the script, not a benchmark)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The decode kernel compiled for sm_90 on this (GPU-less) machine: its resources are read, not guessed.
 
-Runs bench/kernel_resources.py in its own process: the test session imports the kernels for Triton's
+Runs bench/kernels/kernel_resources.py in its own process: the test session imports the kernels for Triton's
 interpreter (tests/conftest.py), and a compile for the GPU needs them built without it.
 """
 

@@ -1,4 +1,4 @@
-"""The benchmarks' real KV (bench/real_kv.py): the committed SmolLM2 capture and how it is tiled."""
+"""The benchmarks' real KV (bench/kernels/real_kv.py): the committed SmolLM2 capture and how it is tiled."""
 
 from __future__ import annotations
 

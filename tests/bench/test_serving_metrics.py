@@ -1,5 +1,6 @@
 """Goodput at both SLOs, percentiles and the knee, from hand-made per-request records in the file format
-bench/serving_sweep.py writes (bench_serving's measurements); every expected number is worked out here."""
+bench/serving/serving_sweep.py writes (bench_serving's measurements); every expected number is worked out
+here."""
 
 from __future__ import annotations
 

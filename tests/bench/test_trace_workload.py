@@ -1,4 +1,5 @@
-"""bench/trace_workload.py: the Mooncake trace as token-id prompts, the context cap and scaled arrivals."""
+"""bench/serving/trace_workload.py: the Mooncake trace as token-id prompts, the context cap and scaled
+arrivals."""
 
 from __future__ import annotations
 

@@ -3,7 +3,7 @@ exact, and it compiles for sm_90 with the resources the H200 measurements were t
 
 The kernel is Gluon against Triton 3.6.0's API (the GPU machine's, SGLang 0.5.17's pin); scripts/setup.sh
 puts that Triton in .cache/gluon-venv beside this environment's, and the compile runs there. Its numerics
-are checked on the GPU (bench/bench_decode_hopper.py --check: bit-identical to the same kernel on raw
+are checked on the GPU (bench/kernels/bench_decode_hopper.py --check: bit-identical to the same kernel on raw
 pages, and within 1e-2 of a float64 reference; docs/benchmarks.md).
 """
 

@@ -1,5 +1,5 @@
 """The launch of the Hopper decode kernel (decode.py beside this): its compile-time arguments, shared with
-the offline compile (bench/hopper_resources.py), the checks, the kernel launch and the split-KV merge.
+the offline compile (bench/kernels/hopper_resources.py), the checks, the kernel launch and the split-KV merge.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from .decode import LOG2E, M_ROWS, _decode_hopper_kernel
 from .ring import NUM_WARPS
 
 # Registers per thread by head_dim: 168 leaves three programs per SM at head_dim 128 with no spill in the
-# main loop (bench/hopper_resources.py --maxnreg); the compiler's own choice (~225) leaves two.
+# main loop (bench/kernels/hopper_resources.py --maxnreg); the compiler's own choice (~225) leaves two.
 HOPPER_MAXNREG: dict[int, int] = {128: 168}
 
 
