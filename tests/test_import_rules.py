@@ -176,7 +176,7 @@ def _imports(path: Path) -> set[str]:
 
 
 def _bench_folder(rel: str) -> str:
-    """``sim`` for ``bench/sim/cluster_sim.py``, ``sim/x`` for ``bench/sim/x/y.py``; "" at bench/'s top."""
+    """``sim`` for ``bench/sim/cluster_sim.py`` (deeper: the folders below bench/); "" at bench/'s top."""
     return "/".join(rel.split("/")[1:-1])
 
 

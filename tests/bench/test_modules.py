@@ -5,6 +5,7 @@ the imports, not of what the scripts measure (the other tests here run those).""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -14,6 +15,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 # Importing locust patches the standard library (gevent's monkey patching): it comes after everything else.
 LAST = ("bench.router.locustfile",)
+# Files that tests write into a temporary tree (tests/test_import_rules.py), named in their assertions.
+FIXTURES = {"bench/router/bad.py"}
 
 CHECK = r"""
 import contextlib, importlib, io, json, runpy, sys
@@ -85,3 +88,33 @@ def test_every_bench_module_imports_and_every_script_answers_help() -> None:
     failed = json.loads(done.stdout.strip().splitlines()[-1])
     assert failed == {}, "\n".join(f"{k}: {v}" for k, v in failed.items())
     assert len(scripts) >= 25  # every script of the tree was asked, not an empty list
+
+
+def _text_files() -> list[Path]:
+    """The repo's docs, scripts and code, but the records (bench/results/ keeps commands as they ran)."""
+    skip = ("bench/results/", "build/")
+    return [
+        p
+        for p in sorted(ROOT.rglob("*"))
+        if (p.suffix in (".md", ".sh", ".py", ".toml") or p.name == "Makefile")
+        and p.is_file()
+        and not any(part.startswith(".") or part.endswith(".egg-info") for part in p.relative_to(ROOT).parts)
+        and not p.relative_to(ROOT).as_posix().startswith(skip)
+    ]
+
+
+def test_every_bench_command_and_path_the_repo_names_exists() -> None:
+    """Every `python -m bench.<group>.<script>` names a module of the tree, every bench/<group>/<script>.py a
+    file: no stale path survives a move."""
+    stale = []
+    for path in _text_files():
+        text = path.read_text(errors="replace")
+        rel = path.relative_to(ROOT).as_posix()
+        for module in re.findall(r"-m (bench(?:\.\w+)+)", text):
+            file = ROOT / (module.replace(".", "/") + ".py")
+            if not file.is_file() and not (file.with_suffix("") / "__init__.py").is_file():
+                stale.append(f"{rel}: -m {module}")
+        for named in re.findall(r"(?<![\w/.-])(bench/[\w/]*\.py)\b", text):
+            if not (ROOT / named).is_file() and named not in FIXTURES:
+                stale.append(f"{rel}: {named}")
+    assert stale == []
