@@ -19,7 +19,7 @@ budget of 388,608 raw tokens per worker unless said):
 Every policy of sim_policies.py and zipkv's router (sim_zipkv_router.py) places the same requests at the
 same times; zipkv's router is given each SLO as the client's SLO headers would, so it runs once per SLO.
 Step times: step_model.py + sim_calibrate.py (fit, residuals and the replay of the measured runs go into
-the JSON). Metrics: serving_metrics.py, the same code as the GPU serving sweep.
+the JSON). Metrics: bench/serving/serving_metrics.py, the same code as the GPU serving sweep.
 """
 
 from __future__ import annotations

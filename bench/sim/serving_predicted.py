@@ -120,7 +120,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rates", default="", help="req/s, comma-separated (default: the measured file's)")
     p.add_argument("--requests", type=int, default=48)
     p.add_argument("--offset", type=int, default=0)
-    p.add_argument("--measured", type=Path, default=None, help="serving_goodput.py's JSON of the same sweep")
+    p.add_argument(
+        "--measured",
+        type=Path,
+        default=None,
+        help="bench/serving/serving_goodput.py's JSON of the same sweep",
+    )
     p.add_argument("--out", type=Path, default=RESULTS / "serving_predicted_two_gpu.json")
     args = p.parse_args(argv)
     measured = json.loads(args.measured.read_text()) if args.measured else None
