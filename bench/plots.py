@@ -1,7 +1,7 @@
 """The pictures in the docs, drawn from the committed results: one command, no GPU.
 
-    python bench/plots.py                 # writes docs/img/*.png
-    python bench/plots.py --out /tmp/img  # elsewhere
+    python -m bench.plots                 # writes docs/img/*.png
+    python -m bench.plots --out /tmp/img  # elsewhere
 
 - decode_attention*.png: every bench/results/decode_attention*.json, kernel time against context per
   implementation (one panel per batch size) and speed relative to FlashInfer. Lines are keyed by `impl`
@@ -12,7 +12,7 @@
   admission_e2e.json (the reference engine's admission against its KV budget).
 - decode_hopper.png: bench/results/decode_hopper.json, the Hopper kernel's speed against FlashInfer's.
 - decode_hopper_timeline.png: bench/results/decode_hopper_timing.json, one launch's programs per SM.
-- trace_timeline.png: bench/results/trace_cpu.json, one request's spans (bench/trace_capture.py).
+- trace_timeline.png: bench/results/trace_cpu.json, one request's spans (bench/serving/trace_capture.py).
 """
 
 from __future__ import annotations
@@ -26,17 +26,16 @@ from typing import Any
 
 import matplotlib
 
+from bench.paths import RESULTS, ROOT
+
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from plot_hopper import hopper_figure, timeline_figure
-from plot_trace import trace_timeline
+from bench.kernels.plot_hopper import hopper_figure, timeline_figure
+from bench.serving.plot_trace import trace_timeline
 
-ROOT = Path(__file__).resolve().parents[1]
-RESULTS = ROOT / "bench" / "results"
 # Fields of a decode row that are measurements or the shape, not a variant of the implementation.
 MEASURED = {"batch", "context", "median_us", "compressible_fraction", "stored_bytes", "splits", "rel_err"}
 REALISTIC = (0.5, 0.999)  # compressible fractions of real KV (docs/format.md: 0.94); 0 and 1 are extremes

@@ -12,9 +12,9 @@ timeout "${TESTS_TIMEOUT:-220}" python3 -m pytest -q -p no:cacheprovider -n 16 -
   2>&1 | tail -15 | tee "$OUT/gpu_tests.log"
 wait
 tail -2 "$OUT/flashinfer_warm.log"
-timeout "${BENCH_TIMEOUT:-400}" python3 bench/bench_decode_attention.py "$@" 2>&1 | tee "$OUT/bench.log"
-# EXTEND=1: also the fused extend attention against its baselines (bench/bench_extend_attention.py)
+timeout "${BENCH_TIMEOUT:-400}" python3 -m bench.kernels.bench_decode_attention "$@" 2>&1 | tee "$OUT/bench.log"
+# EXTEND=1: also the fused extend attention against its baselines (bench/kernels/bench_extend_attention.py)
 if [ -n "${EXTEND:-}" ]; then
-  timeout "${EXTEND_TIMEOUT:-300}" python3 bench/bench_extend_attention.py --out "$OUT/extend_attention.json" 2>&1 \
+  timeout "${EXTEND_TIMEOUT:-300}" python3 -m bench.kernels.bench_extend_attention --out "$OUT/extend_attention.json" 2>&1 \
     | tee "$OUT/extend_bench.log"
 fi

@@ -4,20 +4,20 @@
 # apache-tvm-ffi 0.1.11) and zipkv, warms FlashInfer's JIT in the background while the checks run.
 #   bash bench/run_decode_hopper_gpu.sh [--shapes 32x8192,...]      (NCU=0 skips the profile)
 set -uo pipefail
-EXTRA_PYTHONPATH="$PWD/bench" source bench/gpu_env.sh
+source bench/gpu_env.sh
 warm_flashinfer &
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,power.draw --format=csv | tee "$OUT/gpu.txt"
-timeout "${CHECK_TIMEOUT:-240}" python3 bench/bench_decode_hopper.py --check --out "$OUT/decode_hopper_check.json" \
+timeout "${CHECK_TIMEOUT:-240}" python3 -m bench.kernels.bench_decode_hopper --check --out "$OUT/decode_hopper_check.json" \
   2>&1 | tee "$OUT/check.log" | grep -v "^bench " | cut -c1-400
 wait
 tail -1 "$OUT/flashinfer_warm.log"; rm -f "$OUT/flashinfer_warm.log" "$OUT/pip.log"
-timeout "${BENCH_TIMEOUT:-240}" python3 bench/bench_decode_hopper.py --bench "$@" --out "$OUT/decode_hopper.json" \
+timeout "${BENCH_TIMEOUT:-240}" python3 -m bench.kernels.bench_decode_hopper --bench "$@" --out "$OUT/decode_hopper.json" \
   2>&1 | tee "$OUT/bench.log" | cut -c1-600
 if [ "${NCU:-1}" != 0 ]; then
   timeout "${NCU_TIMEOUT:-150}" ncu --clock-control none -k regex:_decode_hopper --launch-skip 2 --launch-count 1 \
-    --set full -o "$OUT/hopper" python3 bench/bench_decode_hopper.py --ncu "${NCU_SHAPE:-32x8192}" >"$OUT/ncu.log" 2>&1
+    --set full -o "$OUT/hopper" python3 -m bench.kernels.bench_decode_hopper --ncu "${NCU_SHAPE:-32x8192}" >"$OUT/ncu.log" 2>&1
   tail -3 "$OUT/ncu.log"; rm -f "$OUT/ncu.log"
-  ncu --import "$OUT/hopper.ncu-rep" --csv --page raw 2>/dev/null | python3 bench/ncu_summary.py >"$OUT/ncu_summary.json"
+  ncu --import "$OUT/hopper.ncu-rep" --csv --page raw 2>/dev/null | python3 -m bench.kernels.ncu_summary >"$OUT/ncu_summary.json"
   ncu --import "$OUT/hopper.ncu-rep" --page details >"$OUT/ncu_details.txt" 2>/dev/null
   rm -f "$OUT/hopper.ncu-rep"
   grep -E "Duration|DRAM Throughput|Registers Per|Achieved Occupancy|Issue Slots Busy|Executed Ipc A" "$OUT/ncu_details.txt" | head -12

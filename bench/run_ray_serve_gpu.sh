@@ -53,7 +53,7 @@ if [ "$ENGINE" = sglang ]; then
   MODEL=${MODEL:-.carry/llama31_8b}
   [ -f "$MODEL/config.json" ] || { echo "FAILED: $MODEL/config.json missing: carry .carry/llama31_8b"; exit 1; }
   # Dummy weights, no tokenizer; info logs show SGLang's progress in the replica log.
-  # The SGLang flags of bench/bench_sglang_e2e.py's milestone 2 (radix cache and chunked prefill off), decode
+  # The SGLang flags of bench/serving/bench_sglang_e2e.py's milestone 2 (radix cache and chunked prefill off), decode
   # graphs captured up to batch 8 only (4 requests run at most: a shorter start), info logs for progress.
   SGLANG_ARGS=${SGLANG_ARGS:-'{"load_format": "dummy", "log_level": "info", "mem_fraction_static": 0.85, "disable_radix_cache": true, "chunked_prefill_size": -1, "grammar_backend": "none", "cuda_graph_max_bs_decode": 8}'}
 else
@@ -71,7 +71,7 @@ step "versions: $(timeout 60 python3 -c 'import ray, grpc, google.protobuf as p;
 
 LEFT=$(( 420 - ($(date +%s) - T0) ))
 step "starting router + Ray Serve replica (engine $ENGINE); deadline ${LEFT}s"
-timeout -k 10 "$LEFT" python3 bench/ray_serve_gpu.py --engine "$ENGINE" --model "$MODEL" \
+timeout -k 10 "$LEFT" python3 -m bench.serving.ray_serve_gpu --engine "$ENGINE" --model "$MODEL" \
   --kv-budget-mib "${KV_BUDGET_MIB:-512}" --compression "${COMPRESSION:-true}" --sglang-args "$SGLANG_ARGS" \
   --ready-timeout-s "${READY_S:-300}" \
   --out "$OUT/ray_serve_gpu.json"

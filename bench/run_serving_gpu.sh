@@ -1,17 +1,17 @@
 #!/bin/bash
 # Serving under SLO on one H200: each system behind its OpenAI endpoint, the Mooncake trace swept over rates by
-# SGLang 0.5.17's bench_serving (bench/serving_run.py -> serving_sweep.py). One device call per system, made
+# SGLang 0.5.17's bench_serving (bench/serving/serving_run.py -> serving_sweep.py). One device call per system, made
 # back to back inside the machine's warm window (30 s), because the carried packages do not fit one call:
 #   call 1: carry .carry/sglang/parts .carry/llama31_8b   SYSTEMS=sglang_gateway bash bench/run_serving_gpu.sh
 #           (extracts SGLang into /tmp/site; SGLang's server directly: one worker, and sglang-router 0.3.2
-#           refuses token-id prompts on /v1/completions, bench/serving_systems.py says more)
+#           refuses token-id prompts on /v1/completions, bench/serving/serving_systems.py says more)
 #   call 2: carry .carry/ray .carry/llama31_8b            SYSTEMS=zipkv bash bench/run_serving_gpu.sh
 #   call 3: carry .carry/ray .carry/llama31_8b            SYSTEMS=zipkv_uncompressed bash bench/run_serving_gpu.sh
 # .carry/sglang/parts: shared device recipe build_sglang_carry.sh; .carry/ray: scripts/build_ray_carry.sh;
 # .carry/llama31_8b/config.json: a copy of bench/configs/llama31_8b.json. Each call writes $OUT/serving/SYSTEM/
 # (rate_R.json per rate, system.json, server logs); then, here: copy every call's serving/ folder into one
-# folder and `python bench/serving_goodput.py --in FOLDER --device "..." --command "..."` writes
-# bench/results/serving_goodput.json and .png (and `python bench/sim_validation.py` compares the simulation).
+# folder and `python -m bench.serving.serving_goodput --in FOLDER --device "..." --command "..."` writes
+# bench/results/serving_goodput.json and .png (and `python -m bench.sim.sim_validation` compares the simulation).
 #
 # Env: SYSTEMS (comma-separated), RATES (req/s, default 0.5,1,2,3), REQUESTS per rate (48, the trace's first
 # 48 from OFFSET 0: mean input 11.9k tokens, 15 s of trace), KV_BUDGET_MIB (48576 = 388,608 raw tokens of
@@ -93,7 +93,7 @@ for SYSTEM in "${LIST[@]}"; do
   LEFT=$(( (DEADLINE_S - ($(date +%s) - T0)) / (${#LIST[@]} - K) )); K=$((K + 1))
   [ "$LEFT" -gt 60 ] || { step "no time left for $SYSTEM"; RC=1; break; }
   step "$SYSTEM: starting (deadline ${LEFT}s)"
-  timeout -k 15 "$LEFT" python3 bench/serving_run.py --system "$SYSTEM" --engine "$ENGINE" --model "$MODEL" \
+  timeout -k 15 "$LEFT" python3 -m bench.serving.serving_run --system "$SYSTEM" --engine "$ENGINE" --model "$MODEL" \
     --replicas "$REPLICAS" \
     --kv-budget-mib "$KV" --max-running "${MAX_RUNNING:-64}" --max-context-tokens "$CONTEXT" \
     --sglang-args "$SGLANG_ARGS" --rates "$RATES" --requests "$REQUESTS" --offset "${OFFSET:-0}" \
@@ -103,7 +103,7 @@ done
 # Replica logs (zipkv): SGLang's own log lines inside the Ray worker.
 for f in $(grep -l "ServeReplica:zipkv" /tmp/ray/session_latest/logs/worker-*.err 2>/dev/null); do tail -n 300 "$f"; done \
   >"$OUT/serving/replica_process.log" 2>/dev/null
-python3 bench/serving_goodput.py --in "$OUT/serving" --device "$(cat "$OUT/device.txt")" \
+python3 -m bench.serving.serving_goodput --in "$OUT/serving" --device "$(cat "$OUT/device.txt")" \
   --command "$([ "$ENGINE" = reference ] && echo "ENGINE=reference ")REPLICAS=$REPLICAS SYSTEMS=$SYSTEMS RATES=$RATES REQUESTS=$REQUESTS bash bench/run_serving_gpu.sh" \
   --out "$OUT/serving_goodput.json" | tail -4
 step "total (rc $RC)"

@@ -47,7 +47,7 @@ RUNS=${RUNS:-$DEFAULT_RUNS}
 # three offline runs of a cold machine do not fit one call).
 if [ -n "${MERGE_WITH:-}" ]; then cp "$MERGE_WITH" "$OUT/sglang_e2e.json" && MERGE=(--merge); fi
 LEFT=$(( ${DEADLINE_S:-560} - ($(date +%s) - T0) ))
-python3 bench/bench_sglang_e2e.py --model .carry/llama31_8b --deadline-s "$LEFT" --timeout-s 240 --runs "$RUNS" \
+python3 -m bench.serving.bench_sglang_e2e --model .carry/llama31_8b --deadline-s "$LEFT" --timeout-s 240 --runs "$RUNS" \
   "${MERGE[@]}" --out "$OUT/sglang_e2e.json" --logs "$OUT/logs" \
   --command "ONLINE=${ONLINE:-0} TP2=${TP2:-0} RUNS=$RUNS bash bench/run_sglang_e2e_gpu.sh"
 echo "total $(( $(date +%s) - T0 )) s"

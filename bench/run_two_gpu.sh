@@ -25,10 +25,10 @@
 # .carry/llama31_8b/config.json: a copy of bench/configs/llama31_8b.json.
 #
 # Each call writes $OUT (the device call's folder); afterwards, here, with the calls' folders fetched:
-#   python bench/serving_goodput.py --in CALL2/serving --in CALL3/serving --in CALL4/serving \
+#   python -m bench.serving.serving_goodput --in CALL2/serving --in CALL3/serving --in CALL4/serving \
 #       --device "2 x NVIDIA H200" --command "STEP=... bash bench/run_two_gpu.sh" \
 #       --out bench/results/serving_goodput_two_gpu.json
-#   python bench/serving_predicted.py --workers 2 --measured bench/results/serving_goodput_two_gpu.json \
+#   python -m bench.sim.serving_predicted --workers 2 --measured bench/results/serving_goodput_two_gpu.json \
 #       --out bench/results/serving_predicted_two_gpu.json
 #   cp CALL1/sglang_e2e.json bench/results/sglang_e2e.json   (call 1 merged its tp2 rows into a copy of it)
 # A dry run of the zipkv step on a CPU (two tiny reference replicas, the same harness):

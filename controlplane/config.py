@@ -70,7 +70,7 @@ class StateConfig(Strict):
         return self
 
 
-# bench/cluster_sim.py chose it (docs/benchmarks.md, "Serving at cluster scale (simulation)").
+# bench/sim/cluster_sim.py chose it (docs/benchmarks.md, "Serving at cluster scale (simulation)").
 AFFINITY_WEIGHT_DEFAULT = 1.0
 
 

@@ -29,10 +29,10 @@ $PY -m zipkv.stack.cli up --routers 2 --redis "redis://127.0.0.1:$REDIS_PORT/0" 
 for _ in $(seq 600); do grep -q "zipkv is ready" "$OUT/up.log" && break; sleep 0.5; done
 grep -q "zipkv is ready" "$OUT/up.log" || { tail -30 "$OUT/up.log"; exit 1; }
 log "stack ready; clean load: $USERS users, ${DURATION}s, both routers"
-ZIPKV_ROUTERS="$R0,$R1" $PY -m locust -f bench/locustfile.py --headless -u "$USERS" -r "$USERS" -t "${DURATION}s" \
+ZIPKV_ROUTERS="$R0,$R1" $PY -m locust -f bench/router/locustfile.py --headless -u "$USERS" -r "$USERS" -t "${DURATION}s" \
   --host "$R0" --csv "$OUT/clean" --only-summary >"$OUT/clean.log" 2>&1 || true
 log "fault load on router 0 for ${FAULT_S}s: router 1 SIGKILL at 15 s, Redis SIGKILL at 40 s, back at 60 s"
-$PY -m locust -f bench/locustfile.py --headless -u "$USERS" -r "$USERS" -t "${FAULT_S}s" --host "$R0" \
+$PY -m locust -f bench/router/locustfile.py --headless -u "$USERS" -r "$USERS" -t "${FAULT_S}s" --host "$R0" \
   --csv "$OUT/faults" --only-summary >"$OUT/faults.log" 2>&1 & LOCUST_PID=$!
 sleep 15
 ROUTER1=$($PY -c "import json,sys; print(json.load(open(sys.argv[1]))['routers'][1])" "$ZIPKV_STATE_DIR/pids-$PORT.json")

@@ -1,4 +1,4 @@
-"""docs/design.md matches the tree: the files it names exist, and it names every package folder."""
+"""docs/design.md matches the tree: the files it names exist, and it names every package and bench folder."""
 
 from __future__ import annotations
 
@@ -32,3 +32,11 @@ def test_it_names_every_package_folder() -> None:
     for folder in sorted(set(folders) | nested):
         name = folder.split("/", 1)[1] if "/" in folder else folder
         assert f"{name}/" in DOC, f"docs/design.md does not show {folder}/"
+
+
+def test_it_names_every_bench_folder() -> None:
+    """bench/ is no installed package, but its folders are on the map and in the rules by their full name."""
+    folders = sorted(p.parent.relative_to(ROOT).as_posix() for p in (ROOT / "bench").glob("*/__init__.py"))
+    assert folders and "bench/" in DOC
+    for folder in folders:
+        assert f"`{folder}/`" in DOC, f"docs/design.md does not name {folder}/"

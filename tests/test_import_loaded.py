@@ -18,11 +18,11 @@ def _loaded_after_import(modules: list[str]) -> set[str]:
         "import importlib, json, sys\n"
         f"for m in {modules!r}: importlib.import_module(m)\n"
         "tops = {n.split('.')[0] for n in sys.modules}\n"
-        "own = {n for n in sys.modules if n.startswith('zipkv.')}\n"
+        "own = {n for n in sys.modules if n.startswith(('zipkv.', 'bench.'))}\n"
         "print(json.dumps(sorted(tops | own)))\n"
     )
-    out = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120
+    out = subprocess.run(  # from the repo root, where bench/ imports as `bench`
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True, timeout=120
     )
     return set(json.loads(out.stdout.strip().splitlines()[-1]))
 
@@ -34,7 +34,8 @@ def _modules(folder: str, skip: tuple[str, ...] = ()) -> list[str]:
         rel = p.relative_to(ROOT)
         if p.stem in ("__init__", "__main__") or rel.as_posix().startswith(tuple(f + "/" for f in skip)):
             continue
-        found.append(".".join(["zipkv", *rel.with_suffix("").parts]))
+        prefix = [] if rel.parts[0] == "bench" else ["zipkv"]
+        found.append(".".join([*prefix, *rel.with_suffix("").parts]))
     return found
 
 
@@ -43,6 +44,12 @@ def test_router_loads_no_torch_triton_sglang_ray() -> None:
     assert "zipkv.controlplane.app" in loaded  # the import really happened
     assert loaded & {"torch", "triton", "sglang", "ray", "transformers"} == set()
     assert not any(m.startswith(("zipkv.kernels", "zipkv.allocator", "zipkv.worker")) for m in loaded)
+
+
+def test_router_bench_loads_no_torch() -> None:
+    loaded = _loaded_after_import(_modules("bench/router"))
+    assert "bench.router.bench_router" in loaded  # the import really happened (zipkv's come in its functions)
+    assert loaded & {"torch", "triton", "sglang", "ray", "transformers"} == set()
 
 
 def test_kernels_and_allocator_load_no_serving_stack() -> None:

@@ -17,6 +17,12 @@ way: a real import in a fresh interpreter that then inspects sys.modules.
 - Engines never import each other.
 - No import loops anywhere (tests/import_graph.py says what counts as an import: all of them, those inside
   functions and under TYPE_CHECKING included).
+- bench/ (not installed; run from the repo root as ``python -m bench.<group>.<script>``) has a rule per
+  folder (BENCH_RULES: the zipkv packages and third-party modules it measures with) and imports across its
+  folders in one direction (BENCH_LAYERS: the simulation reads the serving sweep's workload, metrics and
+  plots, nothing else crosses); bench/paths.py is for every folder, bench/plots.py (the docs' pictures)
+  for none. No package imports bench (it is not among any package's allowed modules). The router's bench
+  loads no torch: it runs where the router runs.
 """
 
 from __future__ import annotations
@@ -27,7 +33,7 @@ import tomllib
 from pathlib import Path
 
 import pytest
-from import_graph import graph, loops
+from import_graph import graph, loops, modules
 
 ROOT = Path(__file__).resolve().parents[1]
 STDLIB = set(sys.stdlib_module_names)
@@ -89,6 +95,45 @@ RULES: dict[str, tuple[set[str], set[str]]] = {
 }
 # Folders with Python that are not installed packages: scripts and tests that drive the packages.
 NOT_PACKAGES = {"bench", "tests"}
+# bench/ folder -> (allowed third-party top-level modules, allowed zipkv subpackages); "" is bench/ itself
+# (paths.py, and plots.py: the docs' pictures from every folder's results).
+BENCH_RULES: dict[str, tuple[set[str], set[str]]] = {
+    "": ({"matplotlib"}, set()),
+    # The baselines run beside zipkv's kernels: FlashInfer, SGLang's Triton decode kernel.
+    "kernels": ({"torch", "triton", "numpy", "flashinfer", "sglang", "matplotlib"}, {"kernels"}),
+    # admission_e2e.py admits through the reference engine.
+    "allocator": ({"torch", "numpy"}, {"allocator", "kernels", "worker"}),
+    # The router's own environment (no torch): its bench runs where the router runs.
+    "router": ({"grpc", "httpx", "opentelemetry", "locust"}, {"controlplane", "protos", "testing"}),
+    "serving": (
+        {
+            "torch",
+            "triton",
+            "numpy",
+            "sglang",
+            "ray",
+            "transformers",
+            "tokenizers",
+            "openai",
+            "httpx",
+            "grpc",
+            "opentelemetry",
+            "matplotlib",
+        },
+        {"controlplane", "protos", "worker", "stack"},
+    ),
+    "sim": ({"numpy", "simpy"}, {"controlplane", "protos"}),
+}
+# bench/ folder -> the other bench folders its modules may import (bench.paths aside, which every one may).
+BENCH_LAYERS: dict[str, set[str]] = {
+    "": {"kernels", "serving"},  # plots.py draws with plot_hopper.py and plot_trace.py
+    "kernels": set(),
+    "allocator": set(),
+    "router": set(),
+    "serving": set(),
+    "sim": {"serving"},  # the trace workload, serving_metrics (one definition of goodput), serving_plots
+}
+BENCH_MAP = {**PACKAGE_DIRS, "bench": "bench"}  # module names for import_graph: bench.<folder>.<module>
 # Each engine's modules, by dotted prefix: an engine never imports another.
 ENGINES = {
     "reference": ("zipkv.worker.engines.reference",),
@@ -129,6 +174,27 @@ def _imports(path: Path) -> set[str]:
     return names
 
 
+def _bench_folder(rel: str) -> str:
+    """``sim`` for ``bench/sim/cluster_sim.py`` (deeper: the folders below bench/); "" at bench/'s top."""
+    return "/".join(rel.split("/")[1:-1])
+
+
+def bench_violations(root: Path = ROOT) -> list[str]:
+    bad = []
+    for path in sorted((root / "bench").rglob("*.py")):
+        rel = path.relative_to(root).as_posix()
+        allowed, own = BENCH_RULES[_bench_folder(rel)]
+        for name in sorted(_imports(path)):
+            top = name.split(".")[0]
+            if top == "zipkv":
+                sub = name.split(".")[1] if "." in name else ""
+                if sub not in own:
+                    bad.append(f"{rel}: imports {name}")
+            elif top not in STDLIB and top != "bench" and top not in allowed:
+                bad.append(f"{rel}: imports {name}")
+    return bad
+
+
 def violations(package: str, root: Path = ROOT) -> list[str]:
     bad = []
     for path in sorted((root / package).rglob("*.py")):
@@ -150,6 +216,53 @@ def violations(package: str, root: Path = ROOT) -> list[str]:
 @pytest.mark.parametrize("package", sorted(RULES))
 def test_static_import_rules(package: str) -> None:
     assert violations(package) == []
+
+
+def test_static_import_rules_of_bench() -> None:
+    assert bench_violations() == []
+
+
+def test_the_bench_scan_catches_a_violation(tmp_path: Path) -> None:
+    (tmp_path / "bench" / "router").mkdir(parents=True)
+    (tmp_path / "bench" / "router" / "bad.py").write_text("import torch\nfrom zipkv.worker import loop\n")
+    assert bench_violations(tmp_path) == [
+        "bench/router/bad.py: imports torch",
+        "bench/router/bad.py: imports zipkv.worker",
+    ]
+
+
+def bench_layer_violations(edges: dict[str, set[str]], folder_of: dict[str, str]) -> list[str]:
+    """Imports between bench modules (``folder_of``: module -> bench/ folder) that BENCH_LAYERS forbids."""
+    return [
+        f"{src} imports {dst}"
+        for src, mine in folder_of.items()
+        for dst in sorted(edges[src])
+        if (theirs := folder_of.get(dst)) is not None
+        and dst != "bench.paths"
+        and (dst == "bench.plots" or (theirs != mine and theirs not in BENCH_LAYERS[mine]))
+    ]
+
+
+def test_bench_folders_import_in_one_direction() -> None:
+    folder_of = {
+        name: _bench_folder(path.relative_to(ROOT).as_posix())
+        for name, path in modules(ROOT, BENCH_MAP).items()
+        if name.split(".")[0] == "bench"
+    }
+    assert set(folder_of.values()) == set(BENCH_LAYERS), "bench/'s folders and BENCH_LAYERS differ"
+    assert bench_layer_violations(graph(ROOT, BENCH_MAP), folder_of) == []
+    # what it refuses: serving reading the simulation, any folder reading the docs' pictures
+    fake = {
+        "bench.serving.a": {"bench.sim.b", "bench.paths"},
+        "bench.sim.b": {"bench.plots"},
+        "bench.plots": set(),
+    }
+    assert bench_layer_violations(
+        fake, {"bench.serving.a": "serving", "bench.sim.b": "sim", "bench.plots": ""}
+    ) == [
+        "bench.serving.a imports bench.sim.b",
+        "bench.sim.b imports bench.plots",
+    ]
 
 
 def test_sglang_and_ray_only_where_they_run() -> None:
@@ -187,10 +300,14 @@ def test_every_folder_has_rules() -> None:
         and p.parts[0] != "build"
     }
     assert with_python <= set(RULES) | NOT_PACKAGES, with_python - set(RULES) - NOT_PACKAGES
+    bench_folders = {_bench_folder(p.relative_to(ROOT).as_posix()) for p in (ROOT / "bench").rglob("*.py")}
+    assert bench_folders == set(BENCH_RULES), "bench/'s folders with Python and BENCH_RULES differ"
 
 
 def test_no_import_loops() -> None:
-    assert loops(graph(ROOT, PACKAGE_DIRS)) == []
+    edges = graph(ROOT, BENCH_MAP)
+    assert any(m.startswith("bench.sim.") for m in edges)  # bench's modules are in the graph
+    assert loops(edges) == []
 
 
 def test_the_loop_check_finds_a_loop_through_a_function_level_import(tmp_path: Path) -> None:

@@ -11,7 +11,7 @@
               wait_ms = (queued_prefill_tokens + reserved_tokens) * prefill_ms_per_token, the prefill
               queued ahead of the request. Past the knee every worker's queue is longer than the target:
               a request placed anyway misses it and delays the ones behind it, so refusing it (503) keeps
-              the goodput at the knee (bench/cluster_sim.py measured it; off by default)
+              the goodput at the knee (bench/sim/cluster_sim.py measured it; off by default)
 Filters run before any scorer, so no scorer (prefix affinity included) can bring back a worker they drop.
 """
 

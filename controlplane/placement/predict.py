@@ -20,7 +20,7 @@
                    reserved_tokens: what this router placed there that the report cannot have seen yet;
                    those prompts are still to prefill (their outputs are counted too: the safe side).
                    Without it a burst of arrivals within one report interval all saw the same queue
-                   and piled long prompts on one worker (bench/cluster_sim.py measured both)
+                   and piled long prompts on one worker (bench/sim/cluster_sim.py measured both)
 The SLO scorer reads both predictions; the `slo_wait` filter reads `prefill_wait_ms`.
 """
 

@@ -185,8 +185,8 @@ def kernel_constexprs(
     fmt: PageFormat, group: int, block_n: int, split: bool, compressed: bool, use_asm: bool,
     fp32_dot: bool, prefetch: bool,
 ) -> dict[str, object]:  # fmt: skip
-    """The decode kernel's compile-time arguments, as every launch passes them (bench/kernel_resources.py
-    compiles the kernel offline from the same)."""
+    """The decode kernel's compile-time arguments, as every launch passes them
+    (bench/kernels/kernel_resources.py compiles the kernel offline from the same)."""
     return dict(
         NUM_KV_HEADS=fmt.num_kv_heads, GROUP=group, G_PAD=max(_MIN_DOT_ROWS, triton.next_power_of_2(group)),
         HEAD_DIM=fmt.head_dim, BLOCK_N=block_n, SPLIT=split, META_WORDS=fmt.meta_bytes // 4,

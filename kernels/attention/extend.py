@@ -187,7 +187,7 @@ def _extend_kernel(
 
 
 def extend_constexprs(plan: ExtendPlan, compressed: bool, use_asm: bool, fp32_dot: bool) -> dict[str, object]:
-    """The extend kernel's compile-time arguments (bench/kernel_resources.py compiles it from the same)."""
+    """The extend kernel's compile-time arguments (bench/kernels/kernel_resources.py compiles from them)."""
     fmt, group = plan.fmt, plan.group_size
     return dict(
         NUM_KV_HEADS=fmt.num_kv_heads, GROUP=group, G_PAD=triton.next_power_of_2(group),

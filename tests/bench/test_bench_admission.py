@@ -1,22 +1,25 @@
-"""bench/admission.py and bench/admission_sizes.py: the block model of each page format, the study's
-fractions, and equal-memory admission on the allocator's real ledger at v3 and v2 (CPU, a few seconds)."""
+"""bench/allocator/admission.py and bench/allocator/admission_sizes.py: the block model of each page format,
+the study's fractions, and equal-memory admission on the allocator's real ledger at v3 and v2 (CPU, a few
+seconds)."""
 
 from __future__ import annotations
 
 import json
 import math
-import sys
 from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-
-from admission import HEAD_DIM, KV_HEADS, LAYERS, kv_budget_bytes, simulate
-from admission_sizes import expected_page_bytes, load_study, page_bytes_table, size_model, study_fractions
-
+from bench.allocator.admission import HEAD_DIM, KV_HEADS, LAYERS, kv_budget_bytes, simulate
+from bench.allocator.admission_sizes import (
+    expected_page_bytes,
+    load_study,
+    page_bytes_table,
+    size_model,
+    study_fractions,
+)
 from zipkv.kernels.format.layout import PageFormat
 
 ROOT = Path(__file__).resolve().parents[2]

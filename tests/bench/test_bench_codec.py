@@ -1,6 +1,7 @@
-"""bench/bench_codec.py on the CPU (Triton interpreter, two pages): the script the GPU machine runs, end to
-end at formats v3 and v2, checked through its JSON record (a smoke run of the script, not a benchmark; the
-script itself checks every kernel output bit for bit before timing it, and exits non-zero if one differs)."""
+"""bench/kernels/bench_codec.py on the CPU (Triton interpreter, two pages): the script the GPU machine runs,
+end to end at formats v3 and v2, checked through its JSON record (a smoke run of the script, not a benchmark;
+the script itself checks every kernel output bit for bit before timing it, and exits non-zero if one
+differs)."""
 
 from __future__ import annotations
 
@@ -18,12 +19,12 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.mark.parametrize(("version", "data"), [(3, ["normal", "raw"]), (2, ["normal"])])
 def test_the_codec_bench_checks_and_times_a_format(tmp_path: Path, version: int, data: list[str]) -> None:
     out = tmp_path / "codec.json"
-    cmd = [sys.executable, str(ROOT / "bench" / "bench_codec.py"), "--device", "cpu", "--layers", "1",
+    cmd = [sys.executable, "-m", "bench.kernels.bench_codec", "--device", "cpu", "--layers", "1",
            "--pages-per-layer", "2", "--reps", "1", "--warmups", "0", "--encode-warps", "4",
            "--decode-warps", "4", "--decode-page-heads", "1", "--format-version", str(version),
            "--data", *data, "--out", str(out)]  # fmt: skip
     env = {**os.environ, "TRITON_INTERPRET": "1"}
-    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    done = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     record = json.loads(out.read_text())
     assert record["benchmark"] is False and record["device"].startswith("cpu")

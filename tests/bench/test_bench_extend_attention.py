@@ -1,5 +1,5 @@
-"""bench/bench_extend_attention.py on the CPU (Triton interpreter, tiny shapes): the script the GPU machine
-runs, end to end, checked through its JSON record (a smoke run of the script, not a benchmark)."""
+"""bench/kernels/bench_extend_attention.py on the CPU (Triton interpreter, tiny shapes): the script the GPU
+machine runs, end to end, checked through its JSON record (a smoke run of the script, not a benchmark)."""
 
 from __future__ import annotations
 
@@ -14,10 +14,10 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def test_every_impl_is_timed_and_every_check_passes(tmp_path: Path) -> None:
     out = tmp_path / "extend.json"
-    cmd = [sys.executable, str(ROOT / "bench" / "bench_extend_attention.py"), "--device", "cpu",
+    cmd = [sys.executable, "-m", "bench.kernels.bench_extend_attention", "--device", "cpu",
            "--shapes", "2x40x9", "--fractions", "real,0", "--out", str(out)]  # fmt: skip
     env = {**os.environ, "TRITON_INTERPRET": "1"}
-    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    done = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     record = json.loads(out.read_text())
     assert record["benchmark"] is False and record["device"].startswith("cpu")

@@ -5,25 +5,21 @@ from __future__ import annotations
 
 import asyncio
 import math
-import sys
-from pathlib import Path
 from typing import Any
 
 import pytest
 import simpy
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-
-from cluster_sim import META_KEYS, merged
-from serving_metrics import SLOS
-from sim_calibrate import calibrated_models, replay_table, spec_for
-from sim_cluster import simulate, zipkv_config
-from sim_kv_cache import KvCache
-from sim_policies import KvQueueCap, LeastLoad, RoundRobin, raw_utilisation
-from sim_worker import GapHistogram, SimRequest, SimWorker
-from sim_zipkv_router import run_now
-from step_model import decode_points, fit_decode
-from trace_workload import TraceRequest, arrivals_s, load_trace
+from bench.serving.serving_metrics import SLOS
+from bench.serving.trace_workload import TraceRequest, arrivals_s, load_trace
+from bench.sim.cluster_sim import META_KEYS, merged
+from bench.sim.sim_calibrate import calibrated_models, replay_table, spec_for
+from bench.sim.sim_cluster import simulate, zipkv_config
+from bench.sim.sim_kv_cache import KvCache
+from bench.sim.sim_policies import KvQueueCap, LeastLoad, RoundRobin, raw_utilisation
+from bench.sim.sim_worker import GapHistogram, SimRequest, SimWorker
+from bench.sim.sim_zipkv_router import run_now
+from bench.sim.step_model import decode_points, fit_decode
 
 
 def tr(i: int, inp: int, out: int, blocks: tuple[int, ...]) -> TraceRequest:
@@ -189,7 +185,7 @@ def test_run_now_refuses_a_coroutine_that_suspends() -> None:
 def test_the_validation_compares_like_with_like() -> None:
     # A "measured" file whose rows are the simulation's own predictions: every error must come out 0, so a
     # mismatch between what the GPU sweep ran and what the validation replays would show here.
-    from sim_validation import QUANTITIES, _predicted, compare
+    from bench.sim.sim_validation import QUANTITIES, _predicted, compare
 
     models, _ = calibrated_models()
     measured: dict[str, object] = {

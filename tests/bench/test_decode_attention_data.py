@@ -2,16 +2,10 @@
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-
-from decode_attention_data import encode_packed, plant_raw_blocks
-
+from bench.kernels.decode_attention_data import encode_packed, plant_raw_blocks
 from zipkv.kernels.format.layout import PageFormat
 from zipkv.kernels.reference import pages as ref
 from zipkv.kernels.reference import pages_v3 as ref3

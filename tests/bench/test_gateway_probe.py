@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import threading
 import time
 import urllib.error
@@ -24,10 +23,7 @@ from typing import Any
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-
-from serving_systems import GATEWAY_PLACEMENTS, gateway_cmd, placements
-
+from bench.serving.serving_systems import GATEWAY_PLACEMENTS, gateway_cmd, placements
 from zipkv.stack.local_stack import free_port
 
 SITE = os.environ.get("ZIPKV_SGLANG_ROUTER_SITE", "")

@@ -1,6 +1,6 @@
 """The decode kernel compiled for sm_90 on this (GPU-less) machine: its resources are read, not guessed.
 
-Runs bench/kernel_resources.py in its own process: the test session imports the kernels for Triton's
+Runs bench/kernels/kernel_resources.py in its own process: the test session imports the kernels for Triton's
 interpreter (tests/conftest.py), and a compile for the GPU needs them built without it.
 """
 
@@ -19,8 +19,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def _resources(*args: str) -> list[dict[str, object]]:
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    cmd = [sys.executable, str(ROOT / "bench" / "kernel_resources.py"), "--json", *args]
-    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    cmd = [sys.executable, "-m", "bench.kernels.kernel_resources", "--json", *args]
+    done = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=600)
     if done.returncode != 0 and "cuobjdump" in done.stderr and "No such file" in done.stderr:
         pytest.skip("this Triton build has no NVIDIA tools to compile for sm_90")
     assert done.returncode == 0, done.stderr[-2000:]
@@ -44,8 +44,8 @@ def test_pipelined_twin_moves_its_tiles_from_registers_to_shared_memory() -> Non
 
 def test_interpreted_kernels_are_refused_with_what_to_do() -> None:
     env = {**os.environ, "TRITON_INTERPRET": "1"}
-    cmd = [sys.executable, str(ROOT / "bench" / "kernel_resources.py"), "--configs", "32:1:1"]
-    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    cmd = [sys.executable, "-m", "bench.kernels.kernel_resources", "--configs", "32:1:1"]
+    done = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert done.returncode != 0 and "TRITON_INTERPRET unset" in done.stderr
 
 

@@ -10,9 +10,7 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-
-from plots import admission_figure, decode_figure, decode_series, render_all
+from bench.plots import admission_figure, decode_figure, decode_series, render_all
 
 REPO = Path(__file__).resolve().parents[2]
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -20,13 +18,19 @@ PNG = b"\x89PNG\r\n\x1a\n"
 
 def test_one_command_renders_every_picture_from_the_committed_results(tmp_path: Path) -> None:
     done = subprocess.run(
-        [sys.executable, "bench/plots.py", "--out", str(tmp_path)],
+        [sys.executable, "-m", "bench.plots", "--out", str(tmp_path)],
         cwd=REPO, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     names = {p.name for p in tmp_path.glob("*.png")}
     decode = {f"{p.stem}.png" for p in (REPO / "bench" / "results").glob("decode_attention*.json")}
-    assert names == decode | {"sglang_e2e.png", "admission.png", "trace_timeline.png", "decode_hopper.png"}
+    assert names == decode | {
+        "sglang_e2e.png",
+        "admission.png",
+        "trace_timeline.png",
+        "decode_hopper.png",
+        "decode_hopper_timeline.png",
+    }
     for path in tmp_path.glob("*.png"):
         data = path.read_bytes()
         assert data.startswith(PNG) and len(data) > 20_000, path
@@ -37,6 +41,7 @@ def test_one_command_renders_every_picture_from_the_committed_results(tmp_path: 
         "admission.png",
         "trace_timeline.png",
         "decode_hopper.png",
+        "decode_hopper_timeline.png",
     ):
         assert (REPO / "docs" / "img" / name).is_file(), name
 
@@ -100,7 +105,7 @@ def test_admission_plot_reads_files_with_and_without_page_format_versions() -> N
 
 
 def test_the_hopper_picture_shows_each_shapes_speed_against_flashinfer() -> None:
-    from plot_hopper import speed_rows
+    from bench.kernels.plot_hopper import speed_rows
 
     rows = [
         {"batch": 32, "ctx": 8192, "zipkv_us": 250.0, "zipkv_raw_pages_us": 256.0,

@@ -1,18 +1,12 @@
-"""The benchmarks' real KV (bench/real_kv.py): the committed SmolLM2 capture and how it is tiled."""
+"""The benchmarks' real KV (bench/kernels/real_kv.py): the committed SmolLM2 capture and how it is tiled."""
 
 from __future__ import annotations
-
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-
-from decode_attention_data import bench_pages, encode_packed
-from real_kv import FIXTURE, REQUEST_STRIDE_TOKENS, load_fixture, tile_pages
-
+from bench.kernels.decode_attention_data import bench_pages, encode_packed
+from bench.kernels.real_kv import FIXTURE, REQUEST_STRIDE_TOKENS, load_fixture, tile_pages
 from zipkv.kernels.format.layout import PageFormat
 from zipkv.kernels.reference import page_codec
 

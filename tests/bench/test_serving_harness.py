@@ -11,13 +11,10 @@ from pathlib import Path
 
 import pytest
 
+from bench.serving.id_tokenizer import build
+from bench.serving.serving_sweep import starts_in_time
+from bench.serving.serving_systems import sglang_server_cmd
 from zipkv.controlplane.tokenizer import HFTokenizer, IncrementalDetokenizer
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-
-from id_tokenizer import build
-from serving_sweep import starts_in_time
-from serving_systems import sglang_server_cmd
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -63,7 +60,7 @@ def test_the_client_takes_bench_servings_own_arguments(tmp_path: Path) -> None:
         pytest.importorskip(module, reason=f"SGLang's bench_serving imports {module}; not installed here")
     sys.path.insert(0, str(SGLANG_SRC))
     try:
-        from serving_client import bench_args, import_bench_serving
+        from bench.serving.serving_client import bench_args, import_bench_serving
 
         serving, _ = import_bench_serving()
         args = bench_args(serving, "http://127.0.0.1:1", "llama", str(tmp_path), tmp_path / "x.jsonl")

@@ -1,19 +1,25 @@
 """Goodput at both SLOs, percentiles and the knee, from hand-made per-request records in the file format
-bench/serving_sweep.py writes (bench_serving's measurements); every expected number is worked out here."""
+bench/serving/serving_sweep.py writes (bench_serving's measurements); every expected number is worked out
+here."""
 
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-
-import serving_goodput as sg
-from serving_metrics import SLOS, Outcome, knee_rps, percentile, rate_row, shed_onset_rps, sustained_rps
+from bench.serving import serving_goodput as sg
+from bench.serving.serving_metrics import (
+    SLOS,
+    Outcome,
+    knee_rps,
+    percentile,
+    rate_row,
+    shed_onset_rps,
+    sustained_rps,
+)
 
 
 def ok(ttft: float, out: int, gap: float, start: float = 0.0) -> dict[str, Any]:

@@ -6,17 +6,13 @@ line as the allocator writes it, and the client's arrival events."""
 from __future__ import annotations
 
 import logging
-import sys
-from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-
-from bench_sglang_e2e import WORKLOADS, parse_runs, summarize
-from sglang_e2e_metrics import (
+from bench.serving.bench_sglang_e2e import WORKLOADS, parse_runs, summarize
+from bench.serving.sglang_e2e_metrics import (
     Stream,
     at_max_batch,
     client_metrics,
@@ -27,7 +23,6 @@ from sglang_e2e_metrics import (
     pool_lines,
     pool_metrics,
 )
-
 from zipkv.allocator import PagePool
 from zipkv.kernels.format.layout import PAGE_TOKENS, PageFormat
 from zipkv.kernels.reference import pages as reference
@@ -195,7 +190,7 @@ def test_run_specs_and_cross_row_summary() -> None:
 
 
 def test_milestone_3_workloads_exercise_what_they_are_for() -> None:
-    from sglang_e2e_config import BUDGET_TOKENS, MILESTONES
+    from bench.serving.sglang_e2e_config import BUDGET_TOKENS, MILESTONES
 
     chunk = MILESTONES["m3"]["chunked_prefill_size"]
     prefix = WORKLOADS["prefix"]

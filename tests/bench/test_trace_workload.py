@@ -1,16 +1,14 @@
-"""bench/trace_workload.py: the Mooncake trace as token-id prompts, the context cap and scaled arrivals."""
+"""bench/serving/trace_workload.py: the Mooncake trace as token-id prompts, the context cap and scaled
+arrivals."""
 
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-
-import trace_workload as tw
+from bench.serving import trace_workload as tw
 
 
 def _trace(tmp_path: Path, records: list[dict[str, object]]) -> Path:

@@ -7,19 +7,15 @@ from __future__ import annotations
 import json
 import os
 import re
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-
-import serving_goodput as sg
-from bench_sglang_e2e import summarize
-from serving_client import BACKEND, GATEWAY_BACKEND
-from serving_predicted import predict, side_by_side
-from serving_systems import (
+from bench.serving import serving_goodput as sg
+from bench.serving.bench_sglang_e2e import summarize
+from bench.serving.serving_client import BACKEND, GATEWAY_BACKEND
+from bench.serving.serving_systems import (
     GATEWAY_POLICIES,
     SYSTEMS,
     client_backend,
@@ -28,7 +24,8 @@ from serving_systems import (
     replica_plan,
     server_envs,
 )
-from sglang_e2e_config import BUDGET_TOKENS, MILESTONES, WORKLOADS, engine_kwargs, parse_runs
+from bench.serving.sglang_e2e_config import BUDGET_TOKENS, MILESTONES, WORKLOADS, engine_kwargs, parse_runs
+from bench.sim.serving_predicted import predict, side_by_side
 
 ROOT = Path(__file__).resolve().parents[2]
 SGLANG_SRC = Path(os.environ.get("ZIPKV_SGLANG_SRC", ROOT / ".cache" / "sglang-0.5.17"))
@@ -199,7 +196,7 @@ def test_tp2_engine_arguments_are_sglang_0_5_17_server_args() -> None:
 
 
 def test_placements_are_read_per_worker_from_prometheus_text() -> None:
-    from serving_systems import GATEWAY_PLACEMENTS, ZIPKV_PLACEMENTS, placements
+    from bench.serving.serving_systems import GATEWAY_PLACEMENTS, ZIPKV_PLACEMENTS, placements
 
     text = "\n".join([
         "# HELP zipkv_router_placements_total requests placed on a worker",

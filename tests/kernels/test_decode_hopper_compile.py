@@ -3,7 +3,7 @@ exact, and it compiles for sm_90 with the resources the H200 measurements were t
 
 The kernel is Gluon against Triton 3.6.0's API (the GPU machine's, SGLang 0.5.17's pin); scripts/setup.sh
 puts that Triton in .cache/gluon-venv beside this environment's, and the compile runs there. Its numerics
-are checked on the GPU (bench/bench_decode_hopper.py --check: bit-identical to the same kernel on raw
+are checked on the GPU (bench/kernels/bench_decode_hopper.py --check: bit-identical to the same kernel on raw
 pages, and within 1e-2 of a float64 reference; docs/benchmarks.md).
 """
 
@@ -73,8 +73,8 @@ def test_kernel_compiles_for_sm90() -> None:
         pytest.fail(
             f"{GLUON_PY} imports zipkv from {where.stdout.strip()!r}, not this checkout: run scripts/setup.sh"
         )
-    script = str(ROOT / "bench/hopper_resources.py")
-    cmd = [str(GLUON_PY), script, "--head-dims", "64,128,256", "--pages", "4", "--stages", "2", "--json"]
+    cmd = [str(GLUON_PY), "-m", "bench.kernels.hopper_resources"]
+    cmd += ["--head-dims", "64,128,256", "--pages", "4", "--stages", "2", "--json"]
     # Not under the interpreter, which other tests of this run switch on for their process and children.
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=ROOT, env=env)

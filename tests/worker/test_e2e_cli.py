@@ -17,10 +17,8 @@ from typing import Any
 import openai
 import pytest
 
+from bench.serving.trace_capture import OtlpReceiver
 from zipkv.stack.local_stack import free_port, http_get
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-from trace_capture import OtlpReceiver
 
 pytestmark = pytest.mark.slow
 

@@ -6,15 +6,11 @@ attributes; the phases nest inside the Generate span in time order."""
 from __future__ import annotations
 
 import itertools
-import sys
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-
-from trace_capture import MODEL, OtlpReceiver, capture
+from bench.serving.trace_capture import MODEL, OtlpReceiver, capture
 
 PROMPT = "zipkv traces a request"
 MAX_TOKENS = 24

@@ -43,10 +43,8 @@ def test_sglang_args_from_serve_win_over_zipkv_defaults_and_lose_to_overrides(tm
 def test_worker_defaults_are_the_measured_sglang_milestone(tmp_path: Path) -> None:
     """The replica runs SGLang with the flags the H200 end-to-end benchmark measured (milestone 2)."""
     import importlib
-    import sys
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-    module = importlib.import_module("bench_sglang_e2e")
+    module = importlib.import_module("bench.serving.bench_sglang_e2e")
     (tmp_path / "config.json").write_text(json.dumps(LLAMA_8B))
     kw = engine_kwargs(WorkerSettings(engine="sglang", model_path=str(tmp_path)), str(tmp_path))
     for key in ("disable_radix_cache", "chunked_prefill_size", "disable_prefill_cuda_graph"):

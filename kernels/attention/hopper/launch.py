@@ -1,5 +1,5 @@
 """The launch of the Hopper decode kernel (decode.py beside this): its compile-time arguments, shared with
-the offline compile (bench/hopper_resources.py), the checks, the kernel launch and the split-KV merge.
+the offline compile (bench/kernels/hopper_resources.py), the checks, the kernel launch and the split-KV merge.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from . import layouts as views
 from .decode import LOG2E, M_ROWS, _decode_hopper_kernel
 
 # Registers per thread by (head_dim, warps per program): at 4 warps, 168 leaves three programs per SM at
-# head_dim 128 with no spill in the main loop (bench/hopper_resources.py --maxnreg); the compiler's own
-# choice (~225) leaves two. At 2 warps the compiler's choice (~224) leaves four, and any cap spills.
+# head_dim 128 with no spill in the main loop (bench/kernels/hopper_resources.py --maxnreg); the
+# compiler's own choice (~225) leaves two. At 2 warps its choice (~224) leaves four; any cap spills.
 HOPPER_MAXNREG: dict[tuple[int, int], int] = {(128, 4): 168}
 
 
@@ -68,7 +68,7 @@ def decode_attention_hopper(
     ``plan.block_n`` is the tile (16 tokens per page). ``compressed=False`` reads every page as a raw page
     (the pages must be raw, as an uncompressed pool's are): the same kernel, the raw path. ``timing``
     (int64 ``[programs, 4]``, profiling only) compiles the variant that stamps each program's start, first
-    landed tile, end (global timer, ns) and SM (bench/bench_decode_hopper.py --timing reads them).
+    landed tile, end (global timer, ns) and SM (bench/kernels/bench_decode_hopper.py --timing reads them).
     """
     fmt = plan.fmt
     if fmt.version != 3:

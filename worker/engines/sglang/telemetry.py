@@ -7,7 +7,7 @@ hands it the worker span's context (`external_trace_header`), at `SGLANG_TRACE_L
 operator set one: level 3 adds a `decode_loop` span per decode step, i.e. per token.
 
 Logs: the pool line the scheduler writes every so many forward steps (`log_pool_step`), which
-bench/sglang_e2e_metrics.py parses.
+bench/serving/sglang_e2e_metrics.py parses.
 """
 
 from __future__ import annotations

@@ -1,0 +1,226 @@
+"""The Hopper decode kernel (kernels/attention/hopper/decode.py) on the GPU: checked, then timed against
+FlashInfer.
+
+``--check`` runs the correctness cases (head_dim 64/128/256, GQA groups 1/4/8, unaligned lengths, split-KV
+on and off, pages in random order, raw blocks, raw pages mid-sequence, a raw tail page per request): the
+compressed run on v3 pages must be bit-identical to the uncompressed run (``compressed=False``) on raw pages
+holding the same values, and within 1e-2 of a float64 reference. ``--bench`` times one layer (32 query /
+8 KV heads, head_dim 128) per batch x context: zipkv on v3 pages (each request's last page raw, as in
+serving), zipkv on raw pages, FlashInfer's tensor-core decode on the same values, and the read floor of
+the stored bytes and of raw bytes (a streaming read). ``--ncu`` launches one shape for Nsight Compute.
+
+    python -m bench.kernels.bench_decode_hopper --check --bench --out bench/results/decode_hopper.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import platform
+import time
+from collections.abc import Callable
+from functools import partial
+
+import torch
+
+from bench.kernels.decode_attention_baselines import Timer, flashinfer_fn, read_floor_fn
+from bench.kernels.hopper_cases import check, make_case
+from zipkv.kernels.attention.decode_plan import choose_max_splits, plan_decode
+from zipkv.kernels.attention.hopper.launch import decode_attention_hopper
+
+
+def _zipkv_fns(
+    case: dict,
+    q: torch.Tensor,
+    o: torch.Tensor,
+    scale: float,
+    configs: list[tuple[int, ...]],  # type: ignore[type-arg]
+    sms: int,
+) -> tuple[dict[str, Callable[[], object]], dict[str, Callable[[], object]], dict[str, int]]:
+    """zipkv's calls per config (block_n:stages[:ctas_per_sm[:maxnreg[:warps]]]): on the v3 pages (timed)
+    and on raw pages holding the same values (timed for the first config, the uncompressed run; checked
+    bit for bit against the v3 run for every config); the split count each used."""
+    batch = q.shape[0]
+    raw_loc = (
+        torch.arange(case["pages"].shape[0], dtype=torch.int64, device="cuda") * case["fmt"].raw_page_bytes
+    )
+    fns: dict[str, Callable[[], object]] = {}
+    raw_fns: dict[str, Callable[[], object]] = {}
+    splits: dict[str, int] = {}
+    for cfg in configs:
+        # Without ctas_per_sm / maxnreg / warps a config runs the plan's own split choice, the launch's
+        # registers and the default warps per program.
+        block_n, stages, ctas, maxnreg, warps = (*cfg, None, None, None)[:5]
+        plan = plan_decode(
+            case["page_ids"],
+            case["indptr"],
+            case["lens"],
+            case["fmt"],
+            32,
+            block_n=block_n,
+            max_splits=choose_max_splits(batch * 8, sms * ctas) if ctas else None,
+            num_warps=warps,
+        )
+        tag = "zipkv" if cfg == configs[0] else "zipkv_" + "_".join(map(str, cfg))
+        splits[tag] = plan.max_splits
+        run = partial(decode_attention_hopper, plan, q, sm_scale=scale, out=o, stages=stages, maxnreg=maxnreg)
+        fns[tag] = partial(run, case["heap"], case["loc"], case["meta"])
+        raw_fns[tag] = partial(run, case["raw_heap"], raw_loc, case["raw_meta"], compressed=False)
+    fns["zipkv_raw_pages"] = raw_fns["zipkv"]
+    return fns, raw_fns, splits
+
+
+def _same_bits(fn: Callable[[], object], raw_fn: Callable[[], object], o: torch.Tensor) -> bool:
+    fn()
+    coded = o.clone()
+    raw_fn()
+    return bool(torch.equal(coded.view(torch.int16), o.view(torch.int16))) and bool(coded.isfinite().all())
+
+
+def bench(out: dict, shapes: list[tuple[int, int]], target_s: float, configs: list[tuple[int, ...]],  # type: ignore[type-arg]
+          graph: bool = False) -> None:  # fmt: skip
+    timer = Timer(target_s, min_reps=10, max_reps=200)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    rows: list[dict[str, object]] = []
+    out["rows"] = rows
+    for batch, ctx in shapes:
+        case = make_case([ctx] * batch, 8, 128, 4, seed=1000 + batch, raw_mid=0.0, shuffle=True, outliers=0)
+        q = torch.randn(batch, 32, 128, device="cuda").to(torch.bfloat16)
+        scale = 1 / math.sqrt(128)
+        o = torch.empty_like(q)
+        fns, raw_fns, splits = _zipkv_fns(case, q, o, scale, configs, sms)
+        fns["flashinfer_tc"] = flashinfer_fn(
+            case["pages"][case["page_ids"].long()], q, torch.empty_like(q), batch, ctx, scale
+        )
+        fns["read_floor_stored"] = read_floor_fn(case["heap"], case["stored_bytes"])
+        fns["read_floor_raw"] = read_floor_fn(case["raw_heap"], case["raw_heap"].numel())
+        row: dict[str, object] = dict(
+            batch=batch,
+            ctx=ctx,
+            coded_fraction=case["coded_fraction"],
+            stored_bytes=case["stored_bytes"],
+            raw_bytes=case["raw_heap"].numel(),
+            splits=splits,
+            raw_pages_bit_identical={tag: _same_bits(fns[tag], raw_fns[tag], o) for tag in raw_fns},
+        )
+        for name, fn in fns.items():
+            try:
+                row[name + "_us"] = timer.median_us(fn, graph=graph)
+            except Exception as exc:  # one failing implementation must not hide the others
+                row[name + "_error"] = f"{type(exc).__name__}: {exc}"[:500]
+        if "zipkv_us" in row and "flashinfer_tc_us" in row:
+            row["speedup_vs_flashinfer"] = float(row["flashinfer_tc_us"]) / float(row["zipkv_us"])  # type: ignore[arg-type]
+            row["of_stored_floor"] = float(row["read_floor_stored_us"]) / float(row["zipkv_us"])  # type: ignore[arg-type]
+        rows.append(row)
+        print("bench", json.dumps(row), flush=True)
+        del case, fns
+        torch.cuda.empty_cache()
+
+
+def ncu_target(batch: int, ctx: int, launches: int) -> None:
+    case = make_case([ctx] * batch, 8, 128, 4, seed=7, raw_mid=0.0, shuffle=True, outliers=0)
+    q = torch.randn(batch, 32, 128, device="cuda").to(torch.bfloat16)
+    plan = plan_decode(case["page_ids"], case["indptr"], case["lens"], case["fmt"], 32)
+    for _ in range(launches):
+        decode_attention_hopper(plan, q, case["heap"], case["loc"], case["meta"], 1 / math.sqrt(128))
+    torch.cuda.synchronize()
+
+
+def timing(out: dict, shapes: list[tuple[int, int]]) -> None:  # type: ignore[type-arg]
+    """Per-program timeline of the default launch (the kernel's TIMING build): how long a program waits for
+    its first tile, its time per tile after that, and how full the SMs stay (programs resident over the
+    launch's span, against the slots)."""
+    out["timing"] = rows = []
+    for batch, ctx in shapes:
+        case = make_case([ctx] * batch, 8, 128, 4, seed=7, raw_mid=0.0, shuffle=True, outliers=0)
+        q = torch.randn(batch, 32, 128, device="cuda").to(torch.bfloat16)
+        plan = plan_decode(case["page_ids"], case["indptr"], case["lens"], case["fmt"], 32)
+        programs = batch * 8 * plan.max_splits
+        stamps = torch.zeros(programs, 4, dtype=torch.int64, device="cuda")
+        for _ in range(3):  # the last launch is the one read
+            decode_attention_hopper(plan, q, case["heap"], case["loc"], case["meta"], 0.088, timing=stamps)
+        torch.cuda.synchronize()
+        t = stamps.cpu().double()
+        t0 = t[:, 0].min()
+        start, first, end = ((t[:, k] - t0) / 1e3 for k in range(3))
+        tiles = -(-int(plan.split_tokens[0]) // plan.block_n)
+        span = float(end.max())
+        busy = float((end - start).sum())
+        sms = torch.cuda.get_device_properties(0).multi_processor_count
+        q50 = lambda x: float(x.median())
+        row = dict(
+            batch=batch, ctx=ctx, programs=programs, splits=plan.max_splits, tiles_per_program=tiles,
+            span_us=span, first_tile_wait_us_p50=q50(first - start),
+            first_tile_wait_us_p90=float((first - start).quantile(0.9)),
+            per_tile_us_p50=q50((end - first) / max(tiles - 1, 1)),
+            program_us_p50=q50(end - start), start_us_max=float(start.max()),
+            end_us_p10=float(end.quantile(0.1)), mean_resident_programs_per_sm=busy / span / sms,
+            programs_per_sm_max=int(torch.bincount(t[:, 3].long()).max()),
+        )  # fmt: skip
+        print("timing", json.dumps(row), flush=True)
+        rel = t.clone()
+        rel[:, :3] -= t0
+        row["stamps_ns"] = rel.long().tolist()  # [programs][start, first tile, end (ns from the first), SM]
+        rows.append(row)
+        del case
+        torch.cuda.empty_cache()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--check", action="store_true")
+    ap.add_argument("--bench", action="store_true")
+    ap.add_argument("--shapes", default="32x8192,64x8192,128x8192,32x32768,1x32768,32x4096,8x8192")
+    ap.add_argument("--target-s", type=float, default=0.03)
+    ap.add_argument(
+        "--configs",
+        default="64:3",
+        help="block_n:stages[:ctas_per_sm[:maxnreg[:warps]]], first is the default",
+    )
+    ap.add_argument("--graph", action="store_true", help="time CUDA-graph replays (no host launch time)")
+    ap.add_argument("--timing", default=None, help="BxT,...: per-program timeline (the TIMING build)")
+    ap.add_argument("--ncu", default=None, help="BxT: launch that shape a few times (for Nsight Compute)")
+    ap.add_argument("--out", default="bench/results/decode_hopper.json")
+    a = ap.parse_args()
+    if a.ncu:
+        b, t = (int(x) for x in a.ncu.split("x"))
+        ncu_target(b, t, launches=4)
+        return
+    out: dict[str, object] = dict(
+        device=torch.cuda.get_device_name(),
+        torch=torch.__version__,
+        python=platform.python_version(),
+        date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        command="python -m bench.kernels.bench_decode_hopper "
+        + " ".join(
+            x
+            for x in (
+                ("--check" if a.check else ""),
+                ("--bench" if a.bench else ""),
+                ("--graph" if a.graph else ""),
+                f"--shapes {a.shapes}",
+            )
+            if x
+        ),
+    )
+    import triton
+
+    out["triton"] = triton.__version__
+    ok = True
+    if a.check:
+        ok = check(out)
+    if a.timing:
+        timing(out, [tuple(int(x) for x in s.split("x")) for s in a.timing.split(",")])  # type: ignore[misc]
+    if a.bench:
+        configs = [tuple(int(x) for x in c.split(":")) for c in a.configs.split(",")]
+        out["timed"] = "cuda_graph_replay" if a.graph else "eager"
+        shapes = [tuple(int(x) for x in s.split("x")) for s in a.shapes.split(",")]
+        bench(out, shapes, a.target_s, configs, graph=a.graph)  # type: ignore[arg-type]
+    with open(a.out, "w") as f:
+        json.dump(out, f, indent=1)
+    print("wrote", a.out, "checks ok" if ok else "CHECKS FAILED", flush=True)
+
+
+if __name__ == "__main__":
+    main()

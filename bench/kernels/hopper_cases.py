@@ -1,0 +1,178 @@
+"""The Hopper decode kernel's GPU test cases (bench/kernels/bench_decode_hopper.py --check): random bf16
+pages stored as page format v3 and as raw pages, and the checks that the kernel on v3 pages is
+bit-identical to itself on raw pages holding the same values (and to its gather path), within 1e-2 of a
+float64 reference, at head_dim 64/128/256, GQA groups 1/4/8 and 1, 2 or 4 warps per program.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import traceback
+
+import torch
+
+from zipkv.kernels.attention.decode_config import HOPPER_CONFIG
+from zipkv.kernels.attention.decode_plan import plan_decode
+from zipkv.kernels.attention.hopper.launch import decode_attention_hopper
+from zipkv.kernels.format.layout import PAGE_TOKENS, PageFormat
+from zipkv.kernels.reference import heap_v3
+from zipkv.kernels.reference import pages_v3 as ref
+from zipkv.kernels.reference.attention import decode_attention_reference
+
+CTAS_PER_SM = HOPPER_CONFIG.ctas_per_sm  # the plan's programs per SM (kernels/attention/decode_config.py)
+
+
+def make_case(
+    lens: list[int],
+    kv_heads: int,
+    head_dim: int,
+    group: int,
+    seed: int,
+    raw_mid: float,
+    shuffle: bool,
+    outliers: int,
+) -> dict:  # type: ignore[type-arg]
+    """Random bf16 K/V pages for requests of ``lens`` tokens, stored as v3 (coded where the format allows,
+    each request's last page and a ``raw_mid`` share of the others raw) and as raw pages."""
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    fmt = PageFormat(head_dim=head_dim, num_kv_heads=kv_heads, version=3)
+    per = [-(-n // PAGE_TOKENS) for n in lens]
+    n_pages = sum(per)
+    pages = torch.randn(n_pages, 2, kv_heads, PAGE_TOKENS, head_dim, device="cuda", generator=g).to(
+        torch.bfloat16
+    )
+    if outliers:  # values far outside their block's window: raw blocks inside coded pages
+        idx = torch.randint(0, pages.numel(), (outliers,), device="cuda", generator=g)
+        pages.view(-1)[idx] = 3e4
+    order = (
+        torch.randperm(n_pages, device="cuda", generator=g)
+        if shuffle
+        else torch.arange(n_pages, device="cuda")
+    )
+    page_ids = order.to(torch.int32)
+    indptr = torch.tensor([0, *torch.tensor(per).cumsum(0).tolist()], dtype=torch.int32, device="cuda")
+    heap, loc, meta = heap_v3.pack_pages_v3(pages, fmt)
+    force_raw = torch.rand(n_pages, device="cuda", generator=g) < raw_mid
+    force_raw[page_ids[(indptr[1:] - 1).long()].long()] = True  # each request's tail page is raw
+    rows = heap.view(n_pages, fmt.raw_page_bytes)
+    rows[force_raw] = pages[force_raw].contiguous().view(torch.uint8).reshape(-1, fmt.raw_page_bytes)
+    meta[force_raw] = 0xFF
+    raw_heap = pages.contiguous().view(torch.uint8).reshape(-1)
+    raw_meta = torch.full_like(meta, 0xFF)
+    stored = int(ref.stored_page_bytes(meta, fmt).sum()) + meta.numel()
+    return dict(
+        fmt=fmt,
+        pages=pages,
+        page_ids=page_ids,
+        indptr=indptr,
+        lens=torch.tensor(lens, dtype=torch.int32, device="cuda"),
+        heap=heap,
+        loc=loc,
+        meta=meta,
+        raw_heap=raw_heap,
+        raw_meta=raw_meta,
+        stored_bytes=stored,
+        coded_fraction=coded_fraction(meta),
+    )
+
+
+def coded_fraction(meta: torch.Tensor) -> float:
+    m = meta.view(meta.shape[0], -1)
+    coded_pages = m[:, 0] != 0xFF
+    blocks = m[coded_pages]
+    return float((blocks < 0x80).sum()) / max(1, m.numel())
+
+
+def run_case(  # type: ignore[type-arg]
+    case: dict,
+    q: torch.Tensor,
+    scale: float,
+    max_splits: int | None,
+    compressed: bool,
+    gather_all: bool = False,
+    block_n: int | None = None,
+    warps: int | None = None,
+) -> torch.Tensor:
+    plan = plan_decode(
+        case["page_ids"],
+        case["indptr"],
+        case["lens"],
+        case["fmt"],
+        q.shape[1],
+        block_n=block_n,
+        max_splits=max_splits,
+        ctas_per_sm=CTAS_PER_SM,
+        num_warps=warps,
+    )
+    if compressed:
+        return decode_attention_hopper(
+            plan, q, case["heap"], case["loc"], case["meta"], scale, compressed=True, gather_all=gather_all
+        )
+    loc = torch.arange(case["pages"].shape[0], dtype=torch.int64, device="cuda") * case["fmt"].raw_page_bytes
+    return decode_attention_hopper(plan, q, case["raw_heap"], loc, case["raw_meta"], scale, compressed=False)
+
+
+CHECKS = [  # (lens, kv_heads, head_dim, group, raw_mid, shuffle, outliers, max_splits)
+    ([128, 256], 2, 128, 4, 1.0, False, 0, 1),  # every page raw: the raw path (and the tail)
+    ([40, 17], 2, 128, 4, 0.0, False, 0, 1),  # partial tiles only: the gather path
+    ([1000, 64, 1, 517], 2, 128, 4, 0.0, True, 40, 1),
+    ([1000, 64, 1, 517], 2, 128, 4, 0.2, True, 40, None),
+    ([4096, 333], 8, 128, 4, 0.05, True, 200, None),
+    ([2048], 1, 128, 8, 0.0, False, 0, 1),
+    ([700, 129], 4, 64, 1, 0.1, True, 30, None),
+    ([700, 129], 2, 256, 4, 0.1, True, 30, None),
+    ([640, 96], 2, 64, 8, 0.0, True, 10, 2),
+    ([3000], 1, 256, 1, 0.3, True, 50, 4),
+]
+
+
+WARP_CHECKS = (1, 2, 3, 6, 8)  # the cases also run with 1 and 2 warps per program
+
+
+def check(out: dict) -> bool:  # type: ignore[type-arg]
+    ok_all = True
+    out["checks"] = []
+    for i, (lens, h, d, group, raw_mid, shuffle, outliers, splits) in enumerate(CHECKS):
+        rec: dict[str, object] = dict(
+            lens=lens, kv_heads=h, head_dim=d, group=group, raw_mid=raw_mid, max_splits=splits
+        )
+        try:
+            case = make_case(lens, h, d, group, seed=i, raw_mid=raw_mid, shuffle=shuffle, outliers=outliers)
+            q = torch.randn(len(lens), h * group, d, device="cuda").to(torch.bfloat16)
+            scale = 1 / math.sqrt(d)
+            got = run_case(case, q, scale, splits, compressed=True)
+            twin = run_case(case, q, scale, splits, compressed=False)
+            gathered = run_case(case, q, scale, splits, compressed=True, gather_all=True)
+            refo = decode_attention_reference(
+                q, case["pages"], case["page_ids"], case["indptr"], case["lens"], scale
+            )
+            err = float((got.double() - refo).norm() / refo.norm())
+            twin_err = float((twin.double() - refo).norm() / refo.norm())
+            same = bool(torch.equal(got.view(torch.int16), twin.view(torch.int16)))
+            rec["same_as_gathered"] = bool(torch.equal(got.view(torch.int16), gathered.view(torch.int16)))
+            rec["gathered_rel_err"] = float((gathered.double() - refo).norm() / refo.norm())
+            rec.update(
+                bit_identical=same,
+                rel_err=err,
+                twin_rel_err=twin_err,
+                coded=case["coded_fraction"],
+                finite=bool(torch.isfinite(got.float()).all()),
+            )
+            rec["ok"] = same and err < 1e-2 and twin_err < 1e-2 and rec["finite"]
+            if i in WARP_CHECKS:  # fewer warps per program, one page per warp: the same bits on raw pages
+                for w in (1, 2):
+                    got_w = run_case(case, q, scale, splits, compressed=True, block_n=16 * w, warps=w)
+                    twin_w = run_case(case, q, scale, splits, compressed=False, block_n=16 * w, warps=w)
+                    err_w = float((got_w.double() - refo).norm() / refo.norm())
+                    same_w = bool(torch.equal(got_w.view(torch.int16), twin_w.view(torch.int16)))
+                    rec[f"warps{w}"] = dict(bit_identical=same_w, rel_err=err_w)
+                    rec["ok"] = rec["ok"] and same_w and err_w < 1e-2
+        except Exception as exc:
+            rec.update(
+                ok=False, error=f"{type(exc).__name__}: {exc}"[:2000], tb=traceback.format_exc()[-3000:]
+            )
+        ok_all &= bool(rec["ok"])
+        out["checks"].append(rec)
+        print("check", json.dumps({k: v for k, v in rec.items() if k != "tb"})[:600], flush=True)
+    return ok_all

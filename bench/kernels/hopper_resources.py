@@ -1,0 +1,197 @@
+"""Registers, spills, shared memory and instruction counts of the Hopper decode kernel, compiled offline.
+
+Compiles kernels/attention/hopper/decode.py for sm_90 on any machine (no GPU) with Triton's bundled ptxas, the
+way the GPU machine compiles it; run it with the GPU machine's Triton (3.6.0, whose Gluon API the kernel is
+written against) to get the figures the H200 reports. SASS counts come from the cubin (cuobjdump in Triton's
+package): the instructions of the main loop, by opcode, say what a tile costs before any GPU time is spent.
+
+    python -m bench.kernels.hopper_resources [--head-dims 128] [--pages 4] [--stages 3] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import re
+import subprocess
+import tempfile
+
+import triton
+from triton.backends.compiler import GPUTarget
+
+from zipkv.kernels.attention.hopper import decode as dh
+from zipkv.kernels.attention.hopper import launch
+from zipkv.kernels.attention.hopper.ring import NUM_WARPS
+
+ARG_TYPES = {
+    "q_ptr": "*bf16",
+    "out_ptr": "*bf16",
+    "o_part_ptr": "*fp32",
+    "lse_part_ptr": "*fp32",
+    "heap_ptr": "*u8",
+    "heap16_ptr": "*i16",
+    "page_loc_ptr": "*i64",
+    "meta_ptr": "*u8",
+    "page_ids_ptr": "*i32",
+    "page_indptr_ptr": "*i32",
+    "kv_lens_ptr": "*i32",
+    "num_splits_ptr": "*i32",
+    "split_tokens_ptr": "*i32",
+    "qk_scale": "fp32",
+    "stride_qb": "i32",
+    "stride_qh": "i32",
+    "stride_ob": "i32",
+    "stride_oh": "i32",
+    "max_splits": "i32",
+    "timing_ptr": "*i64",
+}
+
+
+def compile_hopper(
+    head_dim: int,
+    pages: int,
+    stages: int,
+    group: int = 4,
+    kv_heads: int = 8,
+    split: bool = True,
+    compressed: bool = True,
+    arch: int = 90,
+    maxnreg: int | None = None,
+    num_warps: int = NUM_WARPS,
+):  # type: ignore[no-untyped-def]
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    fn = dh._decode_hopper_kernel
+    del compressed  # one kernel reads coded and raw pages
+    const = launch.hopper_constexprs(kv_heads, group, head_dim, pages, stages, split)
+    signature = {n: ARG_TYPES.get(n, "constexpr") for n in fn.arg_names}
+    constexprs = {(i,): const[n] for i, n in enumerate(fn.arg_names) if n in const}
+    aligned = {n for n in ARG_TYPES if ARG_TYPES[n].startswith("*") or n.startswith("stride")}
+    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names) if n in aligned}
+    src = GluonASTSource(fn, signature, constexprs, attrs)
+    regs = launch.register_cap(maxnreg, head_dim, num_warps)  # as the launch does
+    options: dict[str, int] = {"num_warps": num_warps, **({"maxnreg": regs} if regs else {})}
+    return triton.compile(src, target=GPUTarget("cuda", arch, 32), options=options)
+
+
+def _tool(name: str) -> str:
+    import triton.backends.nvidia as nv
+
+    path = os.path.join(os.path.dirname(nv.__file__), "bin", name)
+    if os.path.exists(path) and not os.access(path, os.X_OK):
+        os.chmod(path, 0o755)  # the wheel may ship it without the executable bit
+    return path
+
+
+def sass_of(cubin: bytes) -> str:
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        return subprocess.run([_tool("cuobjdump"), "-sass", f.name], capture_output=True, text=True).stdout
+
+
+def usage(cubin: bytes) -> dict[str, int]:
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        txt = subprocess.run(
+            [_tool("cuobjdump"), "-res-usage", f.name], capture_output=True, text=True
+        ).stdout
+    m = re.search(r"REG:(\d+).*?STACK:(\d+).*?SHARED:(\d+)", txt)
+    return {"registers": int(m.group(1)), "stack_bytes": int(m.group(2))} if m else {}
+
+
+def opcode_counts(sass: str) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for m in re.finditer(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)", sass):
+        op = m.group(1).split(".")[0]
+        counts[op] = counts.get(op, 0) + 1
+    return dict(sorted(counts.items(), key=lambda kv: -kv[1]))
+
+
+def loop_local_accesses(sass: str) -> int:
+    """LDL/STL (spills) inside the main loop: between the target of the last backward branch and it. A
+    spill outside the loop (a value kept across it) costs two accesses per program, not per tile."""
+    insts = [(int(a, 16), txt) for a, txt in re.findall(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);", sass)]
+    loop = (0, -1)
+    for addr, txt in insts:
+        m = re.search(r"BRA (?:`?\(?)?0x([0-9a-f]+)", txt)
+        if m and int(m.group(1), 16) < addr:
+            loop = (int(m.group(1), 16), addr)
+    return sum(1 for addr, txt in insts if loop[0] <= addr <= loop[1] and re.search(r"\b(LDL|STL)", txt))
+
+
+def report(
+    head_dim: int,
+    pages: int,
+    stages: int,
+    compressed: bool = True,
+    maxnreg: int | None = None,
+    num_warps: int = NUM_WARPS,
+) -> dict[str, object]:
+    kernel = compile_hopper(
+        head_dim, pages, stages, compressed=compressed, maxnreg=maxnreg, num_warps=num_warps
+    )
+    sass = sass_of(kernel.asm["cubin"])
+    ptx = kernel.asm["ptx"]
+    return {
+        "head_dim": head_dim,
+        "pages_per_tile": pages,
+        "stages": stages,
+        "num_warps": num_warps,
+        "compressed": compressed,
+        "shared_bytes": kernel.metadata.shared,
+        **usage(kernel.asm["cubin"]),
+        "sass_instructions": sum(opcode_counts(sass).values()),
+        "loop_local_accesses": loop_local_accesses(sass),
+        "sass_ops": opcode_counts(sass),
+        "ptx_cp_async": len(re.findall(r"cp\.async\.c[ag]", ptx)),
+        "ptx_ldmatrix": len(re.findall(r"ldmatrix", ptx)),
+        "ptx_ld_shared": len(re.findall(r"ld\.shared", ptx)),
+        "ptx_st_shared": len(re.findall(r"st\.shared", ptx)),
+        "ptx_mma": len(re.findall(r"mma\.sync", ptx)),
+        "ptx_prmt": len(re.findall(r"prmt\.", ptx)),
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--head-dims", default="128")
+    ap.add_argument("--pages", default="4", help="pages per tile (tile = 16 x pages tokens)")
+    ap.add_argument("--stages", default="3")
+    ap.add_argument("--twin", action="store_true", help="also the uncompressed twin")
+    ap.add_argument(
+        "--maxnreg", type=int, default=None, help="registers per thread (default: the launch's; 0: none)"
+    )
+    ap.add_argument("--warps", default=str(NUM_WARPS), help="warps per program, e.g. 1,2,4")
+    ap.add_argument("--json", action="store_true")
+    ap.add_argument("--dump", default=None, help="folder for .ptx/.sass/.ttgir of each variant")
+    a = ap.parse_args()
+    rows = []
+    warp_counts = [int(x) for x in a.warps.split(",")]
+    for d in (int(x) for x in a.head_dims.split(",")):
+        for p in (int(x) for x in a.pages.split(",")):
+            for s in (int(x) for x in a.stages.split(",")):
+                for comp, w in itertools.product((True, False) if a.twin else (True,), warp_counts):
+                    r = report(d, p, s, comp, a.maxnreg, w)
+                    rows.append(r)
+                    if a.dump:
+                        os.makedirs(a.dump, exist_ok=True)
+                        k = compile_hopper(d, p, s, compressed=comp, num_warps=w)
+                        tag = f"d{d}_p{p}_s{s}_w{w}_{'c' if comp else 't'}"
+                        for ext in ("ptx", "ttgir"):
+                            with open(os.path.join(a.dump, f"{tag}.{ext}"), "w") as f:
+                                f.write(k.asm[ext])
+                        with open(os.path.join(a.dump, f"{tag}.sass"), "w") as f:
+                            f.write(sass_of(k.asm["cubin"]))
+                    if not a.json:
+                        brief = {k: v for k, v in r.items() if k != "sass_ops"}
+                        print(json.dumps(brief), flush=True)
+    if a.json:
+        print(json.dumps(rows, indent=1))
+
+
+if __name__ == "__main__":
+    main()

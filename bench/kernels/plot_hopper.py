@@ -1,0 +1,77 @@
+"""The Hopper decode kernel's benchmark (bench/kernels/bench_decode_hopper.py's JSON) as a picture: per
+batch x context, each implementation's speed against FlashInfer's (time of FlashInfer / time of it), with the
+stored-byte read floor as the ceiling the compressed kernel could reach. Used by bench/plots.py for
+bench/results/decode_hopper.json."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import matplotlib.pyplot as plt
+from matplotlib.figure import Figure
+
+# (row field, label, colour): the times each benchmark row holds
+SERIES = (
+    ("zipkv_us", "zipkv Hopper kernel, v3 pages", "#d62728"),
+    ("zipkv_raw_pages_us", "zipkv Hopper kernel, raw pages", "#ff9896"),
+    ("read_floor_stored_us", "read floor of the stored bytes", "#7f7f7f"),
+)
+BASELINE = "flashinfer_tc_us"
+
+
+def speed_rows(rows: list[dict[str, Any]]) -> list[tuple[str, dict[str, float]]]:
+    """(shape label, {series label: FlashInfer time / its time}) per row, in the rows' order."""
+    out = []
+    for r in rows:
+        base = r.get(BASELINE)
+        if not base:
+            continue
+        speeds = {label: base / r[key] for key, label, _ in SERIES if r.get(key)}
+        out.append((f"{r['batch']} x {r['ctx']}", speeds))
+    return out
+
+
+def hopper_figure(data: dict[str, Any]) -> Figure:
+    shapes = speed_rows(data["rows"])
+    fig, ax = plt.subplots(figsize=(10, 4.2))
+    width = 0.8 / len(SERIES)
+    for i, (_, label, color) in enumerate(SERIES):
+        xs = [j + (i - (len(SERIES) - 1) / 2) * width for j in range(len(shapes))]
+        ax.bar(xs, [s.get(label, 0.0) for _, s in shapes], width, label=label, color=color)
+    ax.axhline(1.0, color="#1f77b4", lw=1.5, label="FlashInfer (tensor cores), raw pages")
+    ax.set_xticks(range(len(shapes)), [name for name, _ in shapes])
+    ax.set_xlabel("batch x context (tokens)")
+    ax.set_ylabel("speed relative to FlashInfer")
+    ax.set_title(f"Decode attention on page format v3: {data.get('device', '')}, {data.get('date', '')[:10]}")
+    ax.legend(fontsize=8, loc="upper left")
+    ax.grid(axis="y", alpha=0.3)
+    fig.tight_layout()
+    return fig
+
+
+def timeline_figure(doc: dict[str, Any], batch: int = 32, ctx: int = 8192) -> Figure:
+    """One launch's programs as bars per SM (bench_decode_hopper.py --timing's raw stamps): when each
+    program ran, and how much of it was waiting for its first tile. Uneven SM finish times are the loss."""
+    row = next(r for r in doc["timing"] if r["batch"] == batch and r["ctx"] == ctx)
+    fig, ax = plt.subplots(figsize=(10, 5.5))
+    slots: dict[int, list[float]] = {}  # SM -> end time of each bar lane
+    for start, first, end, sm in sorted(row["stamps_ns"]):
+        lanes = slots.setdefault(sm, [])
+        lane = next((i for i, t in enumerate(lanes) if t <= start), len(lanes))
+        if lane == len(lanes):
+            lanes.append(0.0)
+        lanes[lane] = end
+        y = sm + lane / 4
+        ax.plot([start / 1e3, first / 1e3], [y, y], color="#ff9896", lw=1.2, solid_capstyle="butt")
+        ax.plot([first / 1e3, end / 1e3], [y, y], color="#d62728", lw=1.2, solid_capstyle="butt")
+    ax.plot([], [], color="#ff9896", label="waiting for its first tile")
+    ax.plot([], [], color="#d62728", label="streaming tiles")
+    ax.set_xlabel("time since the first program started (us)")
+    ax.set_ylabel("SM (a bar per resident program)")
+    ax.set_title(
+        f"Hopper decode kernel, {batch} x {ctx}: {row['programs']} programs of {row['tiles_per_program']} "
+        f"tiles, span {row['span_us']:.0f} us ({doc.get('date', '')[:10]})"
+    )
+    ax.legend(loc="lower left", fontsize=8)
+    fig.tight_layout()
+    return fig

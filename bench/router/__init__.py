@@ -1,0 +1,1 @@
+"""Router benchmarks: placement decision time, added latency and throughput, and the Locust load."""

@@ -1,0 +1,167 @@
+"""The serving sweep's table: bench/results/serving_goodput.json (+ serving_goodput.png) from the per-request
+records bench/serving/serving_sweep.py wrote (DIR/SYSTEM/rate_R.json, SGLang bench_serving's measurements).
+
+    python -m bench.serving.serving_goodput --in $OUT/serving --device "$(nvidia-smi ...)" --command "..." \\
+        --out bench/results/serving_goodput.json
+
+Rows: one per system, SLO and rate, with `system`, `slo`, `rate_rps`, `goodput_rps`, `ttft_p50_s`,
+`ttft_p99_s`, `itl_p50_ms`, `itl_p99_ms`, `output_tokens_per_s`, `knee_rps` (serving_metrics.py defines
+each) and the counts behind them; `in_flight` per system and rate: requests sent and not yet finished,
+sampled every second from the client's own start and latency of each request. `headline`: zipkv's goodput at
+its knee over SGLang's at its knee, per SLO: `sglang_gateway` (one GPU: SGLang's server directly) or, on two
+GPUs, the best of the gateway's policies (`sglang_gateway_POLICY`), named in `baseline`. `--in` may be
+given more than once (one folder per device call); a system found in two of them is an error, not a merge.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+from pathlib import Path
+from typing import Any
+
+from bench.paths import RESULTS
+from bench.serving.serving_metrics import SLOS, Outcome, mean_itl_ms, rate_row, with_knees
+
+
+def outcomes(records: list[dict[str, Any] | None]) -> tuple[list[Outcome], list[float]]:
+    """Per request an Outcome, and every inter-chunk gap in ms (bench_serving's ITLs)."""
+    outs: list[Outcome] = []
+    gaps: list[float] = []
+    for r in records:
+        if r is None or not r["ok"]:
+            outs.append(Outcome(ok=False, shed=bool(r and r["shed"])))
+            continue
+        itl = mean_itl_ms(r["ttft_s"], r["itl_s"], r["output_tokens"])
+        outs.append(Outcome(ok=True, ttft_s=r["ttft_s"], mean_itl_ms=itl, output_tokens=r["output_tokens"]))
+        gaps.extend(1000.0 * g for g in r["itl_s"])
+    return outs, gaps
+
+
+def in_flight(records: list[dict[str, Any] | None], step_s: float = 1.0) -> list[int]:
+    spans = [(r["start_s"], r["start_s"] + r["latency_s"]) for r in records if r is not None]
+    end = max((b for _, b in spans), default=0.0)
+    return [sum(a <= k * step_s < b for a, b in spans) for k in range(int(end / step_s) + 1)]
+
+
+def rows_for(rate_file: dict[str, Any]) -> list[dict[str, object]]:
+    outs, gaps = outcomes(rate_file["requests"])
+    duration = float(rate_file.get("duration_s") or rate_file["wall_s"])
+    return [
+        {"system": rate_file["system"], **rate_row(outs, float(rate_file["rate_rps"]), duration, slo, gaps)}
+        for slo in SLOS
+    ]
+
+
+def best_baseline(at: dict[str, float | None]) -> str | None:
+    """SGLang's system to compare with: its server directly when measured, else the gateway policy with the
+    highest goodput at its knee (ties: the name first in order, so the choice is reproducible)."""
+    if "sglang_gateway" in at:
+        return "sglang_gateway"
+    gateways = sorted(k for k in at if k.startswith("sglang_gateway_"))
+    return max(gateways, key=lambda k: at[k] or 0.0) if gateways else None
+
+
+def headline(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for slo in SLOS:
+        at = {r["system"]: r["goodput_at_knee_rps"] for r in rows if r["slo"] == slo.name}
+        base = best_baseline(at)
+        z, s = at.get("zipkv"), at.get(base) if base else None
+        out[slo.name] = {
+            "baseline": base,
+            "zipkv_goodput_at_knee_rps": z,
+            "sglang_gateway_goodput_at_knee_rps": s,
+            "zipkv_over_sglang_gateway": round(z / s, 3) if z and s else None,
+        }
+    return out
+
+
+def rate_files(in_dirs: list[Path]) -> list[Path]:
+    """Every SYSTEM/rate_R.json under the folders, each system from one folder only: two calls that both
+    measured a system would otherwise mix their rates silently."""
+    owner: dict[str, Path] = {}
+    files: list[Path] = []
+    for d in in_dirs:
+        for path in sorted(d.glob("*/rate_*.json")):
+            system = path.parent.name
+            if owner.setdefault(system, d) != d:
+                raise SystemExit(f"{system} is in both {owner[system]} and {d}: keep one of them")
+            files.append(path)
+    return files
+
+
+def build(in_dir: Path | list[Path], device: str, command: str) -> dict[str, Any]:
+    in_dirs = in_dir if isinstance(in_dir, list) else [in_dir]
+    rows: list[dict[str, object]] = []
+    flight: dict[str, dict[str, list[int]]] = {}
+    systems: dict[str, Any] = {}
+    clients: set[str] = set()
+    workload = None
+    for path in rate_files(in_dirs):
+        rec = json.loads(path.read_text())
+        rows += rows_for(rec)
+        flight.setdefault(rec["system"], {})[f"{rec['rate_rps']:g}"] = in_flight(rec["requests"])
+        clients.add(rec["client"])
+        if workload is not None and rec["workload"] != workload:
+            raise SystemExit(f"{path}: another trace window than the other records ({rec['workload']})")
+        workload = rec["workload"]
+    for d in in_dirs:
+        for path in sorted(d.glob("*/system.json")):
+            rec = json.loads(path.read_text())
+            systems[rec["system"]] = {
+                k: rec.get(k) for k in ("note", "startup_s", "options", "sweep_rc", "wall_s")
+            }
+    if not rows:
+        raise SystemExit(
+            f"no rate records under {', '.join(map(str, in_dirs))} (expected SYSTEM/rate_R.json from "
+            "serving_sweep.py)"
+        )
+    client = " | ".join(sorted(clients))  # the backends differ: /generate through the gateway
+    keyed = with_knees(rows, ("system", "slo"))
+    keyed.sort(key=lambda r: (str(r["system"]), str(r["slo"]), float(r["rate_rps"])))  # type: ignore[arg-type]
+    return {
+        "device": device,
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "command": command,
+        "client": client,
+        "workload": workload,
+        "slos": [{"name": s.name, "ttft_s": s.ttft_s, "mean_itl_ms": s.mean_itl_ms} for s in SLOS],
+        "systems": systems,
+        "headline": headline(keyed),  # type: ignore[arg-type]
+        "rows": keyed,
+        "in_flight_per_s": flight,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(
+        prog="python -m bench.serving.serving_goodput", description=__doc__.split("\n")[0]
+    )
+    p.add_argument(
+        "--in", dest="in_dir", type=Path, action="append", required=True, help="serving_sweep.py's --out-dir"
+    )
+    p.add_argument("--device", required=True)
+    p.add_argument("--command", required=True)
+    p.add_argument("--out", type=Path, default=RESULTS / "serving_goodput.json")
+    p.add_argument("--plot", type=Path, default=None, help="default: the --out path with .png")
+    args = p.parse_args(argv)
+    report = build(args.in_dir, args.device, args.command)
+    args.out.write_text(json.dumps(report, indent=1) + "\n")
+    from bench.serving.serving_plots import plot_serving
+
+    plot = args.plot or args.out.with_suffix(".png")
+    plot_serving(report["rows"], plot, f"Serving under SLO, Mooncake trace ({args.device})")
+    for r in report["rows"]:
+        print(
+            json.dumps(
+                {k: r[k] for k in ("system", "slo", "rate_rps", "goodput_rps", "attainment", "knee_rps")}
+            )
+        )
+    print(json.dumps(report["headline"]))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,157 @@
+"""zipkv's placement in the cluster simulation: the router's own code, imported, on simulated reports.
+
+Each worker reports every `report_interval_ms` what a zipkv worker reports (worker/engines/sglang/engine.py
+`capacity()`: free tokens after the outputs still owed, total, compression ratio, running and queued
+requests, queued prefill tokens, the mean of its last 64 TTFTs and last ~256 inter-token gaps). The
+router's `MemoryStore` (controlplane/state.py) holds the views and the reservations, `place`
+(controlplane/placement/) ranks the workers, and the request goes to the first ranked worker whose
+reservation succeeds, as `Dispatcher.start` does; none: 503 (shed). With
+placement.weight_prefix_affinity > 0 the router's `PrefixIndex` (controlplane/prefix_index.py) is kept
+as the dispatcher keeps it: looked up before placement, the placement recorded after. The trace's block
+ids stand for the blocks' tokens (equal ids are equal 512-token blocks), so the chain is hashed over the
+ids of the prompt's full blocks instead of over token ids; the chain and the index are the router's.
+The store runs on the simulation's clock. Its methods are coroutines that never await (one router,
+in memory); they are driven here to completion in place (`run_now`), since the simulation has no event loop.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Coroutine
+from typing import Any
+
+from bench.serving.serving_metrics import Slo
+from bench.serving.trace_workload import BLOCK_TOKENS, KV_BYTES_PER_TOKEN
+from bench.sim.sim_worker import SimRequest, SimWorker
+from zipkv.controlplane.config import PlacementConfig
+from zipkv.controlplane.placement import RequestShape, place
+from zipkv.controlplane.prefix_index import PrefixIndex, chain_hashes
+from zipkv.controlplane.state import MemoryStore, WorkerView
+from zipkv.protos.capacity import Capacity
+
+EPOCH_S = 1.8e9  # the simulation's t = 0 on the router's (unix seconds) clock
+MODEL = "llama-3.1-8b"
+CONTEXT_TOKENS = 131072
+
+
+def run_now(coro: Coroutine[Any, Any, Any]) -> Any:
+    """Run a coroutine that never suspends (the in-memory store's) to its result."""
+    try:
+        coro.send(None)
+    except StopIteration as stop:
+        return stop.value
+    coro.close()
+    raise RuntimeError("the store suspended: it cannot run inside the simulation")
+
+
+def worker_view(w: SimWorker, sequence: int, now_s: float) -> WorkerView:
+    ttfts = w.recent_ttft_ms
+    return WorkerView(
+        worker_id=f"w{w.wid:03d}",
+        address=f"sim:{w.wid}",
+        model=MODEL,
+        epoch=1,
+        sequence=sequence,
+        timestamp_s=now_s,
+        received_s=now_s,
+        draining=False,
+        capacity=Capacity(
+            headroom_tokens=max(w.cache.free_tokens, 0),
+            committed_tokens=w.remaining_decode_tokens(),
+            total_tokens=w.cache.capacity_tokens,
+            compression_ratio=w.spec.compression_ratio,
+            running_requests=w.running,
+            queued_requests=w.queued,
+            queued_prefill_tokens=w.queued_prefill_tokens(),
+            ttft_ms=sum(ttfts) / len(ttfts) if ttfts else 0.0,
+            itl_ms=w.itl_ms(),
+            max_context_tokens=CONTEXT_TOKENS,
+            kv_bytes_per_token=KV_BYTES_PER_TOKEN,
+        ),
+    )
+
+
+class ZipkvRouter:
+    name = "zipkv"
+
+    def __init__(
+        self,
+        env: Any,
+        workers: list[SimWorker],
+        slo: Slo,
+        prefill_ms_per_token: float,
+        cfg: PlacementConfig | None = None,
+        report_interval_ms: float = 200.0,
+    ) -> None:
+        self.env, self.workers, self.slo = env, workers, slo
+        self.cfg = cfg or PlacementConfig()
+        self.prefill_ms_per_token = prefill_ms_per_token
+        self.store = MemoryStore(
+            expire_after_ms=self.cfg.expire_after_ms,
+            reservation_ttl_s=self.cfg.reservation_ttl_s,
+            clock=self.clock,
+            report_delay_bound_ms=self.cfg.report_delay_bound_ms,
+        )
+        self._interval_s = report_interval_ms / 1000.0
+        self._sequence = 0
+        self.placed: dict[int, str] = {}  # rid -> reservation id
+        self.prefix: PrefixIndex | None = None
+        if self.cfg.weight_prefix_affinity > 0:
+            if self.cfg.prefix_block_tokens != BLOCK_TOKENS:
+                raise ValueError(f"the trace's blocks are {BLOCK_TOKENS} tokens: set prefix_block_tokens so")
+            self.prefix = PrefixIndex(self.cfg.prefix_index_blocks, self.cfg.prefix_block_tokens)
+        self._report_all()
+        env.process(self._reports())
+
+    def clock(self) -> float:
+        return EPOCH_S + float(self.env.now)
+
+    def _report_all(self) -> None:
+        self._sequence += 1
+        now = self.clock()
+        for w in self.workers:
+            self.store.put_report_sync(worker_view(w, self._sequence, now))
+
+    def _reports(self) -> Any:
+        while True:
+            yield self.env.timeout(self._interval_s)
+            self._report_all()
+
+    def shape(self, r: SimRequest) -> RequestShape:
+        return RequestShape(
+            model=MODEL,
+            prompt_tokens=r.tr.input_tokens,
+            max_new_tokens=r.tr.output_tokens,
+            slo_ttft_ms=self.slo.ttft_s * 1000.0,
+            slo_tpot_ms=self.slo.mean_itl_ms,
+            prefill_ms_per_token=self.prefill_ms_per_token,
+        )
+
+    def block_hashes(self, r: SimRequest) -> tuple[int, ...]:
+        """The router's chain over the prompt's full blocks, a block's trace id as its payload."""
+        full = r.tr.input_tokens // BLOCK_TOKENS
+        return chain_hashes((b.to_bytes(8, "little") for b in r.tr.block_ids[:full]), MODEL.encode())
+
+    def choose(self, r: SimRequest, now_s: float) -> int | None:
+        shape = self.shape(r)
+        hashes = self.block_hashes(r) if self.prefix is not None else ()
+        match = self.prefix.match(hashes) if self.prefix is not None else None
+        decision = place(self.store.snapshot(), shape, self.cfg, self.clock(), top_k=9, prefix=match)
+        rid = f"r{r.rid}"
+        for cand in decision.ranked:
+            wid = cand.worker.worker_id
+            if run_now(self.store.reserve(wid, rid, shape.need_tokens, self.clock())):
+                self.placed[r.rid] = wid
+                if self.prefix is not None:
+                    self.prefix.record(hashes, wid)
+                return int(wid[1:])
+        return None
+
+    def first_token(self, r: SimRequest) -> None:
+        wid = self.placed.get(r.rid)
+        if wid is not None:
+            run_now(self.store.mark_started(wid, f"r{r.rid}", self.clock()))
+
+    def done(self, r: SimRequest) -> None:
+        wid = self.placed.pop(r.rid, None)
+        if wid is not None:
+            run_now(self.store.release(wid, f"r{r.rid}"))
