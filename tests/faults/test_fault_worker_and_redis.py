@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -24,10 +23,8 @@ from fault_harness import (
     wait_http,
     write_router_config,
 )
-from servers import free_port, start_redis
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "controlplane"))
 from router_harness import LoopThread
+from servers import free_port, start_redis
 
 from zipkv.testing.scripted_worker import ScriptedWorker, report_forever
 

@@ -6,23 +6,20 @@ a real router."""
 from __future__ import annotations
 
 import asyncio
-import sys
 import time
 from pathlib import Path
 
 import grpc
 import httpx
 import pytest
+from certs import issue, make_ca
+from router_harness import LoopThread, Stack, make_config
 
 from zipkv.protos import zipkv_pb2 as pb
 from zipkv.protos import zipkv_pb2_grpc as pb_grpc
 from zipkv.worker.engine_factory import build_engine
 from zipkv.worker.runtime import WorkerRuntime
 from zipkv.worker.settings import WorkerSettings
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "controlplane"))
-from certs import issue, make_ca
-from router_harness import LoopThread, Stack, make_config
 
 DISPATCH = "dispatch-token-0123456789abcdef"
 
