@@ -99,6 +99,93 @@ def _store_out(out_ptr, o_part_ptr, lse_part_ptr, m_i, l_acc, acc_a, acc_b, req,
 
 
 @gluon.jit
+def _program_work(pid, max_splits, num_splits_ptr, kv_lens_ptr, split_tokens_ptr, page_indptr_ptr,
+                  H: ttgl.constexpr):  # fmt: skip
+    """Program ``pid``'s (request, KV head, split) and its request's split count, length, split length and
+    first page. The scalars load together, before the split test: a load behind it would wait for it (a
+    round trip to memory that, under a full DRAM, costs microseconds a program pays before its first tile)."""
+    split = pid % max_splits
+    head = (pid // max_splits) % H
+    req = pid // (max_splits * H)
+    num_splits = ttgl.load(num_splits_ptr + req)
+    kv_len = ttgl.load(kv_lens_ptr + req)
+    split_tokens = ttgl.load(split_tokens_ptr + req)
+    page_base = ttgl.load(page_indptr_ptr + req)
+    return req, head, split, num_splits, kv_len, split_tokens, page_base
+
+
+@gluon.jit
+def _ring(STAGES: ttgl.constexpr, NP: ttgl.constexpr, D: ttgl.constexpr):
+    """The ring's shared memory: per stage and KV side, the A and B buffers and the block markers
+    (ring.py's docstring). Plain row-major; the stage dimension is indexed away before any view."""
+    plain2: ttgl.constexpr = ttgl.SwizzledSharedLayout(1, 1, 1, order=[1, 0])
+    plain3: ttgl.constexpr = ttgl.SwizzledSharedLayout(1, 1, 1, order=[2, 1, 0])
+    a_k = ttgl.allocate_shared_memory(ttgl.uint8, [STAGES, NP, D, 16], plain3)
+    b_k = ttgl.allocate_shared_memory(ttgl.uint8, [STAGES, NP, D, 16], plain3)
+    a_v = ttgl.allocate_shared_memory(ttgl.uint8, [STAGES, NP, D, 16], plain3)
+    b_v = ttgl.allocate_shared_memory(ttgl.uint8, [STAGES, NP, D, 16], plain3)
+    m_k = ttgl.allocate_shared_memory(ttgl.uint8, [STAGES, NP, D // 8], plain2)
+    m_v = ttgl.allocate_shared_memory(ttgl.uint8, [STAGES, NP, D // 8], plain2)
+    return a_k, b_k, a_v, b_v, m_k, m_v
+
+
+@gluon.jit
+def _slot(ring, s):
+    """Stage ``s`` of the ring: (a_k, b_k, a_v, b_v, m_k, m_v), what issue_tile and tile_operands take."""
+    a_k, b_k, a_v, b_v, m_k, m_v = ring
+    return a_k.index(s), b_k.index(s), a_v.index(s), b_v.index(s), m_k.index(s), m_v.index(s)
+
+
+@gluon.jit
+def _fill_ring(ring, heap_ptr, tables, first, H: ttgl.constexpr, D: ttgl.constexpr, NP: ttgl.constexpr,
+               STAGES: ttgl.constexpr, GATHER_ALL: ttgl.constexpr):  # fmt: skip
+    """Tiles 0 .. STAGES-2 in flight before the loop. Returns ``kinds`` (each in-flight tile's read path,
+    KIND_BITS apiece), the table loads of the loop's first copies and the page ids of the tile after.
+
+    Page ids run two tiles ahead of the copies, the loads they steer one tile ahead. Every table load that
+    does not depend on another goes out first, so a program's first copies wait for two round trips (page
+    ids, then locations and markers), not one per tile."""
+    N: ttgl.constexpr = NP * _PT
+    tok_n = first + (STAGES - 1) * N
+    ids_0 = tile_ids(tables, first, D, NP)
+    ids_n = tile_ids(tables, tok_n, D, NP)
+    ids_nn = tile_ids(tables, tok_n + N, D, NP)
+    info_0 = tile_info(tables, first, ids_0, H, D, NP)
+    kinds = 0
+    for s0 in ttgl.static_range(STAGES - 1):
+        tok_s0 = first + s0 * N
+        if s0 == 0:  # noqa: SIM108 (a constexpr test: Gluon unrolls this loop)
+            info_s0 = info_0
+        else:
+            info_s0 = tile_info(tables, tok_s0, tile_ids(tables, tok_s0, D, NP), H, D, NP)
+        if s0 == STAGES - 2:  # the loop's first tile's loads go out before this tile's copies wait
+            info_n = tile_info(tables, tok_n, ids_n, H, D, NP)
+        kind0 = issue_tile(_slot(ring, s0), heap_ptr, tables, tok_s0, info_s0, H, D, NP, GATHER_ALL)
+        kinds = kinds | (kind0 << (KIND_BITS * s0))
+        async_copy.commit_group()
+    return kinds, info_n, ids_nn
+
+
+@gluon.jit
+def _refill(ring, i, kinds, info_n, ids_nn, heap_ptr, tables, first, H: ttgl.constexpr, D: ttgl.constexpr,
+            NP: ttgl.constexpr, STAGES: ttgl.constexpr, GATHER_ALL: ttgl.constexpr):  # fmt: skip
+    """While tile ``i`` is restored and multiplied: tile i + STAGES - 1's copies into the slot tile i - 1
+    freed (steered by ``info_n``), the table loads of the tile after it, the page ids of the one after
+    that. Returns the three carried the same way."""
+    N: ttgl.constexpr = NP * _PT
+    nxt = i + STAGES - 1
+    kind_n = issue_tile(
+        _slot(ring, nxt % STAGES), heap_ptr, tables, first + nxt * N, info_n, H, D, NP, GATHER_ALL
+    )
+    kinds = kinds | (kind_n << (KIND_BITS * (STAGES - 1)))
+    async_copy.commit_group()
+    tok_n = first + (nxt + 1) * N
+    info_n = tile_info(tables, tok_n, ids_nn, H, D, NP)
+    ids_nn = tile_ids(tables, tok_n + N, D, NP)
+    return kinds, info_n, ids_nn
+
+
+@gluon.jit
 def _decode_hopper_kernel(
     q_ptr, out_ptr, o_part_ptr, lse_part_ptr, heap_ptr, heap16_ptr, page_loc_ptr, meta_ptr,
     page_ids_ptr, page_indptr_ptr, kv_lens_ptr, num_splits_ptr, split_tokens_ptr,
@@ -115,22 +202,13 @@ def _decode_hopper_kernel(
     a_l: ttgl.constexpr = ttgl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
     row_l: ttgl.constexpr = ttgl.SliceLayout(1, mma)
     col_l: ttgl.constexpr = ttgl.SliceLayout(0, mma)
-    # Plain row-major buffers; the leading (stage) dimension is indexed away before any view.
-    plain2: ttgl.constexpr = ttgl.SwizzledSharedLayout(1, 1, 1, order=[1, 0])
-    plain3: ttgl.constexpr = ttgl.SwizzledSharedLayout(1, 1, 1, order=[2, 1, 0])
 
     pid = ttgl.program_id(0)
     if TIMING:
         _stamp(timing_ptr, pid, 0)
-    split = pid % max_splits
-    head = (pid // max_splits) % H
-    req = pid // (max_splits * H)
-    # The request's scalars load together, before the split test: a load behind it would wait for it (a
-    # round trip to memory that, under a full DRAM, costs microseconds a program pays before its first tile).
-    num_splits = ttgl.load(num_splits_ptr + req)
-    kv_len = ttgl.load(kv_lens_ptr + req)
-    split_tokens = ttgl.load(split_tokens_ptr + req)
-    page_base = ttgl.load(page_indptr_ptr + req)
+    req, head, split, num_splits, kv_len, split_tokens, page_base = _program_work(
+        pid, max_splits, num_splits_ptr, kv_lens_ptr, split_tokens_ptr, page_indptr_ptr, H
+    )
     if split < num_splits:
         first = split * split_tokens
         end = ttgl.minimum(kv_len, first + split_tokens)
@@ -138,38 +216,8 @@ def _decode_hopper_kernel(
         tables = (page_ids_ptr, page_loc_ptr, meta_ptr, page_base, end, head)
         glob = (heap_ptr, heap16_ptr)
         qa, qb = _load_q(q_ptr, req, head, stride_qb, stride_qh, GROUP, D, a_l)
-
-        a_k = ttgl.allocate_shared_memory(ttgl.uint8, [STAGES, NP, D, 16], plain3)
-        b_k = ttgl.allocate_shared_memory(ttgl.uint8, [STAGES, NP, D, 16], plain3)
-        a_v = ttgl.allocate_shared_memory(ttgl.uint8, [STAGES, NP, D, 16], plain3)
-        b_v = ttgl.allocate_shared_memory(ttgl.uint8, [STAGES, NP, D, 16], plain3)
-        m_k = ttgl.allocate_shared_memory(ttgl.uint8, [STAGES, NP, D // 8], plain2)
-        m_v = ttgl.allocate_shared_memory(ttgl.uint8, [STAGES, NP, D // 8], plain2)
-
-        # Tiles 0 .. STAGES-2 in flight before the loop; `kinds` packs each in-flight tile's read path. Page
-        # ids run two tiles ahead of the copies, the loads they steer one tile ahead. Before the loop every
-        # table load that does not depend on another is issued first, so a program's first copies wait for
-        # two round trips (page ids, then locations and markers), not one per tile.
-        tok_n = first + (STAGES - 1) * N
-        ids_0 = tile_ids(tables, first, D, NP)
-        ids_n = tile_ids(tables, tok_n, D, NP)
-        ide_n, idp_n, idm_n = tile_ids(tables, tok_n + N, D, NP)
-        info_0 = tile_info(tables, first, ids_0, H, D, NP)
-        kinds = 0
-        for s0 in ttgl.static_range(STAGES - 1):
-            slot0 = (a_k.index(s0), b_k.index(s0), a_v.index(s0), b_v.index(s0), m_k.index(s0), m_v.index(s0))
-            tok_s0 = first + s0 * N
-            if s0 == 0:
-                info_s0 = info_0
-            else:
-                info_s0 = tile_info(tables, tok_s0, tile_ids(tables, tok_s0, D, NP), H, D, NP)
-            if s0 == STAGES - 2:  # the loop's first tile's loads go out before this tile's copies wait
-                info_n = tile_info(tables, tok_n, ids_n, H, D, NP)
-            kind0 = issue_tile(slot0, heap_ptr, tables, tok_s0, info_s0, H, D, NP, GATHER_ALL)
-            kinds = kinds | (kind0 << (KIND_BITS * s0))
-            async_copy.commit_group()
-        valid_n, raw_n, loc_n, mk_n, mv_n, pm_n = info_n
-
+        ring = _ring(STAGES, NP, D)
+        kinds, info_n, ids_nn = _fill_ring(ring, heap_ptr, tables, first, H, D, NP, STAGES, GATHER_ALL)
         m_i = ttgl.full([_M], float("-inf"), ttgl.float32, layout=row_l)
         l_acc = ttgl.zeros([_M, N], ttgl.float32, layout=mma)
         acc_a = ttgl.zeros([_M, D // 2], ttgl.float32, layout=mma)
@@ -181,51 +229,18 @@ def _decode_hopper_kernel(
             if TIMING:  # noqa: SIM102 (a constexpr test: the branch below exists only in the TIMING build)
                 if i == 0:
                     _stamp(timing_ptr, pid, 1)
-            nxt = i + STAGES - 1
-            sl = nxt % STAGES
-            slot_n = (
-                a_k.index(sl),
-                b_k.index(sl),
-                a_v.index(sl),
-                b_v.index(sl),
-                m_k.index(sl),
-                m_v.index(sl),
+            kinds, info_n, ids_nn = _refill(
+                ring, i, kinds, info_n, ids_nn, heap_ptr, tables, first, H, D, NP, STAGES, GATHER_ALL
             )
-            info_n = (valid_n, raw_n, loc_n, mk_n, mv_n, pm_n)
-            kind_n = issue_tile(slot_n, heap_ptr, tables, first + nxt * N, info_n, H, D, NP, GATHER_ALL)
-            kinds = kinds | (kind_n << (KIND_BITS * (STAGES - 1)))
-            async_copy.commit_group()
-            tok_n = first + (nxt + 1) * N
-            valid_n, raw_n, loc_n, mk_n, mv_n, pm_n = tile_info(
-                tables, tok_n, (ide_n, idp_n, idm_n), H, D, NP
-            )
-            ide_n, idp_n, idm_n = tile_ids(tables, tok_n + N, D, NP)
-
-            cs = i % STAGES
             tok0 = first + i * N
-            slot = (a_k.index(cs), b_k.index(cs), a_v.index(cs), b_v.index(cs), m_k.index(cs), m_v.index(cs))
             ka, kb, va, vb = tile_operands(
-                kinds & 7, slot, glob, tables, tok0, OP_K, OP_V, CW, HW, PG1, H, D, NP
-            )
+                kinds & 7, _slot(ring, i % STAGES), glob, tables, tok0, OP_K, OP_V, CW, HW, PG1, H, D, NP
+            )  # fmt: skip
             kinds = kinds >> KIND_BITS
+            valid = tok0 + n_col < end
             m_i, l_acc, acc_a, acc_b = attend(
-                qa,
-                qb,
-                ka,
-                kb,
-                va,
-                vb,
-                tok0 + n_col < end,
-                m_i,
-                l_acc,
-                acc_a,
-                acc_b,
-                qk_scale,
-                mma,
-                a_l,
-                _M,
-                N,
-            )
+                qa, qb, ka, kb, va, vb, valid, m_i, l_acc, acc_a, acc_b, qk_scale, mma, a_l, _M, N
+            )  # fmt: skip
         async_copy.wait_group(0)
         _store_out(out_ptr, o_part_ptr, lse_part_ptr, m_i, l_acc, acc_a, acc_b, req, head, split, max_splits,
                    stride_ob, stride_oh, row_l, col_l, H, GROUP, D, SPLIT)  # fmt: skip
