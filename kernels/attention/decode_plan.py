@@ -16,7 +16,8 @@ at once, the step time goes as ``ceil(w * s / slots) / s``; the smallest ``s`` t
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Any
 
 import torch
 
@@ -141,6 +142,11 @@ def _max_splits(
     return max_splits
 
 
+def _overridden(base: DecodeKernelConfig, **asked: Any) -> DecodeKernelConfig:
+    """``base`` with the fields asked for: None (or 0 for a count) keeps the base's; prefetch any bool."""
+    return replace(base, **{k: v for k, v in asked.items() if v is not None and (v or k == "prefetch")})
+
+
 def plan_decode(
     page_ids: torch.Tensor,
     page_indptr: torch.Tensor,
@@ -168,20 +174,19 @@ def plan_decode(
     """
     batch = _check_batch(page_ids, page_indptr, kv_lens, fmt, num_q_heads)
     impl = decode_impl(impl, fmt, kv_lens.device)
-    if config is None:
-        config = HOPPER_CONFIG if impl == "hopper" else kernel_config(fmt.head_dim)
-    block_n = block_n or config.block_n
-    num_warps = num_warps or config.num_warps
-    num_stages = num_stages or config.num_stages
-    twin_num_stages = twin_num_stages or config.twin_num_stages
-    if block_n % PAGE_TOKENS != 0 or block_n & (block_n - 1):
-        raise ValueError(f"block_n must be a power of two multiple of {PAGE_TOKENS}, got {block_n}")
+    base = config or (HOPPER_CONFIG if impl == "hopper" else kernel_config(fmt.head_dim))
+    cfg = _overridden(base, block_n=block_n, num_warps=num_warps, num_stages=num_stages,
+                      twin_num_stages=twin_num_stages, ctas_per_sm=ctas_per_sm,
+                      prefetch=prefetch)  # fmt: skip
+    if cfg.block_n % PAGE_TOKENS != 0 or cfg.block_n & (cfg.block_n - 1):
+        raise ValueError(f"block_n must be a power of two multiple of {PAGE_TOKENS}, got {cfg.block_n}")
     device = kv_lens.device
-    cap = HOPPER_MAX_SPLITS if impl == "hopper" else MAX_SPLITS
-    ctas = ctas_per_sm or config.ctas_per_sm
-    waves = HOPPER_MAX_WAVES if impl == "hopper" else 4
-    max_splits = _max_splits(max_splits, batch * fmt.num_kv_heads, num_sms, ctas, device, cap, waves)
-    splits, split_tokens = _split_sizes(kv_lens, block_n, max_splits)
+    hopper = impl == "hopper"
+    max_splits = _max_splits(
+        max_splits, batch * fmt.num_kv_heads, num_sms, cfg.ctas_per_sm, device,
+        HOPPER_MAX_SPLITS if hopper else MAX_SPLITS, HOPPER_MAX_WAVES if hopper else 4,
+    )  # fmt: skip
+    splits, split_tokens = _split_sizes(kv_lens, cfg.block_n, max_splits)
     hd = fmt.head_dim
     return DecodePlan(
         fmt=fmt,
@@ -195,11 +200,11 @@ def plan_decode(
         batch_size=batch,
         num_q_heads=num_q_heads,
         max_splits=max_splits,
-        block_n=block_n,
-        num_warps=num_warps,
-        num_stages=num_stages,
-        twin_num_stages=twin_num_stages,
-        prefetch=config.prefetch if prefetch is None else prefetch,
+        block_n=cfg.block_n,
+        num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages,
+        twin_num_stages=cfg.twin_num_stages,
+        prefetch=cfg.prefetch,
         impl=impl,
     )
 

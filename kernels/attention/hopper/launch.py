@@ -71,10 +71,7 @@ def decode_attention_hopper(
     landed tile, end (global timer, ns) and SM (bench/kernels/bench_decode_hopper.py --timing reads them).
     """
     fmt = plan.fmt
-    if fmt.version != 3:
-        raise ValueError(f"the Hopper decode kernel reads page format v3, got v{fmt.version}")
-    if plan.group_size > M_ROWS:
-        raise ValueError(f"GQA group {plan.group_size} exceeds the kernel's {M_ROWS} rows")
+    _check_plan(plan)
     if out is None:
         out = torch.empty_like(q)
     pages = plan.block_n // PAGE_TOKENS
@@ -85,34 +82,26 @@ def decode_attention_hopper(
     if not compressed:  # every page read as raw: what an uncompressed pool's metadata says anyway
         page_meta_layer = _raw_meta_like(page_meta_layer)
     _decode_hopper_kernel[grid](
-        q,
-        out,
-        plan.o_partial,
-        plan.lse_partial,
-        heap,
-        heap.view(torch.int16),
-        page_loc_layer,
-        page_meta_layer,
-        plan.page_ids,
-        plan.page_indptr,
-        plan.kv_lens,
-        plan.num_splits,
-        plan.split_tokens,
-        sm_scale * LOG2E,
-        q.stride(0),
-        q.stride(1),
-        out.stride(0),
-        out.stride(1),
-        plan.max_splits,
+        q, out, plan.o_partial, plan.lse_partial, heap, heap.view(torch.int16), page_loc_layer,
+        page_meta_layer, plan.page_ids, plan.page_indptr, plan.kv_lens, plan.num_splits, plan.split_tokens,
+        sm_scale * LOG2E, q.stride(0), q.stride(1), out.stride(0), out.stride(1), plan.max_splits,
         plan.kv_lens if timing is None else timing,
         **consts,
         TIMING=timing is not None,
         num_warps=plan.num_warps,
         **({"maxnreg": regs} if (regs := register_cap(maxnreg, fmt.head_dim, plan.num_warps)) else {}),
-    )
+    )  # fmt: skip
     if plan.max_splits > 1:
         _merge_splits(plan, out)
     return out
+
+
+def _check_plan(plan: DecodePlan) -> None:
+    """What the kernel reads: page format v3, a GQA group of at most M_ROWS query heads."""
+    if plan.fmt.version != 3:
+        raise ValueError(f"the Hopper decode kernel reads page format v3, got v{plan.fmt.version}")
+    if plan.group_size > M_ROWS:
+        raise ValueError(f"GQA group {plan.group_size} exceeds the kernel's {M_ROWS} rows")
 
 
 def _merge_splits(plan: DecodePlan, out: torch.Tensor) -> None:
