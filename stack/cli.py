@@ -13,7 +13,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # the commands import the stack when they run, so `zipkv --help` loads none of it
-    from zipkv.stack.local_stack import LocalStack, StackOptions
+    from zipkv.stack.local_stack import LocalStack
+    from zipkv.stack.options import StackOptions
 
 
 def _up(args: argparse.Namespace) -> int:
@@ -54,7 +55,7 @@ def _up(args: argparse.Namespace) -> int:
 
 def _stack_options(args: argparse.Namespace) -> StackOptions:
     """`zipkv up`'s flags as the stack's options (ValueError saying which flag is wrong)."""
-    from zipkv.stack.local_stack import StackOptions
+    from zipkv.stack.options import StackOptions
 
     return StackOptions(
         port=args.port,

@@ -19,11 +19,11 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from zipkv.stack.model_prep import prepare_model, served_name
+from zipkv.stack.options import StackOptions
 from zipkv.stack.ray_head import start_local_ray, stop_local_ray
 from zipkv.stack.router_processes import (
     RestartBudget,
@@ -38,38 +38,6 @@ from zipkv.stack.status_tap import StatusTap
 
 APP_NAME = "zipkv"
 STATE_DIR = Path(os.environ.get("ZIPKV_STATE_DIR", Path(tempfile.gettempdir()) / "zipkv"))
-
-
-@dataclass(frozen=True)
-class StackOptions:
-    port: int = 8000  # HTTP of the (first) router; router k listens on port + k
-    workers: int = 2
-    routers: int = 1
-    redis_url: str | None = None  # shared state across routers; None = in memory (one router only)
-    model_path: str | None = None
-    model_name: str | None = None
-    kv_budget_mib: float = 64.0
-    compression: bool = True
-    device: str = "auto"
-    cpus_per_replica: float = 0.5
-    ray_num_cpus: int = 4
-    max_context_tokens: int | None = None  # None = the model's (config.json), checked against the KV budget
-    chat_template: str = ""  # the router's models[].chat_template ("" = the model's own)
-    router_env: dict[str, str] = field(default_factory=dict)  # extra ZIPKV_* overrides for the router
-    otlp_endpoint: str | None = None  # OTLP/gRPC collector for the router's and workers' spans
-    metrics_port: int = 9400  # worker k serves /metrics on the first free port from here (-1: none)
-
-    def __post_init__(self) -> None:
-        if self.workers < 1:
-            raise ValueError(f"--workers must be >= 1, got {self.workers}")
-        if self.routers < 1:
-            raise ValueError(f"--routers must be >= 1, got {self.routers}")
-        if not -1 <= self.metrics_port <= 65535 - self.workers:
-            raise ValueError(
-                f"--metrics-port must be within -1..{65535 - self.workers}, got {self.metrics_port}"
-            )
-        if self.routers > 1 and not self.redis_url:
-            raise ValueError("--routers > 1 needs shared state: add --redis redis://HOST:6379/0")
 
 
 def free_port() -> int:

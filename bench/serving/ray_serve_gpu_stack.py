@@ -18,7 +18,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from zipkv.stack.local_stack import APP_NAME, LocalStack, StackOptions
+from zipkv.stack.local_stack import APP_NAME, LocalStack
+from zipkv.stack.options import StackOptions
 
 # Where Ray writes the replica's Serve log; named in the timeout error so the reader knows where to look.
 REPLICA_LOG_GLOB = "/tmp/ray/session_latest/logs/serve/replica_*.log"

@@ -39,7 +39,8 @@ from pathlib import Path
 from typing import Any
 
 from bench.serving.ray_serve_gpu_stack import ServeStack
-from zipkv.stack.local_stack import StackOptions, free_port, http_get
+from zipkv.stack.local_stack import free_port, http_get
+from zipkv.stack.options import StackOptions
 
 MODEL_NAME = "llama"
 GATEWAY_POLICIES = ("cache_aware", "power_of_two")  # the two the two-GPU sweep compares (module doc)

@@ -47,6 +47,35 @@ _MIN_DOT_ROWS = 16
 
 
 @triton.jit
+def _program_split(pid, max_splits, NUM_KV_HEADS: tl.constexpr):
+    """The (request, KV head, split) program ``pid`` handles: splits fastest, then heads."""
+    return pid // (max_splits * NUM_KV_HEADS), (pid // max_splits) % NUM_KV_HEADS, pid % max_splits
+
+
+@triton.jit
+def _store_rows(out_ptr, o_part_ptr, lse_part_ptr, m_i, l_i, acc_a, acc_b, req, q_head, split, max_splits,
+                stride_ob, stride_oh, NUM_KV_HEADS: tl.constexpr, GROUP: tl.constexpr, G_PAD: tl.constexpr,
+                HEAD_DIM: tl.constexpr, SPLIT: tl.constexpr):  # fmt: skip
+    """The program's GROUP rows: the final bf16 output, or (SPLIT) this split's fp32 partial and
+    log2-sum-exp2 for the merge."""
+    HALF: tl.constexpr = HEAD_DIM // 2
+    g = tl.arange(0, G_PAD)
+    ch = tl.arange(0, HALF)[None, :]
+    q_mask = (g < GROUP)[:, None]
+    out_a = acc_a / l_i[:, None]
+    out_b = acc_b / l_i[:, None]
+    if not SPLIT:
+        o_rows = out_ptr + req * stride_ob + q_head[:, None] * stride_oh
+        tl.store(o_rows + ch, out_a.to(tl.bfloat16), mask=q_mask)
+        tl.store(o_rows + HALF + ch, out_b.to(tl.bfloat16), mask=q_mask)
+    else:
+        part = (req * NUM_KV_HEADS * GROUP + q_head) * max_splits + split  # [G_PAD]
+        tl.store(o_part_ptr + part[:, None] * HEAD_DIM + ch, out_a, mask=q_mask)
+        tl.store(o_part_ptr + part[:, None] * HEAD_DIM + HALF + ch, out_b, mask=q_mask)
+        tl.store(lse_part_ptr + part, m_i + tl.log2(l_i), mask=g < GROUP)
+
+
+@triton.jit
 def _decode_kernel(
     q_ptr, out_ptr, o_part_ptr, lse_part_ptr,
     heap_u8, heap_bf16, page_loc_ptr, meta32_ptr,
@@ -57,11 +86,7 @@ def _decode_kernel(
     BLOCKS_PER_HEAD: tl.constexpr, COMPRESSED: tl.constexpr, USE_ASM: tl.constexpr,
     FP32_DOT: tl.constexpr, PREFETCH: tl.constexpr, PAIRED: tl.constexpr, V3: tl.constexpr,
 ):  # fmt: skip
-    HALF: tl.constexpr = HEAD_DIM // 2
-    pid = tl.program_id(0)
-    split = pid % max_splits
-    head = (pid // max_splits) % NUM_KV_HEADS
-    req = pid // (max_splits * NUM_KV_HEADS)
+    req, head, split = _program_split(tl.program_id(0), max_splits, NUM_KV_HEADS)
     if split < tl.load(num_splits_ptr + req):
         kv_len = tl.load(kv_lens_ptr + req)
         split_tokens = tl.load(split_tokens_ptr + req)
@@ -71,7 +96,6 @@ def _decode_kernel(
 
         g = tl.arange(0, G_PAD)
         q_head = head * GROUP + g
-        ch = tl.arange(0, HALF)[None, :]
         q_rows = q_ptr + req * stride_qb + q_head[:, None] * stride_qh
         q_mask = (g < GROUP)[:, None]
         q_a, q_b, m_i, l_i, acc_a, acc_b = _start_rows(q_rows, q_mask, G_PAD, HEAD_DIM, FP32_DOT)
@@ -109,17 +133,8 @@ def _decode_kernel(
                     q_a, q_b, k_a, k_b, v_a, v_b, valid[None, :], m_i, l_i, acc_a, acc_b, qk_scale, FP32_DOT
                 )
 
-        out_a = acc_a / l_i[:, None]
-        out_b = acc_b / l_i[:, None]
-        if not SPLIT:
-            o_rows = out_ptr + req * stride_ob + q_head[:, None] * stride_oh
-            tl.store(o_rows + ch, out_a.to(tl.bfloat16), mask=q_mask)
-            tl.store(o_rows + HALF + ch, out_b.to(tl.bfloat16), mask=q_mask)
-        else:
-            part = (req * NUM_KV_HEADS * GROUP + q_head) * max_splits + split  # [G_PAD]
-            tl.store(o_part_ptr + part[:, None] * HEAD_DIM + ch, out_a, mask=q_mask)
-            tl.store(o_part_ptr + part[:, None] * HEAD_DIM + HALF + ch, out_b, mask=q_mask)
-            tl.store(lse_part_ptr + part, m_i + tl.log2(l_i), mask=g < GROUP)
+        _store_rows(out_ptr, o_part_ptr, lse_part_ptr, m_i, l_i, acc_a, acc_b, req, q_head, split, max_splits,
+                    stride_ob, stride_oh, NUM_KV_HEADS, GROUP, G_PAD, HEAD_DIM, SPLIT)  # fmt: skip
 
 
 def _interpreting() -> bool:

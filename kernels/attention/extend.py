@@ -119,6 +119,23 @@ def plan_extend(
 
 
 @triton.jit
+def _dense_kv_tile(k_ptr, v_ptr, row, ok, head, stride_kt, stride_kh, stride_vt, stride_vh,
+                   HEAD_DIM: tl.constexpr):  # fmt: skip
+    """K and V of this pass's tokens ``row`` (rows of the dense [T, H, D] tensors), channels < D/2 and
+    >= D/2 apart as the attention takes them; 0 where not ``ok``."""
+    HALF: tl.constexpr = HEAD_DIM // 2
+    ch = tl.arange(0, HALF)[None, :]
+    kv_row = row.to(tl.int64)[:, None]
+    k_rows = k_ptr + kv_row * stride_kt + head * stride_kh
+    v_rows = v_ptr + kv_row * stride_vt + head * stride_vh
+    k_a = tl.load(k_rows + ch, mask=ok[:, None], other=0.0)
+    k_b = tl.load(k_rows + HALF + ch, mask=ok[:, None], other=0.0)
+    v_a = tl.load(v_rows + ch, mask=ok[:, None], other=0.0)
+    v_b = tl.load(v_rows + HALF + ch, mask=ok[:, None], other=0.0)
+    return k_a, k_b, v_a, v_b
+
+
+@triton.jit
 def _extend_kernel(
     q_ptr, k_ptr, v_ptr, out_ptr, heap_u8, heap_bf16, page_loc_ptr, meta32_ptr,
     page_ids_ptr, page_indptr_ptr, prefix_lens_ptr, qo_indptr_ptr, block_req_ptr, block_first_ptr, qk_scale,
@@ -130,8 +147,7 @@ def _extend_kernel(
 ):  # fmt: skip
     HALF: tl.constexpr = HEAD_DIM // 2
     ROWS: tl.constexpr = BLOCK_M * G_PAD
-    blk = tl.program_id(0)
-    head = tl.program_id(1)
+    blk, head = tl.program_id(0), tl.program_id(1)  # a block of new tokens, a KV head
     req = tl.load(block_req_ptr + blk)
     first = tl.load(block_first_ptr + blk)
     qo_start = tl.load(qo_indptr_ptr + req)
@@ -169,13 +185,9 @@ def _extend_kernel(
     for tile in range(0, tl.minimum(new_len, first + BLOCK_M), BLOCK_N):
         j = tile + offs_n
         j_ok = j < new_len
-        kv_row = (qo_start + j).to(tl.int64)[:, None]
-        k_rows = k_ptr + kv_row * stride_kt + head * stride_kh
-        v_rows = v_ptr + kv_row * stride_vt + head * stride_vh
-        k_a = tl.load(k_rows + ch, mask=j_ok[:, None], other=0.0)
-        k_b = tl.load(k_rows + HALF + ch, mask=j_ok[:, None], other=0.0)
-        v_a = tl.load(v_rows + ch, mask=j_ok[:, None], other=0.0)
-        v_b = tl.load(v_rows + HALF + ch, mask=j_ok[:, None], other=0.0)
+        k_a, k_b, v_a, v_b = _dense_kv_tile(
+            k_ptr, v_ptr, qo_start + j, j_ok, head, stride_kt, stride_kh, stride_vt, stride_vh, HEAD_DIM
+        )
         causal = j_ok[None, :] & (j[None, :] <= q_tok[:, None])
         m_i, l_i, acc_a, acc_b = _attend_tile(
             q_a, q_b, k_a, k_b, v_a, v_b, causal, m_i, l_i, acc_a, acc_b, qk_scale, FP32_DOT

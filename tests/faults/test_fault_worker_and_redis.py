@@ -125,7 +125,8 @@ def test_redis_killed_and_restarted_empty_under_load(tmp_path: Path) -> None:
 def test_a_killed_router_is_restarted_while_its_peer_keeps_serving(
     tmp_path: Path, redis_server: tuple[str, subprocess.Popen[bytes]]
 ) -> None:
-    from zipkv.stack.local_stack import LocalStack, StackOptions
+    from zipkv.stack.local_stack import LocalStack
+    from zipkv.stack.options import StackOptions
 
     url, _ = redis_server
     stack = LocalStack(StackOptions(port=free_port(), routers=2, redis_url=url), progress=lambda _: None)

@@ -12,7 +12,8 @@ import pytest
 from smollm2 import smollm2_gguf
 
 from zipkv.stack.cli import parser
-from zipkv.stack.local_stack import LocalStack, StackOptions
+from zipkv.stack.local_stack import LocalStack
+from zipkv.stack.options import StackOptions
 from zipkv.worker.checkpoint import model_shape, read_config, resolve_context
 from zipkv.worker.engine_factory import build_engine
 from zipkv.worker.settings import WorkerSettings

@@ -21,7 +21,8 @@ from servers import free_port, start_redis
 
 from zipkv.stack import cli
 from zipkv.stack.local_observability import ray_logs_dir, worker_metrics_urls
-from zipkv.stack.local_stack import LocalStack, StackOptions, http_get
+from zipkv.stack.local_stack import LocalStack, http_get
+from zipkv.stack.options import StackOptions
 
 pytestmark = pytest.mark.slow
 MODEL = "zipkv-tiny"
