@@ -27,7 +27,7 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -38,11 +38,10 @@ if (
     os.environ.setdefault("TRITON_INTERPRET", "1")
 import triton
 
-from bench.kernels.real_kv import describe, tile_pages
+from bench.kernels.codec_heap import DecodeConfig, Setup, coded_blocks, make_pages
+from bench.kernels.real_kv import describe
 from zipkv.kernels.codec import pages as codec
-from zipkv.kernels.format import layout_v3 as v3
-from zipkv.kernels.format.layout import OFFSET_BYTES, RAW_MARKER, PageFormat
-from zipkv.kernels.reference import pages as ref
+from zipkv.kernels.format.layout import PageFormat
 
 GB = 1e9
 
@@ -74,95 +73,13 @@ def sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def make_pages(kind: str, shape: tuple[int, ...], gen: torch.Generator) -> torch.Tensor:
-    """bf16 pages: 'real' tiled real KV; synthetic 'normal' N(0, 1), 'compressible' one exponent window,
-    'raw' random bit patterns."""
-    dev = gen.device
-    if kind == "real":
-        return tile_pages(shape[0], shape[2], shape[4], device=str(dev))
-    if kind == "normal":
-        return torch.randn(shape, generator=gen, device=dev).bfloat16()
-    if kind == "compressible":
-        return (torch.rand(shape, generator=gen, device=dev) + 1.0).bfloat16()
-    bits = torch.randint(-(2**15), 2**15, shape, generator=gen, device=dev, dtype=torch.int16)
-    return bits.view(torch.bfloat16)
-
-
-def coded_blocks(meta: torch.Tensor, fmt: PageFormat) -> int:
-    """Blocks stored compressed, from the encoder's metadata (uint8 [n, 2H, meta_bytes])."""
-    if fmt.version >= 3:
-        return int((meta < v3.RAW_BLOCK_FLAG).sum())  # b/2; raw blocks 0x80 | rank, raw pages 0xFF
-    return int((meta[:, :, OFFSET_BYTES : OFFSET_BYTES + fmt.blocks_per_page_head] != RAW_MARKER).sum())
-
-
-@dataclass(frozen=True)
-class DecodeConfig:
-    page_heads_per_program: int
-    num_warps: int
-    use_prmt: bool = True
-    stream_stores: bool = False
-
-    @property
-    def name(self) -> str:
-        interleave = "prmt" if self.use_prmt else "int"
-        return f"g{self.page_heads_per_program}-w{self.num_warps}-{interleave}" + (
-            "-cs" if self.stream_stores else ""
-        )
-
-
-class Setup:
-    """A heap holding n raw pages (sources) and room for their compressed copies (destinations)."""
-
-    def __init__(self, fmt: PageFormat, pages: torch.Tensor) -> None:
-        n, dev = pages.shape[0], pages.device
-        raw = fmt.raw_page_bytes
-        self.fmt, self.n, self.pages = fmt, n, pages
-        self.heap = torch.zeros(2 * n * raw, dtype=torch.uint8, device=dev)
-        index = ref.raw_page_value_index(fmt, dev).view(-1)
-        raw_values = self.heap[: n * raw].view(torch.bfloat16).view(n, -1)
-        raw_values[:, index] = pages.reshape(n, -1)
-        self.src = torch.arange(n, device=dev, dtype=torch.int64) * raw
-        self.dst = self.src + n * raw
-        self.meta = torch.empty(n, fmt.page_heads_per_page, fmt.meta_bytes, dtype=torch.uint8, device=dev)
-        self.sizes = torch.empty(n, dtype=torch.int32, device=dev)
-        self.raw_meta = ref.raw_page_meta(fmt, dev).expand(n, -1, -1).contiguous()
-        self.out = torch.empty_like(pages)
-
-    def encode(self, num_warps: int) -> None:
-        codec.encode_pages(
-            self.heap, self.src, self.dst, self.meta, self.sizes, self.fmt, num_warps=num_warps
-        )
-
-    def decode(self, config: DecodeConfig, raw: bool = False) -> None:
-        offsets, meta = (self.src, self.raw_meta) if raw else (self.dst, self.meta)
-        codec.decode_pages(self.heap, offsets, meta, self.out, self.fmt, num_warps=config.num_warps,
-                           use_prmt=config.use_prmt, page_heads_per_program=config.page_heads_per_program,
-                           stream_stores=config.stream_stores)  # fmt: skip
-
-    def check_encode(self, sample: int = 48) -> None:
-        picks = torch.cat(
-            [torch.arange(min(sample // 2, self.n)), torch.randperm(self.n)[: sample // 2]]
-        ).tolist()
-        for i in picks:
-            data, meta = ref.encode_page(self.pages[i], self.fmt)
-            at = int(self.dst[i])
-            if not (torch.equal(meta, self.meta[i]) and int(self.sizes[i]) == data.numel()):
-                sys.exit(f"encode: page {i} metadata or size differs from the reference")
-            if not torch.equal(self.heap[at : at + data.numel()], data):
-                sys.exit(f"encode: page {i} stored bytes differ from the reference")
-
-    def check_decode(self, what: str) -> None:
-        if not torch.equal(self.out.view(torch.int16), self.pages.view(torch.int16)):
-            sys.exit(f"decode ({what}): restored pages differ from the originals")
-        self.out.view(torch.int16).fill_(0x7FBF)  # poison for the next check
-
-
 def rate(nbytes: int, ms: float) -> float:
     return nbytes / GB / (ms / 1e3)
 
 
-def measure(s: Setup, args: argparse.Namespace, flush: torch.Tensor) -> dict[str, Any]:
-    """Check, then time, encode and decode of one data set against a copy of the same bytes."""
+def encode_once(s: Setup, args: argparse.Namespace) -> tuple[dict[str, Any], int]:
+    """Encode with the first warp count and check it against the reference: the sizes the row records
+    (stored bytes, coded blocks) are those of checked output. Returns the row and the stored bytes."""
     fmt, raw_bytes = s.fmt, s.n * s.fmt.raw_page_bytes
     s.encode(args.encode_warps[0])
     sync(args.device)
@@ -176,12 +93,15 @@ def measure(s: Setup, args: argparse.Namespace, flush: torch.Tensor) -> dict[str
         "stored_over_raw": stored / raw_bytes,
         "compressible_block_fraction": compressed_blocks / (s.n * fmt.blocks_per_page),
     }
-    flat_out, flat_src = s.out.view(-1), s.heap[:raw_bytes].view(torch.bfloat16)
-    row["copy_ms"] = median_ms(lambda: flat_out.copy_(flat_src), args.reps, flush, args.warmups)
-    enc_ms: dict[int, float] = {}
-    for w in args.encode_warps:
-        enc_ms[w] = median_ms(functools.partial(s.encode, w), args.reps, flush, args.warmups)
-    # The full sweep on the first data set; the others reuse its best configuration.
+    return row, stored
+
+
+def time_decodes(
+    s: Setup, args: argparse.Namespace, flush: torch.Tensor
+) -> tuple[dict[DecodeConfig, float], DecodeConfig]:
+    """Check, then time, each decode configuration; returns the times and the fastest configuration.
+    The full sweep (then the best one's variants) on the first data set; the others reuse its best
+    configuration, which this leaves in ``args.best`` (emptying ``args.sweep``)."""
     configs = args.sweep or [args.best]
     dec_ms: dict[DecodeConfig, float] = {}
 
@@ -196,33 +116,55 @@ def measure(s: Setup, args: argparse.Namespace, flush: torch.Tensor) -> dict[str
     best = min(dec_ms, key=lambda c: dec_ms[c])
     if args.sweep:
         variants = [replace(best, stream_stores=True)]
-        if fmt.version < 3:  # v3's restore has one (plain-integer) path
+        if s.fmt.version < 3:  # v3's restore has one (plain-integer) path
             variants.insert(0, replace(best, use_prmt=False))
         for variant in variants:
             time_decode(variant)
         best = min(dec_ms, key=lambda c: dec_ms[c])
         args.sweep, args.best = [], best
+    return dec_ms, best
+
+
+def time_raw_decode(s: Setup, best: DecodeConfig, args: argparse.Namespace, flush: torch.Tensor) -> float:
+    """The best configuration on the same pages stored raw: the restore's cost when nothing coded."""
     s.decode(best, raw=True)
     sync(args.device)
     s.check_decode("raw pages")
-    row["decode_raw_pages_ms"] = median_ms(
-        functools.partial(s.decode, best, raw=True), args.reps, flush, args.warmups
-    )
+    return median_ms(functools.partial(s.decode, best, raw=True), args.reps, flush, args.warmups)
+
+
+def rates(row: dict[str, Any], raw_bytes: int, stored: int) -> dict[str, float]:
+    """GB/s of each timed call, from the row's times."""
+    return {
+        "encode_GBps_consumed": rate(raw_bytes, row["encode_ms"]),
+        "decode_GBps_restored": rate(raw_bytes, row["decode_ms"]),
+        "copy_GBps_copied": rate(raw_bytes, row["copy_ms"]),
+        "decode_raw_pages_GBps": rate(raw_bytes, row["decode_raw_pages_ms"]),
+        "decode_speedup_vs_copy": row["copy_ms"] / row["decode_ms"],
+        # Bytes moved (read + written) over time, beside the copy's rate measured in the same run.
+        "decode_traffic_GBps": rate(stored + raw_bytes, row["decode_ms"]),
+        "encode_traffic_GBps": rate(stored + raw_bytes, row["encode_ms"]),
+        "copy_traffic_GBps": rate(2 * raw_bytes, row["copy_ms"]),
+    }
+
+
+def measure(s: Setup, args: argparse.Namespace, flush: torch.Tensor) -> dict[str, Any]:
+    """Check, then time, encode and decode of one data set against a copy of the same bytes."""
+    raw_bytes = s.n * s.fmt.raw_page_bytes
+    row, stored = encode_once(s, args)
+    flat_out, flat_src = s.out.view(-1), s.heap[:raw_bytes].view(torch.bfloat16)
+    row["copy_ms"] = median_ms(lambda: flat_out.copy_(flat_src), args.reps, flush, args.warmups)
+    enc_ms: dict[int, float] = {}
+    for w in args.encode_warps:
+        enc_ms[w] = median_ms(functools.partial(s.encode, w), args.reps, flush, args.warmups)
+    dec_ms, best = time_decodes(s, args, flush)
+    row["decode_raw_pages_ms"] = time_raw_decode(s, best, args, flush)
     row["encode_ms_by_warps"] = enc_ms
     row["decode_ms_by_config"] = {c.name: t for c, t in dec_ms.items()}
     row["encode_best_num_warps"] = min(enc_ms, key=lambda w: enc_ms[w])
     row["decode_best_config"] = best.name
     row["encode_ms"], row["decode_ms"] = min(enc_ms.values()), dec_ms[best]
-    row["encode_GBps_consumed"] = rate(raw_bytes, row["encode_ms"])
-    row["decode_GBps_restored"] = rate(raw_bytes, row["decode_ms"])
-    row["copy_GBps_copied"] = rate(raw_bytes, row["copy_ms"])
-    row["decode_raw_pages_GBps"] = rate(raw_bytes, row["decode_raw_pages_ms"])
-    row["decode_speedup_vs_copy"] = row["copy_ms"] / row["decode_ms"]
-    # Bytes moved (read + written) over time, beside the copy's rate measured in the same run.
-    row["decode_traffic_GBps"] = rate(stored + raw_bytes, row["decode_ms"])
-    row["encode_traffic_GBps"] = rate(stored + raw_bytes, row["encode_ms"])
-    row["copy_traffic_GBps"] = rate(2 * raw_bytes, row["copy_ms"])
-    return row
+    return row | rates(row, raw_bytes, stored)
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:

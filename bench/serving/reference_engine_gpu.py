@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import AutoConfig
+from transformers import AutoConfig, PretrainedConfig
 
 from bench.paths import CONFIGS
 from zipkv.worker.engine import EngineRequest, SamplingOptions
@@ -82,7 +82,7 @@ def run(
     }
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parse(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", default=str(CONFIGS / "llama31_8b.json"))
     p.add_argument("--layers", type=int, default=0, help="override num_hidden_layers (0 = as in the config)")
@@ -94,14 +94,49 @@ def main(argv: list[str] | None = None) -> int:
         "--kernels", default="auto", help="auto | triton | torch (triton on CPU needs TRITON_INTERPRET=1)"
     )
     p.add_argument("--out", default="")
-    args = p.parse_args(argv)
+    return p.parse_args(argv)
+
+
+def _model_config(path: str, layers: int) -> PretrainedConfig:
+    """A model folder's config.json, or a bare JSON of config fields (bench/configs/); `layers` overrides
+    the layer count when not 0."""
     config = (
-        AutoConfig.from_pretrained(str(Path(args.config).parent), local_files_only=True)
-        if Path(args.config).name == "config.json"
-        else AutoConfig.for_model(**json.loads(Path(args.config).read_text()))
+        AutoConfig.from_pretrained(str(Path(path).parent), local_files_only=True)
+        if Path(path).name == "config.json"
+        else AutoConfig.for_model(**json.loads(Path(path).read_text()))
     )
-    if args.layers:
-        config.num_hidden_layers = args.layers
+    if layers:
+        config.num_hidden_layers = layers
+    return config
+
+
+def _versions() -> dict[str, str]:
+    versions = {"torch": torch.__version__, "python": sys.version.split()[0]}
+    try:
+        import triton
+
+        versions["triton"] = triton.__version__
+        import transformers
+
+        versions["transformers"] = transformers.__version__
+    except ImportError:
+        pass
+    return versions
+
+
+def _print_table(on: dict[str, Any], off: dict[str, Any], identical: bool) -> None:
+    print("\n| run | wall s | steps | fused decode steps | min ratio | ITL ms |\n|---|---|---|---|---|---|")
+    for name, r in (("compressed", on), ("uncompressed", off)):
+        print(
+            f"| {name} | {r['wall_s']} | {r['steps']} | {r['fused_decode_steps']} | "
+            f"{r['compression_ratio_min']} | {r['itl_ms']} |"
+        )
+    print(f"identical greedy tokens: {identical}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parse(argv)
+    config = _model_config(args.config, args.layers)
     t0 = time.perf_counter()
     loaded = build_model(config, "llama31-8b-shape-random", args.device)
     build_s = time.perf_counter() - t0
@@ -115,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
         "benchmark": "reference engine: greedy tokens, KV compressed vs uncompressed",
         "model": f"Llama-3.1-8B shape, random weights (seed fixed), {loaded.num_layers} layers",
         "device": torch.cuda.get_device_name() if args.device.startswith("cuda") else platform.processor(),
-        "versions": {"torch": torch.__version__, "python": sys.version.split()[0]},
+        "versions": _versions(),
         "date_utc": time.strftime("%Y-%m-%d %H:%M", time.gmtime()),
         "command": "python -m bench.serving.reference_engine_gpu "
         + " ".join(argv if argv is not None else sys.argv[1:]),
@@ -129,27 +164,12 @@ def main(argv: list[str] | None = None) -> int:
         "uncompressed": {k: v for k, v in off.items() if k != "tokens"},
         "first_tokens": {rid: toks[:8] for rid, toks in on["tokens"].items()},
     }
-    try:
-        import triton
-
-        result["versions"]["triton"] = triton.__version__
-        import transformers
-
-        result["versions"]["transformers"] = transformers.__version__
-    except ImportError:
-        pass
     text = json.dumps(result, indent=2)
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(text + "\n")
     print(text)
-    print("\n| run | wall s | steps | fused decode steps | min ratio | ITL ms |\n|---|---|---|---|---|---|")
-    for name, r in (("compressed", on), ("uncompressed", off)):
-        print(
-            f"| {name} | {r['wall_s']} | {r['steps']} | {r['fused_decode_steps']} | "
-            f"{r['compression_ratio_min']} | {r['itl_ms']} |"
-        )
-    print(f"identical greedy tokens: {identical}")
+    _print_table(on, off, identical)
     return 0 if identical else 1
 
 

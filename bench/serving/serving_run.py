@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.serving.id_tokenizer import build as build_tokenizer
-from bench.serving.serving_systems import SYSTEMS, client_backend, start
+from bench.serving.serving_systems import SYSTEMS, Running, client_backend, start
 from bench.serving.trace_workload import KV_BYTES_PER_TOKEN, load_trace, native_rate_rps
 
 TINY_VOCAB = 259  # the built-in tiny model's (controlplane/tokenizer.py ByteTokenizer)
@@ -57,16 +57,9 @@ def _vocab(model: str) -> int:
     return int(json.loads((Path(model) / "config.json").read_text())["vocab_size"])
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = _parse(argv)
-    t0 = time.monotonic()
-    out = args.out_dir / args.system
-    out.mkdir(parents=True, exist_ok=True)
-    # A window the sweep cannot scale to a rate (all at one trace time) fails now, not after the start-up.
-    native_rate_rps(load_trace(args.max_context_tokens, args.requests, args.offset))
-    vocab = _vocab(args.model)
-    tok = build_tokenizer(vocab, args.out_dir / "id_tokenizer")
-    opts: dict[str, Any] = {
+def _options(args: argparse.Namespace, tok: Path) -> dict[str, Any]:
+    """What serving_systems.start gets, and system.json records, from the command line."""
+    return {
         "engine": args.engine,
         "model": args.model,
         "kv_budget_mib": args.kv_budget_mib,
@@ -78,46 +71,62 @@ def main(argv: list[str] | None = None) -> int:
         "ready_s": args.ready_s,
         "replicas": args.replicas,
     }
+
+
+def _sweep_cmd(args: argparse.Namespace, run: Running, tok: Path, vocab: int, left: float) -> list[str]:
+    """serving_sweep.py against the running system, with `left` seconds of the run's deadline."""
+    return [
+        sys.executable,
+        "-m",
+        "bench.serving.serving_sweep",
+        "--system",
+        args.system,
+        "--base-url",
+        run.base_url,
+        "--model",
+        run.model,
+        "--tokenizer",
+        str(tok),
+        "--backend",
+        client_backend(args.system),
+        "--placements-url",
+        run.placements_url,
+        "--placements-metric",
+        run.placements_metric,
+        "--rates",
+        args.rates,
+        "--requests",
+        str(args.requests),
+        "--offset",
+        str(args.offset),
+        "--max-context-tokens",
+        str(args.max_context_tokens),
+        "--plain-vocab",
+        str(min(vocab, 128000)),
+        "--deadline-s",
+        str(max(left - 30, 1)),
+        "--out-dir",
+        str(args.out_dir),
+    ]
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parse(argv)
+    t0 = time.monotonic()
+    out = args.out_dir / args.system
+    out.mkdir(parents=True, exist_ok=True)
+    # A window the sweep cannot scale to a rate (all at one trace time) fails now, not after the start-up.
+    native_rate_rps(load_trace(args.max_context_tokens, args.requests, args.offset))
+    vocab = _vocab(args.model)
+    tok = build_tokenizer(vocab, args.out_dir / "id_tokenizer")
+    opts = _options(args, tok)
     record: dict[str, Any] = {"system": args.system, "options": opts, "argv": sys.argv[1:]}
     run = start(args.system, opts, out)
     record.update(base_url=run.base_url, note=run.note, startup_s=run.timings_s)
     print(f"[serving_run {args.system}] up in {time.monotonic() - t0:.0f} s: {run.note}", flush=True)
     try:
         left = args.deadline_s - (time.monotonic() - t0) - 20  # 20 s to stop
-        cmd = [
-            sys.executable,
-            "-m",
-            "bench.serving.serving_sweep",
-            "--system",
-            args.system,
-            "--base-url",
-            run.base_url,
-            "--model",
-            run.model,
-            "--tokenizer",
-            str(tok),
-            "--backend",
-            client_backend(args.system),
-            "--placements-url",
-            run.placements_url,
-            "--placements-metric",
-            run.placements_metric,
-            "--rates",
-            args.rates,
-            "--requests",
-            str(args.requests),
-            "--offset",
-            str(args.offset),
-            "--max-context-tokens",
-            str(args.max_context_tokens),
-            "--plain-vocab",
-            str(min(vocab, 128000)),
-            "--deadline-s",
-            str(max(left - 30, 1)),
-            "--out-dir",
-            str(args.out_dir),
-        ]
-        rc = subprocess.run(cmd, timeout=max(left, 1)).returncode
+        rc = subprocess.run(_sweep_cmd(args, run, tok, vocab, left), timeout=max(left, 1)).returncode
     except subprocess.TimeoutExpired:
         rc = 124
     finally:

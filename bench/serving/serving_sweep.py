@@ -28,6 +28,7 @@ from bench.serving.serving_client import (
 from bench.serving.trace_workload import (
     LLAMA3_CONTEXT_TOKENS,
     LLAMA3_PLAIN_VOCAB,
+    TraceRequest,
     arrivals_s,
     load_trace,
     summary,
@@ -80,6 +81,51 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+def _warm_up(
+    serving: Any, bargs: argparse.Namespace, reqs: list[TraceRequest], args: argparse.Namespace, t0: float
+) -> float:
+    """A few short requests under their own salt, not recorded, so that JIT compiles and CUDA graph captures
+    fall before the timed rates; returns their drain (wall time past their arrivals), the first rate's."""
+    warm = reqs[: args.warmup_requests]
+    rows = dataset_rows(serving, warm, [0.25 * i for i in range(len(warm))], args.plain_vocab, WARMUP_SALT)
+    for row in rows:
+        row.output_len = min(row.output_len, 16)
+    started = time.monotonic()
+    got = run_rate(serving, bargs, rows)
+    drain_s = time.monotonic() - started - 0.25 * (len(warm) - 1)
+    print(
+        f"[serving_sweep {args.system}] warm-up: {sum(bool(r and r['ok']) for r in got['requests'])}/"
+        f"{len(rows)} ok in {time.monotonic() - t0:.0f} s",
+        flush=True,
+    )
+    return drain_s
+
+
+def _rate_record(
+    args: argparse.Namespace,
+    k: int,
+    rate: float,
+    started: float,
+    got: dict[str, Any],
+    workload: dict[str, Any],
+    shimmed: bool,
+) -> dict[str, Any]:
+    """Rate k's record (OUT_DIR/SYSTEM/rate_R.json, what serving_goodput.py reads), its run just ended."""
+    return {
+        "system": args.system,
+        "rate_rps": rate,
+        "salt": k + 1,
+        "duration_s": got["bench_serving"].get("duration"),
+        "wall_s": round(time.monotonic() - started, 2),
+        "client": f"sglang.benchmark.serving 0.5.17 (bench_serving), backend {args.backend}"
+        + (" (CPU import shim)" if shimmed else ""),
+        "workload": workload,
+        "bench_serving": got["bench_serving"],
+        "requests": got["requests"],
+        "placements_after": scrape_placements(args.placements_url, args.placements_metric),
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parse(argv)
     t0 = time.monotonic()
@@ -95,20 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     # before the first, the warm-up's (an over-estimate where it compiles kernels, replaced once a rate ran).
     drain_s, measured = 0.0, False
     if args.warmup_requests > 0:
-        warm = reqs[: args.warmup_requests]
-        rows = dataset_rows(
-            serving, warm, [0.25 * i for i in range(len(warm))], args.plain_vocab, WARMUP_SALT
-        )
-        for row in rows:
-            row.output_len = min(row.output_len, 16)
-        started = time.monotonic()
-        got = run_rate(serving, bargs, rows)
-        drain_s = time.monotonic() - started - 0.25 * (len(warm) - 1)
-        print(
-            f"[serving_sweep {args.system}] warm-up: {sum(bool(r and r['ok']) for r in got['requests'])}/"
-            f"{len(rows)} ok in {time.monotonic() - t0:.0f} s",
-            flush=True,
-        )
+        drain_s = _warm_up(serving, bargs, reqs, args, t0)
     for k, rate in enumerate(args.rates):
         expected_s = (len(reqs) - 1) / rate
         if not starts_in_time(time.monotonic() - t0, expected_s, drain_s, args.deadline_s):
@@ -121,19 +154,7 @@ def main(argv: list[str] | None = None) -> int:
         rows = dataset_rows(serving, reqs, arrivals_s(reqs, rate), args.plain_vocab, salt=k + 1)
         started = time.monotonic()
         got = run_rate(serving, bargs, rows)
-        record: dict[str, Any] = {
-            "system": args.system,
-            "rate_rps": rate,
-            "salt": k + 1,
-            "duration_s": got["bench_serving"].get("duration"),
-            "wall_s": round(time.monotonic() - started, 2),
-            "client": f"sglang.benchmark.serving 0.5.17 (bench_serving), backend {args.backend}"
-            + (" (CPU import shim)" if shimmed else ""),
-            "workload": workload,
-            "bench_serving": got["bench_serving"],
-            "requests": got["requests"],
-            "placements_after": scrape_placements(args.placements_url, args.placements_metric),
-        }
+        record = _rate_record(args, k, rate, started, got, workload, shimmed)
         (out / f"rate_{rate:g}.json").write_text(json.dumps(record) + "\n")
         drain_s = max(drain_s if measured else 0.0, record["wall_s"] - expected_s)
         measured = True

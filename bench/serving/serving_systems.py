@@ -24,27 +24,35 @@ With `replicas` > 1 (one GPU each):
                         cache_aware, power_of_two and manual: it has no `least_load`; its load-aware policy
                         is power_of_two (the less loaded of two workers drawn, by in-flight requests: with
                         two workers, always the less loaded one), the stand-in for least_load here.
+
+SGLang's command lines and its processes' handling (spawn, wait, stop): bench/serving/sglang_processes.py.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from bench.serving.ray_serve_gpu_stack import ServeStack
-from zipkv.stack.local_stack import free_port, http_get
+from bench.serving.sglang_processes import (
+    GATEWAY_CHOICES,
+    MODEL_NAME,
+    gateway_cmd,
+    server_envs,
+    sglang_server_cmd,
+    spawn,
+    stopper,
+    wait_http,
+)
+from zipkv.stack.local_stack import free_port
 from zipkv.stack.options import StackOptions
 
-MODEL_NAME = "llama"
 GATEWAY_POLICIES = ("cache_aware", "power_of_two")  # the two the two-GPU sweep compares (module doc)
-GATEWAY_CHOICES = ("random", "round_robin", "cache_aware", "power_of_two", "manual")  # sglang-router 0.3.2
 GATEWAY_PREFIX = "sglang_gateway_"
 SYSTEMS = ("zipkv", "zipkv_uncompressed", "sglang_gateway", *(GATEWAY_PREFIX + p for p in GATEWAY_CHOICES))
 
@@ -86,11 +94,6 @@ def replica_plan(replicas: int, engine: str) -> ReplicaPlan:
     gpu = 1 if engine == "sglang" else 0
     # One CPU per replica for its engine thread, and room for Serve's controller and the router's calls.
     return ReplicaPlan(replicas, gpu * replicas, gpu, 1, max(4, 2 * replicas + 2))
-
-
-def server_envs(replicas: int, base: dict[str, str]) -> list[dict[str, str]]:
-    """The environment of SGLang's server k of `replicas`: device k only, so each owns one GPU."""
-    return [{**base, "CUDA_VISIBLE_DEVICES": str(k)} for k in range(replicas)]
 
 
 ZIPKV_PLACEMENTS = "zipkv_router_placements_total"  # requests per worker, controlplane/metrics.py
@@ -166,104 +169,18 @@ def start_zipkv(opts: dict[str, Any], compression: bool) -> Running:
     return run
 
 
-def _spawn(cmd: list[str], log: Path, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
-    out = log.open("ab")
-    return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, env=env)
-
-
-def _stopper(proc: subprocess.Popen[bytes]) -> Any:
-    def stop() -> None:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)  # its own process group: the server and its children
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-
-    return stop
-
-
-def _wait_http(url: str, proc: subprocess.Popen[bytes], timeout_s: float, what: str, log: Path) -> None:
-    t0 = last = time.monotonic()
-    while True:
-        try:
-            if http_get(url, 2.0)[0] == 200:
-                return
-        except OSError:
-            pass
-        if proc.poll() is not None:
-            raise RuntimeError(
-                f"{what} exited ({proc.returncode}); its log {log}:\n{log.read_text()[-3000:]}"
-            )
-        now = time.monotonic()
-        if now - t0 > timeout_s:
-            raise TimeoutError(f"{what} did not answer {url} within {timeout_s:.0f} s; its log: {log}")
-        if now - last > 15:
-            last = now
-            print(f"[serving_systems] waiting for {what} ({now - t0:.0f} s)", flush=True)
-        time.sleep(0.5)
-
-
-def sglang_server_cmd(opts: dict[str, Any], port: int) -> list[str]:
-    """SGLang's server with the flags zipkv's replica gets (bench/run_serving_gpu.sh's SGLANG_ARGS)."""
-    cmd = [
-        sys.executable,
-        "-m",
-        "sglang.launch_server",
-        "--model-path",
-        opts["model"],
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--served-model-name",
-        MODEL_NAME,
-        "--tokenizer-path",
-        opts["tokenizer"],
-        "--attention-backend",
-        "flashinfer",
-        "--page-size",
-        "16",
-        "--dtype",
-        "bfloat16",
-        "--max-total-tokens",
-        str(opts["budget_tokens"]),
-        "--max-running-requests",
-        str(opts["max_running"]),
-    ]
-    for key, value in opts["sglang_args"].items():
-        flag = "--" + key.replace("_", "-")
-        if value is True:
-            cmd.append(flag)
-        elif value is not False:
-            cmd += [flag, str(value)]
-    return cmd
-
-
 def start_sglang_server(opts: dict[str, Any], out: Path) -> Running:
     if opts["engine"] != "sglang":
         raise SystemExit("sglang_gateway runs SGLang's server, which needs a GPU: use --engine sglang there")
     t0 = time.monotonic()
     port = free_port()
     log = out / "sglang_server.log"
-    server = _spawn(sglang_server_cmd(opts, port), log)
+    server = spawn(sglang_server_cmd(opts, port), log)
     note = "sglang.launch_server (FlashInfer), directly: one worker, no gateway"
-    run = Running(f"http://127.0.0.1:{port}", MODEL_NAME, note, [_stopper(server)])
-    _wait_http(f"{run.base_url}/v1/models", server, opts["ready_s"], "SGLang's server", log)
+    run = Running(f"http://127.0.0.1:{port}", MODEL_NAME, note, [stopper(server)])
+    wait_http(f"{run.base_url}/v1/models", server, opts["ready_s"], "SGLang's server", log)
     run.timings_s["ready"] = round(time.monotonic() - t0, 1)
     return run
-
-
-def gateway_cmd(policy: str, worker_urls: list[str], port: int, metrics_port: int) -> list[str]:
-    """sglang-router 0.3.2 in front of the servers; its retries and circuit breaker stay at their defaults
-    (what a deployment of the gateway gets); its Prometheus metrics on `metrics_port`."""
-    if policy not in GATEWAY_CHOICES:
-        raise ValueError(f"sglang-router 0.3.2 has no policy {policy!r} (it has {GATEWAY_CHOICES})")
-    if not worker_urls:
-        raise ValueError("the gateway needs at least one worker URL")
-    cmd = [sys.executable, "-m", "sglang_router.launch_router", "--host", "127.0.0.1", "--port", str(port)]
-    cmd += ["--prometheus-host", "127.0.0.1", "--prometheus-port", str(metrics_port)]
-    return [*cmd, "--policy", policy, "--worker-urls", *worker_urls]
 
 
 def placements(text: str, metric: str) -> dict[str, float]:
@@ -289,22 +206,22 @@ def start_sglang_gateway(opts: dict[str, Any], out: Path, policy: str) -> Runnin
         for k, env in enumerate(server_envs(replicas, dict(os.environ))):
             port = free_port()
             log = out / f"sglang_server_{k}.log"
-            proc = _spawn(sglang_server_cmd(opts, port), log, env)
-            run.stop_fns.append(_stopper(proc))
+            proc = spawn(sglang_server_cmd(opts, port), log, env)
+            run.stop_fns.append(stopper(proc))
             urls.append(f"http://127.0.0.1:{port}")
             servers.append((proc, log))
         for k, ((proc, log), url) in enumerate(zip(servers, urls, strict=True)):  # all start at once
             left_s = max(opts["ready_s"] - (time.monotonic() - t0), 1.0)
-            _wait_http(f"{url}/v1/models", proc, left_s, f"SGLang's server {k}", log)
+            wait_http(f"{url}/v1/models", proc, left_s, f"SGLang's server {k}", log)
         run.timings_s["servers_ready"] = round(time.monotonic() - t0, 1)
         port, metrics_port = free_port(), free_port()
         log = out / "sglang_gateway.log"
-        gateway = _spawn(gateway_cmd(policy, urls, port, metrics_port), log)
+        gateway = spawn(gateway_cmd(policy, urls, port, metrics_port), log)
         run.placements_url = f"http://127.0.0.1:{metrics_port}/metrics"
         run.placements_metric = GATEWAY_PLACEMENTS
-        run.stop_fns.append(_stopper(gateway))  # stop() runs last-in-first: the gateway before its servers
+        run.stop_fns.append(stopper(gateway))  # stop() runs last-in-first: the gateway before its servers
         run.base_url = f"http://127.0.0.1:{port}"
-        _wait_http(f"{run.base_url}/health", gateway, 60.0, "SGLang's gateway", log)
+        wait_http(f"{run.base_url}/health", gateway, 60.0, "SGLang's gateway", log)
     except BaseException:
         run.stop()
         raise
