@@ -20,11 +20,9 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import platform
 import sys
 import time
-from pathlib import Path
 
 import torch
 import triton
@@ -42,6 +40,7 @@ from bench.kernels.decode_attention_baselines import (
     sglang_fn,
 )
 from bench.kernels.decode_attention_data import REAL, bench_pages, data_notes, encode_packed
+from bench.paths import write_record
 from zipkv.kernels.attention import decode as da
 from zipkv.kernels.attention.decode_config import DecodeKernelConfig, kernel_config, parse_kernel_config
 from zipkv.kernels.format.layout import FORMAT_VERSION, PageFormat
@@ -294,8 +293,7 @@ def main() -> None:
             "rows": rows,
         }
         if args.out:
-            Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-            Path(args.out).write_text(json.dumps(result, indent=1))
+            write_record(args.out, result)
     errs = [float(c["rel_err_zipkv"]) for c in checks if "rel_err_zipkv" in c]  # type: ignore[arg-type]
     bad = sum(c.get("bit_identical_to_twin") is False for c in checks)
     bad += sum(not e <= 1e-2 for e in errs)  # NaN fails too

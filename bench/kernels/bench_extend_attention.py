@@ -19,13 +19,11 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import os
 import statistics
 import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 import torch
 
@@ -33,6 +31,7 @@ if not torch.cuda.is_available():  # before any triton.jit below: the kernels th
     os.environ.setdefault("TRITON_INTERPRET", "1")
 from bench.kernels.decode_attention_baselines import HEAD_DIM, HKV, HQ, Timer, rel_err
 from bench.kernels.decode_attention_data import REAL, bench_pages, data_notes, encode_packed
+from bench.paths import write_record
 from zipkv.kernels.attention.extend import extend_attention, plan_extend
 from zipkv.kernels.format.layout import PAGE_TOKENS, PageFormat
 from zipkv.kernels.reference.attention import extend_attention_reference
@@ -175,8 +174,7 @@ def main() -> None:
             "rows": rows,
         }
         if args.out:
-            Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-            Path(args.out).write_text(json.dumps(result, indent=1))
+            write_record(args.out, result)
     bad = [c for c in checks if not (c["bit_identical_to_twin"] and c["decompress_then_attend_identical"])]
     bad += [c for c in checks if not max(float(c["rel_err_zipkv"]), float(c["rel_err_sdpa"])) <= 1e-2]  # type: ignore[arg-type]
     print(f"checks: {len(checks)}, failing: {len(bad)}; {time.time() - t0:.1f} s")
