@@ -39,7 +39,6 @@ FUNCTION_EXCEPTIONS: dict[str, str] = {
     "kernels/attention/hopper/decode.py:_decode_hopper_kernel": "one Gluon kernel",
     "bench/kernels/bench_decode_attention.py:main": "not yet split into steps (the house restructure)",
     "bench/kernels/bench_decode_attention.py:run_shape": "not yet split into steps (the house restructure)",
-    "bench/kernels/bench_extend_attention.py:run_shape": "not yet split into steps (the house restructure)",
 }
 
 
