@@ -37,8 +37,6 @@ FUNCTION_EXCEPTIONS: dict[str, str] = {
     # registers, and a split into @jit helpers is the kernels' owner's call (kernels/README.md).
     "kernels/attention/decode.py:_decode_kernel": "one Triton kernel",
     "kernels/attention/hopper/decode.py:_decode_hopper_kernel": "one Gluon kernel",
-    "bench/kernels/bench_decode_attention.py:main": "not yet split into steps (the house restructure)",
-    "bench/kernels/bench_decode_attention.py:run_shape": "not yet split into steps (the house restructure)",
 }
 
 
