@@ -19,21 +19,21 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import os
 import statistics
 import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
+from dataclasses import dataclass
 
 import torch
 
 if not torch.cuda.is_available():  # before any triton.jit below: the kernels then run interpreted
     os.environ.setdefault("TRITON_INTERPRET", "1")
 from bench.kernels.decode_attention_baselines import HEAD_DIM, HKV, HQ, Timer, rel_err
-from bench.kernels.decode_attention_data import REAL, bench_pages, data_notes, encode_packed
-from zipkv.kernels.attention.extend import extend_attention, plan_extend
+from bench.kernels.decode_attention_data import REAL, StoredPages, bench_pages, data_notes, encode_packed
+from bench.paths import write_record
+from zipkv.kernels.attention.extend import ExtendPlan, extend_attention, plan_extend
 from zipkv.kernels.format.layout import PAGE_TOKENS, PageFormat
 from zipkv.kernels.reference.attention import extend_attention_reference
 from zipkv.kernels.reference.pages import raw_page_meta
@@ -58,7 +58,35 @@ def dense_kv(pages: torch.Tensor, k: torch.Tensor, prefix: int) -> torch.Tensor:
     return torch.cat([cached, k.transpose(0, 1)], dim=1)
 
 
-def run_shape(args, timer, batch, prefix, new, entry, rows, checks, gen):  # type: ignore[no-untyped-def]
+@dataclass
+class Case:
+    """One shape and data entry's inputs: the pages (compressed and raw), the new tokens and the plan."""
+
+    batch: int
+    prefix: int
+    new: int
+    dev: str
+    fmt: PageFormat
+    scale: float
+    per: int
+    pages: torch.Tensor
+    data: str
+    stored: StoredPages
+    measured: float
+    raw_heap: torch.Tensor
+    raw_loc: torch.Tensor
+    raw_meta: torch.Tensor
+    page_ids: torch.Tensor
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    plan: ExtendPlan
+
+
+def make_case(
+    args: argparse.Namespace, batch: int, prefix: int, new: int, entry: str, gen: torch.Generator
+) -> Case:
+    """The pages of ``entry`` encoded, the raw twin's view of them, the new tokens' q, k, v and the plan."""
     dev, fmt, scale = args.device, PageFormat(HEAD_DIM, HKV, version=args.format_version), HEAD_DIM**-0.5
     per = -(-prefix // PAGE_TOKENS)
     num_pages = batch * per
@@ -76,30 +104,41 @@ def run_shape(args, timer, batch, prefix, new, entry, rows, checks, gen):  # typ
         torch.randn(batch * new, HKV, HEAD_DIM, generator=gen, device=dev).to(torch.bfloat16) for _ in "kv"
     )
     plan = plan_extend([new] * batch, [prefix] * batch, page_ids, [per] * batch, fmt, HQ)
+    return Case(batch, prefix, new, dev, fmt, scale, per, pages, data, stored, measured, raw_heap, raw_loc,
+                raw_meta, page_ids, q, k, v, plan)  # fmt: skip
+
+
+def paged_impls(c: Case) -> tuple[dict[str, Callable[[], object]], list[torch.Tensor]]:
+    """zipkv on the compressed prefix, its twin on the raw pages, decompress-then-attend; their outputs."""
+    plan, q, k, v, stored, scale, fmt = c.plan, c.q, c.k, c.v, c.stored, c.scale, c.fmt
     out, twin_out, dta_out = torch.empty_like(q), torch.empty_like(q), torch.empty_like(q)
-
-    def add(impl: str, us: float) -> None:
-        rows.append({"batch": batch, "prefix_tokens": prefix, "new_tokens": new, "impl": impl, "data": data,
-                     "compressible_fraction": measured, "median_us": round(us, 2)})  # fmt: skip
-        print(f"  {batch:>3} x {prefix:>6} + {new:>5} {impl:<24} f={measured:<7} {us:10.1f} us", flush=True)
-
     zip_fn = lambda: extend_attention(plan, q, k, v, stored.heap, stored.page_loc, stored.page_meta, scale,
                                       out=out)  # fmt: skip
-    twin_fn = lambda: extend_attention(plan, q, k, v, raw_heap, raw_loc, raw_meta, scale, compressed=False,
-                                       out=twin_out)  # fmt: skip
-    decoded = torch.empty_like(pages)
+    twin_fn = lambda: extend_attention(plan, q, k, v, c.raw_heap, c.raw_loc, c.raw_meta, scale,
+                                       compressed=False, out=twin_out)  # fmt: skip
+    decoded = torch.empty_like(c.pages)
 
     def dta() -> None:
         from zipkv.kernels.codec import pages as codec
 
         codec.decode_pages(stored.heap, stored.page_loc, stored.page_meta, decoded, fmt)
-        extend_attention(plan, q, k, v, decoded.view(-1).view(torch.uint8), raw_loc, raw_meta, scale,
+        extend_attention(plan, q, k, v, decoded.view(-1).view(torch.uint8), c.raw_loc, c.raw_meta, scale,
                          compressed=False, out=dta_out)  # fmt: skip
 
+    impls = {"zipkv": zip_fn, "zipkv_twin": twin_fn, "decompress_then_attend": dta}
+    return impls, [out, twin_out, dta_out]
+
+
+def sdpa_impl(c: Case) -> tuple[Callable[[], None], list[torch.Tensor]]:
+    """PyTorch SDPA over each request's dense K/V (prefix + new tokens, causal from the prefix's end), and
+    where it leaves its outputs."""
+    batch, prefix, new, per, pages, q, k, v = c.batch, c.prefix, c.new, c.per, c.pages, c.q, c.k, c.v
     kv = [(dense_kv(pages[b * per : (b + 1) * per, 0], k[b * new : (b + 1) * new], prefix),
            dense_kv(pages[b * per : (b + 1) * per, 1], v[b * new : (b + 1) * new], prefix))
           for b in range(batch)]  # fmt: skip
-    seen = torch.arange(prefix + new, device=dev)[None, :] <= prefix + torch.arange(new, device=dev)[:, None]
+    seen = (
+        torch.arange(prefix + new, device=c.dev)[None, :] <= prefix + torch.arange(new, device=c.dev)[:, None]
+    )
 
     sdpa_out: list[torch.Tensor] = []
 
@@ -108,28 +147,46 @@ def run_shape(args, timer, batch, prefix, new, entry, rows, checks, gen):  # typ
         for b in range(batch):
             o = torch.nn.functional.scaled_dot_product_attention(
                 q[b * new : (b + 1) * new].transpose(0, 1)[None], kv[b][0][None], kv[b][1][None],
-                attn_mask=seen, scale=scale, enable_gqa=True,
+                attn_mask=seen, scale=c.scale, enable_gqa=True,
             )  # fmt: skip
             sdpa_out.append(o)
 
-    impls = {"zipkv": zip_fn, "zipkv_twin": twin_fn, "decompress_then_attend": dta, "sdpa": sdpa}
-    if args.check:
-        for fn in (zip_fn, twin_fn, dta, sdpa):
-            fn()
-        # request 0's first m new tokens (causal: they do not see the later ones), so float64 fits in memory
-        m = min(new, 128)
-        first_pages = torch.tensor([0, per])
-        expect = extend_attention_reference(q[:m], k[:m], v[:m], pages, page_ids[:per], first_pages,
-                                            [prefix], [m], scale)  # fmt: skip
+    return sdpa, sdpa_out
 
-        checks.append({
-            "batch": batch, "prefix_tokens": prefix, "new_tokens": new, "data": data,
-            "compressible_fraction": measured,
-            "bit_identical_to_twin": bool(torch.equal(out, twin_out)),
-            "decompress_then_attend_identical": bool(torch.equal(out, dta_out)),
-            "rel_err_zipkv": rel_err(out[:m], expect),
-            "rel_err_sdpa": rel_err(sdpa_out[0][0, :, :m].transpose(0, 1), expect),
-        })  # fmt: skip
+
+def check_record(c: Case, out: torch.Tensor, twin_out: torch.Tensor, dta_out: torch.Tensor,
+                 sdpa_out: list[torch.Tensor]) -> dict[str, object]:  # fmt: skip
+    """The correctness check of one case, after every impl ran once."""
+    # request 0's first m new tokens (causal: they do not see the later ones), so float64 fits in memory
+    m = min(c.new, 128)
+    first_pages = torch.tensor([0, c.per])
+    expect = extend_attention_reference(c.q[:m], c.k[:m], c.v[:m], c.pages, c.page_ids[:c.per], first_pages,
+                                        [c.prefix], [m], c.scale)  # fmt: skip
+
+    return {
+        "batch": c.batch, "prefix_tokens": c.prefix, "new_tokens": c.new, "data": c.data,
+        "compressible_fraction": c.measured,
+        "bit_identical_to_twin": bool(torch.equal(out, twin_out)),
+        "decompress_then_attend_identical": bool(torch.equal(out, dta_out)),
+        "rel_err_zipkv": rel_err(out[:m], expect),
+        "rel_err_sdpa": rel_err(sdpa_out[0][0, :, :m].transpose(0, 1), expect),
+    }  # fmt: skip
+
+
+def run_shape(args, timer, batch, prefix, new, entry, rows, checks, gen):  # type: ignore[no-untyped-def]
+    c = make_case(args, batch, prefix, new, entry, gen)
+
+    def add(impl: str, us: float) -> None:
+        rows.append({"batch": batch, "prefix_tokens": prefix, "new_tokens": new, "impl": impl, "data": c.data,
+                     "compressible_fraction": c.measured, "median_us": round(us, 2)})  # fmt: skip
+        print(f"  {batch:>3} x {prefix:>6} + {new:>5} {impl:<24} f={c.measured:<7} {us:10.1f} us", flush=True)
+
+    impls, (out, twin_out, dta_out) = paged_impls(c)
+    impls["sdpa"], sdpa_out = sdpa_impl(c)
+    if args.check:
+        for fn in (impls["zipkv"], impls["zipkv_twin"], impls["decompress_then_attend"], impls["sdpa"]):
+            fn()
+        checks.append(check_record(c, out, twin_out, dta_out, sdpa_out))
         print("  check", checks[-1], flush=True)
     for impl in args.impls:
         add(impl, timer.median_us(impls[impl]))
@@ -175,8 +232,7 @@ def main() -> None:
             "rows": rows,
         }
         if args.out:
-            Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-            Path(args.out).write_text(json.dumps(result, indent=1))
+            write_record(args.out, result)
     bad = [c for c in checks if not (c["bit_identical_to_twin"] and c["decompress_then_attend_identical"])]
     bad += [c for c in checks if not max(float(c["rel_err_zipkv"]), float(c["rel_err_sdpa"])) <= 1e-2]  # type: ignore[arg-type]
     print(f"checks: {len(checks)}, failing: {len(bad)}; {time.time() - t0:.1f} s")
