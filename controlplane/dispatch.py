@@ -189,7 +189,15 @@ class Dispatcher:
                 break
             w = cand.worker
             rid = f"{base_id}-{attempts}"
-            if not await self.store.reserve(w.worker_id, rid, shape.need_tokens, self.clock()):
+            reserved = await self.store.reserve(
+                w.worker_id,
+                rid,
+                shape.need_tokens,
+                self.clock(),
+                prefill_tokens=cand.prefill_tokens(shape),
+                cached_tokens=cand.cached_tokens,
+            )
+            if not reserved:
                 self.metrics.retries.labels("reservation_conflict").inc()
                 continue  # another router took the headroom first; not an attempt on the worker
             mode = "coarse" if decision.coarse else "fine"

@@ -4,7 +4,8 @@ Keys (one Redis, not a cluster: the report script also touches the worker set):
     {prefix}:workers         SET of worker ids
     {prefix}:w:{id}          HASH epoch, seq, recv, free (the reported headroom), data (the view as JSON);
                              PEXPIRE = expire_after_ms
-    {prefix}:r:{id}          HASH request_id -> "tokens:started_s:expires_s"  (reservations)
+    {prefix}:r:{id}          HASH request_id -> "tokens:started_s:expires_s:prefill:cached:placed_s"
+                             (reservations; a router from before the last three wrote only the first three)
 Each write is one Lua script, so ordering checks and the fit check + reservation are atomic: two routers
 cannot both take the last headroom of a worker. The accounting rule is the one in state.py.
 
@@ -32,9 +33,10 @@ from zipkv.controlplane.state import (
     Reservation,
     Snapshot,
     WorkerView,
-    unseen_reserved,
+    bare,
     view_from_json,
     view_to_json,
+    with_reservations,
 )
 
 log = logging.getLogger("zipkv.controlplane.redis")
@@ -71,7 +73,8 @@ for i = 1, #all, 2 do
   end
 end
 if free - used < tonumber(ARGV[2]) then return 0 end
-redis.call('HSET', KEYS[2], ARGV[1], ARGV[2] .. ':0:' .. ARGV[4])
+redis.call('HSET', KEYS[2], ARGV[1],
+           ARGV[2] .. ':0:' .. ARGV[4] .. ':' .. ARGV[7] .. ':' .. ARGV[8] .. ':' .. ARGV[3])
 redis.call('PEXPIRE', KEYS[2], ARGV[5])
 return 1
 """
@@ -79,8 +82,8 @@ return 1
 MARK_STARTED = """
 local v = redis.call('HGET', KEYS[1], ARGV[1])
 if not v then return 0 end
-local t, st, ex = string.match(v, '([^:]+):([^:]+):([^:]+)')
-redis.call('HSET', KEYS[1], ARGV[1], t .. ':' .. ARGV[2] .. ':' .. ex)
+local t, rest = string.match(v, '^([^:]+):[^:]+:(.+)$')
+redis.call('HSET', KEYS[1], ARGV[1], t .. ':' .. ARGV[2] .. ':' .. rest)
 return 1
 """
 
@@ -88,8 +91,21 @@ return 1
 def _parse_res(raw: dict[str, str]) -> list[Reservation]:
     out = []
     for value in raw.values():
-        tokens, started, expires = value.split(":")
-        out.append(Reservation(int(tokens), float(started), float(expires)))
+        tokens, started, expires, *rest = value.split(":")
+        if len(rest) == 3:
+            prefill, cached, placed = rest
+            out.append(
+                Reservation(
+                    int(tokens),
+                    float(started),
+                    float(expires),
+                    None if prefill == "-" else int(prefill),
+                    int(cached),
+                    float(placed),
+                )
+            )
+        else:  # written by a router from before the prefill fields: all of it counts, until started
+            out.append(Reservation(int(tokens), float(started), float(expires)))
     return out
 
 
@@ -148,7 +164,7 @@ class RedisStore:
             # Keep the last shared view of every worker (pinned) so placement can still use it.
             for v in self._snap.workers:
                 if v.worker_id not in self._local.views():
-                    self._local.put_report_sync(dataclasses.replace(v, reserved_tokens=0, pinned=True))
+                    self._local.put_report_sync(dataclasses.replace(bare(v), pinned=True))
         self._degraded = True
 
     async def put_report(self, view: WorkerView) -> str | None:
@@ -193,8 +209,8 @@ class RedisStore:
                 gone.append(wid)  # its report hash expired: the worker stopped reporting
                 continue
             view = view_from_json(data)
-            reserved = unseen_reserved(_parse_res(res), view.received_s, now, self._delay_s)
-            views.append(dataclasses.replace(view, reserved_tokens=reserved, pinned=False))
+            counted = with_reservations(view, _parse_res(res), now, self._delay_s)
+            views.append(dataclasses.replace(counted, pinned=False))
         if gone:
             await self._redis.srem(f"{self._p}:workers", *gone)
         self._snap = Snapshot(tuple(views), now)
@@ -209,7 +225,7 @@ class RedisStore:
             if view.worker_id in present or view.pinned or now - view.received_s > self._expire_ms / 1000:
                 continue
             await self._put_shared(view)
-            back.append(dataclasses.replace(view, reserved_tokens=0))
+            back.append(bare(view))
         if back:
             log.warning(
                 "redis lacked live workers; wrote back their last reports", extra={"workers": len(back)}
@@ -243,7 +259,16 @@ class RedisStore:
             await self._redis.hdel(self._r(wid), rid)
             self._pending_release.remove((wid, rid))
 
-    async def reserve(self, worker_id: str, request_id: str, tokens: int, now_s: float) -> bool:
+    async def reserve(
+        self,
+        worker_id: str,
+        request_id: str,
+        tokens: int,
+        now_s: float,
+        *,
+        prefill_tokens: int | None = None,
+        cached_tokens: int = 0,
+    ) -> bool:
         if not self._degraded:
             args: list[str | int] = [
                 request_id,
@@ -252,6 +277,8 @@ class RedisStore:
                 repr(now_s + self._res_ttl_s),
                 int(self._res_ttl_s * 1000),
                 repr(self._delay_s),
+                "-" if prefill_tokens is None else prefill_tokens,
+                cached_tokens,
             ]
             try:
                 return bool(
@@ -263,7 +290,9 @@ class RedisStore:
                     # It may have been applied before the timeout: undo it later, and do not use it.
                     self._pending_release.append((worker_id, request_id))
                     return False
-        ok = await self._local.reserve(worker_id, request_id, tokens, now_s)
+        ok = await self._local.reserve(
+            worker_id, request_id, tokens, now_s, prefill_tokens=prefill_tokens, cached_tokens=cached_tokens
+        )
         if ok:
             self._local_res.add((worker_id, request_id))
         return ok

@@ -8,10 +8,13 @@
     headroom  need_tokens = prompt_tokens + max_new_tokens <= view.headroom_tokens (the reported
               headroom less this router's reservations the report cannot have seen: state.py)
     wait      when placement.shed_wait_over_ttft = f > 0: wait_ms <= f * slo_ttft_ms (else `slo_wait`),
-              wait_ms = (queued_prefill_tokens + reserved_tokens) * prefill_ms_per_token, the prefill
-              queued ahead of the request. Past the knee every worker's queue is longer than the target:
-              a request placed anyway misses it and delays the ones behind it, so refusing it (503) keeps
-              the goodput at the knee (bench/cluster_sim.py measured it; off by default)
+              wait_ms = queued_prefill * prefill_ms_per_token, the prefill queued ahead of the request
+              net of expected prefix-cache hits (predict.py: the report's queue less the cached prompt
+              tokens of this router's requests it lists, plus the uncached prompts placed since; the
+              TTFT prediction the SLO scorer reads starts from the same count). Past the knee every
+              worker's queue is longer than the target: a request placed anyway misses it and delays the
+              ones behind it, so refusing it (503) keeps the goodput at the knee (bench/cluster_sim.py
+              measured it; off by default)
 Filters run before any scorer, so no scorer (prefix affinity included) can bring back a worker they drop.
 """
 

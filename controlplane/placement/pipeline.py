@@ -5,7 +5,7 @@ from __future__ import annotations
 from zipkv.controlplane.config import PlacementConfig
 from zipkv.controlplane.placement import picker
 from zipkv.controlplane.placement.filters import apply_filters
-from zipkv.controlplane.placement.predict import peer_itl_ms, predict_ms
+from zipkv.controlplane.placement.predict import cached_prompt_tokens, peer_itl_ms, predict_ms
 from zipkv.controlplane.placement.scorers import ScoreInput, headroom, prefix_affinity, queue, slo
 from zipkv.controlplane.placement.shapes import Candidate, Decision, RequestShape
 from zipkv.controlplane.prefix_index import PrefixMatch
@@ -31,10 +31,12 @@ def place(
     unmeasured_itl_ms = peer_itl_ms(kept, cfg)
     out = []
     for v in kept:
-        cached = prefix.served(v.worker_id) * cfg.prefix_block_tokens if with_affinity and prefix else 0
+        cached = cached_prompt_tokens(
+            prefix if with_affinity else None, v.worker_id, req, cfg.prefix_block_tokens
+        )
         ttft_ms, tpot_ms = predict_ms(v, req, cfg, unmeasured_itl_ms, cached)
         s = ScoreInput(v, req, cfg, ttft_ms, tpot_ms)
         h, o, q = headroom.score(s), slo.score(s), queue.score(s)
         a = prefix_affinity.score(s, prefix) if with_affinity else 0.0
-        out.append(Candidate(v, picker.combine(w, h, o, q, a), h, o, q, ttft_ms, tpot_ms, a))
+        out.append(Candidate(v, picker.combine(w, h, o, q, a), h, o, q, ttft_ms, tpot_ms, a, cached))
     return Decision(ranked=picker.rank(out, top_k), coarse=coarse, filtered=dropped)
