@@ -112,6 +112,11 @@ class SimWorker:
     def queued_prefill_tokens(self) -> int:
         return self._waiting_tokens + sum(r.prefill_left for r in self.prefilling)
 
+    def reported_prefill_tokens(self) -> int:
+        """queued_prefill_tokens as a zipkv worker reports it (worker/engines/sglang/engine.py): the whole
+        prompt of every request without its first token, cached prefix and prefilled chunks included."""
+        return self._waiting_tokens + sum(r.tr.input_tokens for r in self.prefilling)
+
     def remaining_decode_tokens(self) -> int:
         return self._finish_step_sum - self.running * self.steps
 

@@ -2,12 +2,16 @@
 
 Each worker reports every `report_interval_ms` what a zipkv worker reports (worker/engines/sglang/engine.py
 `capacity()`: free tokens after the outputs still owed, total, compression ratio, running and queued
-requests, queued prefill tokens, the mean of its last 64 TTFTs and last ~256 inter-token gaps). The
+requests, queued prefill tokens as that engine counts them (the whole prompt of every request without its
+first token: `SimWorker.reported_prefill_tokens`), the mean of its last 64 TTFTs and last ~256
+inter-token gaps). The
 router's `MemoryStore` (controlplane/state.py) holds the views and the reservations, `place`
 (controlplane/placement/) ranks the workers, and the request goes to the first ranked worker whose
 reservation succeeds, as `Dispatcher.start` does; none: 503 (shed). With
 placement.weight_prefix_affinity > 0 the router's `PrefixIndex` (controlplane/prefix_index.py) is kept
-as the dispatcher keeps it: looked up before placement, the placement recorded after. The trace's block
+as the dispatcher keeps it: looked up before placement, the placement recorded after, and each
+reservation carries the candidate's expected prefill and cached tokens (state.py, prefill accounting).
+The trace's block
 ids stand for the blocks' tokens (equal ids are equal 512-token blocks), so the chain is hashed over the
 ids of the prompt's full blocks instead of over token ids; the chain and the index are the router's.
 The store runs on the simulation's clock. Its methods are coroutines that never await (one router,
@@ -63,7 +67,7 @@ def worker_view(w: SimWorker, sequence: int, now_s: float) -> WorkerView:
             compression_ratio=w.spec.compression_ratio,
             running_requests=w.running,
             queued_requests=w.queued,
-            queued_prefill_tokens=w.queued_prefill_tokens(),
+            queued_prefill_tokens=w.reported_prefill_tokens(),
             ttft_ms=sum(ttfts) / len(ttfts) if ttfts else 0.0,
             itl_ms=w.itl_ms(),
             max_context_tokens=CONTEXT_TOKENS,
@@ -141,7 +145,15 @@ class ZipkvRouter:
         rid = f"r{r.rid}"
         for cand in decision.ranked:
             wid = cand.worker.worker_id
-            if run_now(self.store.reserve(wid, rid, shape.need_tokens, self.clock())):
+            reserve = self.store.reserve(
+                wid,
+                rid,
+                shape.need_tokens,
+                self.clock(),
+                prefill_tokens=cand.prefill_tokens(shape),
+                cached_tokens=cand.cached_tokens,
+            )
+            if run_now(reserve):
                 self.placed[r.rid] = wid
                 if self.prefix is not None:
                     self.prefix.record(hashes, wid)
