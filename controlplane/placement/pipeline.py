@@ -23,10 +23,10 @@ def place(
     """Rank the workers that can take `req` (best first; only the best `top_k` when given); empty when
     none can (the caller answers 503). `prefix`: the router's prefix index's answer for this prompt
     (None: no affinity, as for a prompt shorter than one block)."""
-    kept, dropped = apply_filters(snap, req, cfg, now_s)
+    with_affinity = prefix is not None and prefix.blocks > 0 and cfg.weight_prefix_affinity > 0
+    kept, dropped = apply_filters(snap, req, cfg, now_s, prefix if with_affinity else None)
     stale_s = cfg.stale_after_ms / 1000.0
     coarse = any(now_s - v.received_s > stale_s for v in kept)
-    with_affinity = prefix is not None and prefix.blocks > 0 and cfg.weight_prefix_affinity > 0
     w = picker.weights(cfg, coarse, with_affinity)
     unmeasured_itl_ms = peer_itl_ms(kept, cfg)
     out = []

@@ -25,7 +25,12 @@
                    piled long prompts on one worker; counting every reservation until its first token (in
                    full, with its output, on top of the report that lists it) predicted a worker that was
                    nearly idle past the shed bound (bench/cluster_sim.py measured both)
-The SLO scorer reads both predictions; the `slo_wait` filter reads `prefill_wait_ms`.
+    shed_wait_ms = (queued_prefill + best_cached_tokens - cached_tokens) * prefill_ms_per_token
+                   what the `slo_wait` filter bounds: the queue ahead plus the part of the request's own
+                   prefill this worker costs beyond the best candidate (the one holding most of its
+                   prefix); the same count as ttft_ms less the prefill every candidate would do anyway, so
+                   the filter and the SLO and affinity scorers rank the holder of a conversation alike
+The SLO scorer reads both predictions; the `slo_wait` filter reads `shed_wait_ms`.
 """
 
 from __future__ import annotations
@@ -83,6 +88,13 @@ def cached_prompt_tokens(
 
 
 def prefill_wait_ms(view: WorkerView, req: RequestShape) -> float:
-    """The prefill queued ahead of `req` on `view` (module doc): what the `slo_wait` filter reads; the TTFT
-    prediction is this plus the request's own uncached prompt and a step."""
+    """The prefill queued ahead of `req` on `view` (module doc); the TTFT prediction is this plus the
+    request's own uncached prompt and a step."""
     return queued_prefill_tokens(view) * req.prefill_ms_per_token
+
+
+def shed_wait_ms(view: WorkerView, req: RequestShape, cached_tokens: int, best_cached_tokens: int) -> float:
+    """What the `slo_wait` filter bounds (module doc): the queue ahead plus the prompt tokens of `req` that
+    `view` would prefill and the best candidate (holding `best_cached_tokens`) would not."""
+    extra = max(best_cached_tokens - cached_tokens, 0)
+    return prefill_wait_ms(view, req) + extra * req.prefill_ms_per_token

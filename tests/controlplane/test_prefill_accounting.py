@@ -16,6 +16,7 @@ from test_router_placement import view
 
 from zipkv.controlplane.config import ModelConfig, PlacementConfig, RouterConfig, StateConfig
 from zipkv.controlplane.placement import RequestShape, place, prefill_wait_ms, queued_prefill_tokens
+from zipkv.controlplane.placement.predict import shed_wait_ms
 from zipkv.controlplane.prefix_index import PrefixMatch
 from zipkv.controlplane.redis_store import RedisStore, _parse_res
 from zipkv.controlplane.state import (
@@ -133,33 +134,72 @@ def test_without_prefill_fields_an_unlisted_reservation_counts_all_its_tokens() 
     asyncio.run(scenario())
 
 
-# prefill_ms_per_token 0.5, TTFT target 2000 ms, shed_wait_over_ttft 0.25: bound 500 ms = 1000 tokens.
-# "holder" reports 3000 queued prompt tokens, 2500 of them its cached prefixes of this router's turns;
-# "cold" reports 900 and nothing of it is cached. The request: 2048 tokens, "holder" holds 3 of 4 blocks.
+# prefill_ms_per_token 0.5, TTFT target 2000 ms, shed_wait_over_ttft 0.25: bound 500 ms.
+# The request: 2048 tokens; "holder" holds 3 of its 4 blocks (1536 tokens), "cold" none. The best case
+# among the workers the other filters keep is the holder's 1536, so "cold" pays 1536 x .5 = 768 ms extra.
 SHED = PlacementConfig(shed_wait_over_ttft=0.25)
 TURN = RequestShape("m", 2048, 100, 2000.0, 100.0, prefill_ms_per_token=0.5)
 HELD = PrefixMatch(4, (("holder", 3),))
 
 
 @pytest.mark.parametrize(
-    ("listed_done", "holder_kept", "holder_wait_ms"),
+    ("queued", "listed_done", "cached", "best", "wait_ms"),
     [
-        (0, False, 1500.0),  # counted in full (as before): 3000 x .5 > 500 ms, dropped as slo_wait
-        (2500, True, 250.0),  # net of its cached prefixes: 500 x .5 = 250 ms
-        (2000, True, 500.0),  # 1000 x .5 = 500 ms: at the bound, kept
-        (1999, False, 500.5),
+        (1000, 0, 0, 0, 500.0),  # no prefix match: the queue alone, as before
+        (1000, 800, 0, 0, 100.0),  # the queue net of the hits of requests the report lists
+        (1000, 0, 1536, 1536, 500.0),  # the holder: its own prompt costs no more than the best case
+        (1000, 0, 0, 1536, 1268.0),  # a cold worker: + 1536 x .5 it would prefill and the holder not
+        (1000, 0, 512, 1536, 1012.0),  # holds 1 block of the 3: + 1024 x .5
+        (0, 0, 0, 1536, 768.0),  # idle and cold: the turn's cached prefix is what moving it costs
     ],
 )
-def test_the_shed_filter_reads_the_queue_net_of_cache_hits(
-    listed_done: int, holder_kept: bool, holder_wait_ms: float
+def test_the_shed_wait_is_the_queue_plus_the_prefill_beyond_the_best_case(
+    queued: int, listed_done: int, cached: int, best: int, wait_ms: float
 ) -> None:
-    holder = view("holder", 50_000, itl_ms=10.0, queued_prefill_tokens=3000, listed_done_tokens=listed_done)
-    cold = view("cold", 50_000, itl_ms=10.0, queued_prefill_tokens=900)
-    assert prefill_wait_ms(holder, TURN) == pytest.approx(holder_wait_ms)
-    d = place(Snapshot((holder, cold), 0.0), TURN, SHED, 10_000.0, prefix=HELD)
-    ranked = [c.worker.worker_id for c in d.ranked]
-    assert ranked == (["holder", "cold"] if holder_kept else ["cold"])
-    assert d.filtered == ({} if holder_kept else {"slo_wait": 1})
+    v = view("w", 50_000, queued_prefill_tokens=queued, listed_done_tokens=listed_done)
+    assert shed_wait_ms(v, TURN, cached, best) == pytest.approx(wait_ms)
+
+
+@pytest.mark.parametrize(
+    ("holder_queue", "holder_done", "holder_free", "cold_queue", "ranked", "filtered"),
+    [
+        # holder 3000 queued, 2500 of it hits of listed requests: 250 ms; cold 0 + 768 ms: dropped
+        (3000, 2500, 50_000, 0, ["holder"], {"slo_wait": 1}),
+        # the holder is past the bound itself (1500 ms), and moving the turn costs 768 ms: refused
+        (3000, 0, 50_000, 0, [], {"slo_wait": 2}),
+        # the holder has no headroom: the best case is the cold worker's own (0), it pays no extra
+        (0, 0, 1_000, 900, ["cold"], {"headroom": 1}),
+        # nobody holds more than the other: the queue alone decides (cold 450 ms, holder 250 ms)
+        (500, 0, 50_000, 900, ["holder", "cold"], {}),
+    ],
+)
+def test_the_shed_filter_keeps_the_worker_holding_the_conversation(
+    holder_queue: int,
+    holder_done: int,
+    holder_free: int,
+    cold_queue: int,
+    ranked: list[str],
+    filtered: dict[str, int],
+) -> None:
+    holder = view(
+        "holder",
+        holder_free,
+        itl_ms=10.0,
+        queued_prefill_tokens=holder_queue,
+        listed_done_tokens=holder_done,
+    )
+    cold = view("cold", 50_000, itl_ms=10.0, queued_prefill_tokens=cold_queue)
+    prefix = HELD if ranked != ["holder", "cold"] else PrefixMatch(4)
+    d = place(Snapshot((holder, cold), 0.0), TURN, SHED, 10_000.0, prefix=prefix)
+    assert [c.worker.worker_id for c in d.ranked] == ranked
+    assert d.filtered == filtered
+
+
+def test_without_affinity_the_prefix_match_is_not_read() -> None:
+    cfg = PlacementConfig(shed_wait_over_ttft=0.25, weight_prefix_affinity=0.0)
+    cold = view("cold", 50_000, queued_prefill_tokens=900)  # 450 ms: kept; with the match it would not be
+    d = place(Snapshot((view("holder", 50_000), cold), 0.0), TURN, cfg, 10_000.0, prefix=HELD)
+    assert {c.worker.worker_id for c in d.ranked} == {"holder", "cold"}
 
 
 @pytest.mark.parametrize(
