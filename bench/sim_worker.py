@@ -52,6 +52,7 @@ class SimRequest:
     done_s: float = math.nan
     prefill_left: int = 0
     prefilled: int = 0  # prompt tokens in the context so far (cached prefix + prefilled chunks)
+    prefill_start_s: float = math.nan  # admitted into a prefill batch: the wait ahead of it is over
     shed: bool = False
 
 
@@ -171,6 +172,7 @@ class SimWorker:
             self.admitted_prompt_tokens += head.tr.input_tokens
             self.prefix_hit_tokens += head.tr.input_tokens - left
             head.prefill_left, head.prefilled = left, head.tr.input_tokens - left
+            head.prefill_start_s = self.env.now
             self.prefilling.append(head)
             n = min(left, budget)
             batch.append((head, n))
