@@ -189,7 +189,15 @@ class Dispatcher:
                 break
             w = cand.worker
             rid = f"{base_id}-{attempts}"
-            if not await self.store.reserve(w.worker_id, rid, shape.need_tokens, self.clock()):
+            reserved = await self.store.reserve(
+                w.worker_id,
+                rid,
+                shape.need_tokens,
+                self.clock(),
+                prefill_tokens=cand.prefill_tokens(shape),
+                cached_tokens=cand.cached_tokens,
+            )
+            if not reserved:
                 self.metrics.retries.labels("reservation_conflict").inc()
                 continue  # another router took the headroom first; not an attempt on the worker
             mode = "coarse" if decision.coarse else "fine"
@@ -201,17 +209,8 @@ class Dispatcher:
                 stream = await self._open(w.worker_id, w.address, req, attempts)
             except grpc.aio.AioRpcError as exc:
                 await self.release(w.worker_id, rid)
-                if exc.code() in CALLER_ERRORS:
-                    raise DispatchError(
-                        400, "worker_invalid_argument", f"the worker refused the request: {exc.details()}"
-                    ) from None
-                if exc.code() not in RETRYABLE:
-                    timed_out = exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED
-                    raise DispatchError(
-                        504 if timed_out else 502,
-                        "worker_timeout" if timed_out else "worker_error",
-                        f"worker {w.worker_id} failed: {exc.code().name}: {exc.details()}",
-                    ) from None
+                if exc.code() in CALLER_ERRORS or exc.code() not in RETRYABLE:
+                    raise _final_error(w.worker_id, exc) from None
                 attempts += 1
                 self.metrics.retries.labels(exc.code().name.lower()).inc()
                 log.info("retrying elsewhere", extra={"worker": w.worker_id, "code": exc.code().name})
@@ -280,4 +279,19 @@ def _unreachable(address: str) -> grpc.aio.AioRpcError:
         grpc.aio.Metadata(),
         details=f"worker {address} unreachable",
         debug_error_string="",
+    )
+
+
+def _final_error(worker_id: str, exc: grpc.aio.AioRpcError) -> DispatchError:
+    """What the caller gets when a worker's error is not worth a retry elsewhere: its own bad request (400),
+    or the worker's failure (502; 504 past the deadline)."""
+    if exc.code() in CALLER_ERRORS:
+        return DispatchError(
+            400, "worker_invalid_argument", f"the worker refused the request: {exc.details()}"
+        )
+    timed_out = exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    return DispatchError(
+        504 if timed_out else 502,
+        "worker_timeout" if timed_out else "worker_error",
+        f"worker {worker_id} failed: {exc.code().name}: {exc.details()}",
     )

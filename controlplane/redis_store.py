@@ -4,7 +4,8 @@ Keys (one Redis, not a cluster: the report script also touches the worker set):
     {prefix}:workers         SET of worker ids
     {prefix}:w:{id}          HASH epoch, seq, recv, free (the reported headroom), data (the view as JSON);
                              PEXPIRE = expire_after_ms
-    {prefix}:r:{id}          HASH request_id -> "tokens:started_s:expires_s"  (reservations)
+    {prefix}:r:{id}          HASH request_id -> "tokens:started_s:expires_s:prefill:cached:placed_s"
+                             (reservations; a router from before the last three wrote only the first three)
 Each write is one Lua script, so ordering checks and the fit check + reservation are atomic: two routers
 cannot both take the last headroom of a worker. The accounting rule is the one in state.py.
 
@@ -27,70 +28,20 @@ from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeout
 
 from zipkv.controlplane.config import RouterConfig
+from zipkv.controlplane.redis_scripts import MARK_STARTED, PUT_REPORT, RESERVE, parse_reservations
 from zipkv.controlplane.state import (
     MemoryStore,
-    Reservation,
     Snapshot,
     WorkerView,
-    unseen_reserved,
+    bare,
     view_from_json,
     view_to_json,
+    with_reservations,
 )
 
 log = logging.getLogger("zipkv.controlplane.redis")
 ERRORS = (RedisError, OSError, asyncio.TimeoutError)
 TIMEOUTS_TO_DEGRADE = 3
-
-PUT_REPORT = """
-local cur = redis.call('HMGET', KEYS[1], 'epoch', 'seq')
-if cur[1] then
-  local e, s = tonumber(ARGV[1]), tonumber(ARGV[2])
-  local ce, cs = tonumber(cur[1]), tonumber(cur[2])
-  if e < ce or (e == ce and s <= cs) then return cur[1] .. ':' .. cur[2] end
-end
-redis.call('HSET', KEYS[1], 'epoch', ARGV[1], 'seq', ARGV[2], 'recv', ARGV[3], 'free', ARGV[4],
-           'data', ARGV[5])
-redis.call('PEXPIRE', KEYS[1], ARGV[6])
-redis.call('SADD', KEYS[2], ARGV[7])
-return ''
-"""
-
-RESERVE = """
-local w = redis.call('HMGET', KEYS[1], 'free', 'recv')
-if not w[1] then return -1 end
-local free, recv, now = tonumber(w[1]), tonumber(w[2]), tonumber(ARGV[3])
-local all = redis.call('HGETALL', KEYS[2])
-local used = 0
-for i = 1, #all, 2 do
-  local t, st, ex = string.match(all[i + 1], '([^:]+):([^:]+):([^:]+)')
-  t, st, ex = tonumber(t), tonumber(st), tonumber(ex)
-  if ex <= now then
-    redis.call('HDEL', KEYS[2], all[i])
-  elseif st == 0 or recv < st + tonumber(ARGV[6]) then
-    used = used + t
-  end
-end
-if free - used < tonumber(ARGV[2]) then return 0 end
-redis.call('HSET', KEYS[2], ARGV[1], ARGV[2] .. ':0:' .. ARGV[4])
-redis.call('PEXPIRE', KEYS[2], ARGV[5])
-return 1
-"""
-
-MARK_STARTED = """
-local v = redis.call('HGET', KEYS[1], ARGV[1])
-if not v then return 0 end
-local t, st, ex = string.match(v, '([^:]+):([^:]+):([^:]+)')
-redis.call('HSET', KEYS[1], ARGV[1], t .. ':' .. ARGV[2] .. ':' .. ex)
-return 1
-"""
-
-
-def _parse_res(raw: dict[str, str]) -> list[Reservation]:
-    out = []
-    for value in raw.values():
-        tokens, started, expires = value.split(":")
-        out.append(Reservation(int(tokens), float(started), float(expires)))
-    return out
 
 
 class RedisStore:
@@ -148,7 +99,7 @@ class RedisStore:
             # Keep the last shared view of every worker (pinned) so placement can still use it.
             for v in self._snap.workers:
                 if v.worker_id not in self._local.views():
-                    self._local.put_report_sync(dataclasses.replace(v, reserved_tokens=0, pinned=True))
+                    self._local.put_report_sync(dataclasses.replace(bare(v), pinned=True))
         self._degraded = True
 
     async def put_report(self, view: WorkerView) -> str | None:
@@ -193,8 +144,8 @@ class RedisStore:
                 gone.append(wid)  # its report hash expired: the worker stopped reporting
                 continue
             view = view_from_json(data)
-            reserved = unseen_reserved(_parse_res(res), view.received_s, now, self._delay_s)
-            views.append(dataclasses.replace(view, reserved_tokens=reserved, pinned=False))
+            counted = with_reservations(view, parse_reservations(res), now, self._delay_s)
+            views.append(dataclasses.replace(counted, pinned=False))
         if gone:
             await self._redis.srem(f"{self._p}:workers", *gone)
         self._snap = Snapshot(tuple(views), now)
@@ -209,7 +160,7 @@ class RedisStore:
             if view.worker_id in present or view.pinned or now - view.received_s > self._expire_ms / 1000:
                 continue
             await self._put_shared(view)
-            back.append(dataclasses.replace(view, reserved_tokens=0))
+            back.append(bare(view))
         if back:
             log.warning(
                 "redis lacked live workers; wrote back their last reports", extra={"workers": len(back)}
@@ -243,7 +194,16 @@ class RedisStore:
             await self._redis.hdel(self._r(wid), rid)
             self._pending_release.remove((wid, rid))
 
-    async def reserve(self, worker_id: str, request_id: str, tokens: int, now_s: float) -> bool:
+    async def reserve(
+        self,
+        worker_id: str,
+        request_id: str,
+        tokens: int,
+        now_s: float,
+        *,
+        prefill_tokens: int | None = None,
+        cached_tokens: int = 0,
+    ) -> bool:
         if not self._degraded:
             args: list[str | int] = [
                 request_id,
@@ -252,6 +212,8 @@ class RedisStore:
                 repr(now_s + self._res_ttl_s),
                 int(self._res_ttl_s * 1000),
                 repr(self._delay_s),
+                "-" if prefill_tokens is None else prefill_tokens,
+                cached_tokens,
             ]
             try:
                 return bool(
@@ -263,7 +225,9 @@ class RedisStore:
                     # It may have been applied before the timeout: undo it later, and do not use it.
                     self._pending_release.append((worker_id, request_id))
                     return False
-        ok = await self._local.reserve(worker_id, request_id, tokens, now_s)
+        ok = await self._local.reserve(
+            worker_id, request_id, tokens, now_s, prefill_tokens=prefill_tokens, cached_tokens=cached_tokens
+        )
         if ok:
             self._local_res.add((worker_id, request_id))
         return ok

@@ -13,6 +13,26 @@ after the worker admitted the request (a report is not delayed past a token on t
 clock noise), so it already accounts for it. Double counting is conservative; never counting would
 over-commit.
 
+Prefill accounting (the prefill-wait and TTFT predictions, placement/predict.py) follows another rule:
+a worker lists a request in its reported queued_prefill_tokens from the moment it has it until its first
+token, at the whole prompt (it does not know its prefix-cache hits ahead of scheduling). Each reservation
+carries the prompt tokens the router expects the worker to prefill (`prefill_tokens`: the prompt less the
+`cached_tokens` the prefix index says that worker holds) and when it was placed (`placed_s`). A report
+lists a reservation when it was built after the worker got the request (placed_s + delay <= received_s,
+the rule above turned round) and before its first token (started_s == 0 or started_s > received_s):
+    listed, not started        its cached_tokens come off the reported queue (no prefill for them)
+    listed, started since      its whole prompt comes off the reported queue (its prefill is done)
+    not listed, not started    the report cannot show it yet: its prefill_tokens are added
+    not listed, started        nothing (done, and not in the report)
+(`prefill_accounting`; what comes off is `listed_done_tokens`, what is added `unseen_prefill_tokens`).
+A reservation of a router from before these fields (placed_s 0, prefill_tokens None) is never taken as
+listed and adds all of `tokens` until its first token. The headroom rule above, used for the queue, had
+counted every queued request twice (in the report and as a reservation), with its output and its cached
+prefix as prefill, until its first token, and the shed filter dropped workers that were nearly idle
+(docs/benchmarks.md, the cluster simulation). Timing noise (a first token emitted before the report was
+built but received after it) can take a prompt off that the report did not list: one prompt, for one
+report interval; the prediction is an estimate, never a reservation of memory.
+
 Reports are accepted only in order: (epoch, sequence) must grow per worker_id; every field was range-checked
 before (report_checks.py), including lateness and timestamps from the future.
 """
@@ -24,6 +44,7 @@ import json
 from dataclasses import dataclass, replace
 from typing import Protocol
 
+from zipkv.controlplane.reservations import Reservation, prefill_accounting, unseen_reserved
 from zipkv.protos import zipkv_pb2 as pb
 from zipkv.protos.capacity import Capacity
 
@@ -40,6 +61,8 @@ class WorkerView:
     draining: bool
     capacity: Capacity  # what the worker reported: headroom, budget, load, latencies (protos/capacity.py)
     reserved_tokens: int = 0  # router reservations this report cannot have seen (see module doc)
+    unseen_prefill_tokens: int = 0  # prompt tokens to prefill of reservations the report cannot list yet
+    listed_done_tokens: int = 0  # of the reported queue, what needs no prefill (module doc: cached, done)
     pinned: bool = False  # kept past expiry: the shared state is unreachable and this is the last known view
 
     @property
@@ -67,9 +90,16 @@ def view_from_report(report: pb.CapacityReport, received_s: float) -> WorkerView
     )
 
 
+# Each router computes these from the reservations when it takes a snapshot; the shared copy of a report
+# leaves them out (a router from before a field existed could not read it back).
+ROUTER_SIDE = ("reserved_tokens", "unseen_prefill_tokens", "listed_done_tokens")
+
+
 def view_to_json(view: WorkerView) -> str:
-    """A view as the shared state stores it: one flat JSON object, capacity fields by their wire names."""
-    flat = {f.name: getattr(view, f.name) for f in dataclasses.fields(view) if f.name != "capacity"}
+    """A view as the shared state stores it: one flat JSON object, capacity fields by their wire names,
+    without the router-side accounting (`ROUTER_SIDE`)."""
+    skip = ("capacity", *ROUTER_SIDE)
+    flat = {f.name: getattr(view, f.name) for f in dataclasses.fields(view) if f.name not in skip}
     return json.dumps({**flat, **view.capacity.report_fields()})
 
 
@@ -86,20 +116,21 @@ def out_of_order(prev: WorkerView | None, new: WorkerView) -> bool:
     return prev is not None and new.order <= prev.order
 
 
-@dataclass(frozen=True, slots=True)
-class Reservation:
-    tokens: int
-    started_s: float  # 0 until the first token arrived
-    expires_s: float  # a router that died never releases; its reservations expire
+def bare(view: WorkerView) -> WorkerView:
+    """`view` with no reservation counted on it (the report alone)."""
+    return replace(view, reserved_tokens=0, unseen_prefill_tokens=0, listed_done_tokens=0)
 
 
-def unseen_reserved(
-    reservations: list[Reservation], report_received_s: float, now_s: float, delay_bound_s: float
-) -> int:
-    return sum(
-        r.tokens
-        for r in reservations
-        if r.expires_s > now_s and (r.started_s == 0 or report_received_s < r.started_s + delay_bound_s)
+def with_reservations(
+    view: WorkerView, reservations: list[Reservation], now_s: float, delay_bound_s: float
+) -> WorkerView:
+    """`view` with this router's reservations on it counted as both rules say (module doc)."""
+    unseen, listed_done = prefill_accounting(reservations, view.received_s, now_s, delay_bound_s)
+    return replace(
+        view,
+        reserved_tokens=unseen_reserved(reservations, view.received_s, now_s, delay_bound_s),
+        unseen_prefill_tokens=unseen,
+        listed_done_tokens=listed_done,
     )
 
 
@@ -121,8 +152,19 @@ class Store(Protocol):
 
     def snapshot(self) -> Snapshot: ...
 
-    async def reserve(self, worker_id: str, request_id: str, tokens: int, now_s: float) -> bool:
-        """Atomically reserve if it still fits the worker's headroom; False when it does not."""
+    async def reserve(
+        self,
+        worker_id: str,
+        request_id: str,
+        tokens: int,
+        now_s: float,
+        *,
+        prefill_tokens: int | None = None,
+        cached_tokens: int = 0,
+    ) -> bool:
+        """Atomically reserve if it still fits the worker's headroom; False when it does not.
+        `prefill_tokens` / `cached_tokens`: of the prompt, what the worker is expected to prefill and to
+        find in its prefix cache (prefill accounting, module doc; None: all of `tokens` is prefill)."""
 
     async def mark_started(self, worker_id: str, request_id: str, now_s: float) -> None: ...
 
@@ -183,13 +225,20 @@ class MemoryStore:
                 del self._views[wid]  # its reports stopped: forget it
                 continue
             res = list(self._res.get(wid, {}).values())
-            workers.append(
-                replace(view, reserved_tokens=unseen_reserved(res, view.received_s, now, self._delay_s))
-            )
+            workers.append(with_reservations(view, res, now, self._delay_s))
         self._cache = Snapshot(workers=tuple(workers), taken_s=now)
         return self._cache
 
-    async def reserve(self, worker_id: str, request_id: str, tokens: int, now_s: float) -> bool:
+    async def reserve(
+        self,
+        worker_id: str,
+        request_id: str,
+        tokens: int,
+        now_s: float,
+        *,
+        prefill_tokens: int | None = None,
+        cached_tokens: int = 0,
+    ) -> bool:
         view = self._views.get(worker_id)
         if view is None:
             return False
@@ -202,7 +251,14 @@ class MemoryStore:
             < tokens
         ):
             return False
-        table[request_id] = Reservation(tokens=tokens, started_s=0.0, expires_s=now_s + self._res_ttl_s)
+        table[request_id] = Reservation(
+            tokens=tokens,
+            started_s=0.0,
+            expires_s=now_s + self._res_ttl_s,
+            prefill_tokens=prefill_tokens,
+            cached_tokens=cached_tokens,
+            placed_s=now_s,
+        )
         self._cache = None
         return True
 

@@ -113,6 +113,7 @@ def run_job(job: dict[str, Any]) -> list[dict[str, object]]:
                 "per_worker_rps": job["per_worker_rps"],
                 "peak_running": res.peak_running,
                 "prefix_hit_fraction": round(res.prefix_hit_fraction, 4),
+                **({"router": res.router} if res.router is not None else {}),
             }
         )
     print(

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import simpy
@@ -31,6 +31,7 @@ class SimResult:
     peak_running: int  # over the pool
     per_worker_requests: list[int]
     prefix_hit_fraction: float  # admitted prompt tokens served from the workers' prefix caches
+    router: dict[str, float] | None = None  # zipkv's router: its counters and estimated vs simulated waits
 
 
 def outcome(r: SimRequest) -> Outcome:
@@ -152,7 +153,33 @@ def simulate(
 
     env.process(arrivals())
     env.run(until=all_done)
-    return _result(sims, workers, gaps, peak[0], counts)
+    res = _result(sims, workers, gaps, peak[0], counts)
+    if isinstance(policy, ZipkvRouter):
+        res = replace(res, router=router_stats(policy, sims))
+    return res
+
+
+def router_stats(router: ZipkvRouter, sims: list[SimRequest]) -> dict[str, float]:
+    """zipkv's router in one run: its counters (sim_zipkv_router.py) and, over the requests it placed, the
+    wait it estimated on the chosen worker against the simulated one (arrival to the start of the prefill),
+    mean and the 90th percentile of each, mean error, mean absolute error."""
+    pairs = [
+        (router.est_wait_ms[r.rid], 1000.0 * (r.prefill_start_s - r.arrival_s))
+        for r in sims
+        if r.rid in router.est_wait_ms and not math.isnan(r.prefill_start_s)
+    ]
+    est, got = sorted(p[0] for p in pairs), sorted(p[1] for p in pairs)
+    n = max(len(pairs), 1)
+    p90 = lambda xs: xs[int(0.9 * (len(xs) - 1))] if xs else 0.0
+    return {
+        **{k: float(v) for k, v in router.stats.items()},
+        "est_wait_ms_mean": round(sum(est) / n, 1),
+        "sim_wait_ms_mean": round(sum(got) / n, 1),
+        "est_wait_ms_p90": round(p90(est), 1),
+        "sim_wait_ms_p90": round(p90(got), 1),
+        "wait_error_ms_mean": round(sum(e - g for e, g in pairs) / n, 1),
+        "wait_abs_error_ms_mean": round(sum(abs(e - g) for e, g in pairs) / n, 1),
+    }
 
 
 def _result(

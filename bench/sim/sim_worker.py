@@ -52,6 +52,7 @@ class SimRequest:
     done_s: float = math.nan
     prefill_left: int = 0
     prefilled: int = 0  # prompt tokens in the context so far (cached prefix + prefilled chunks)
+    prefill_start_s: float = math.nan  # admitted into a prefill batch: the wait ahead of it is over
     shed: bool = False
 
 
@@ -112,6 +113,11 @@ class SimWorker:
     def queued_prefill_tokens(self) -> int:
         return self._waiting_tokens + sum(r.prefill_left for r in self.prefilling)
 
+    def reported_prefill_tokens(self) -> int:
+        """queued_prefill_tokens as a zipkv worker reports it (worker/engines/sglang/engine.py): the whole
+        prompt of every request without its first token, cached prefix and prefilled chunks included."""
+        return self._waiting_tokens + sum(r.tr.input_tokens for r in self.prefilling)
+
     def remaining_decode_tokens(self) -> int:
         return self._finish_step_sum - self.running * self.steps
 
@@ -166,6 +172,7 @@ class SimWorker:
             self.admitted_prompt_tokens += head.tr.input_tokens
             self.prefix_hit_tokens += head.tr.input_tokens - left
             head.prefill_left, head.prefilled = left, head.tr.input_tokens - left
+            head.prefill_start_s = self.env.now
             self.prefilling.append(head)
             n = min(left, budget)
             batch.append((head, n))

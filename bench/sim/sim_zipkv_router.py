@@ -2,16 +2,22 @@
 
 Each worker reports every `report_interval_ms` what a zipkv worker reports (worker/engines/sglang/engine.py
 `capacity()`: free tokens after the outputs still owed, total, compression ratio, running and queued
-requests, queued prefill tokens, the mean of its last 64 TTFTs and last ~256 inter-token gaps). The
-router's `MemoryStore` (controlplane/state.py) holds the views and the reservations, `place`
+requests, queued prefill tokens as that engine counts them (the whole prompt of every request without its
+first token: `SimWorker.reported_prefill_tokens`), the mean of its last 64 TTFTs and last ~256 inter-token
+gaps). The router's `MemoryStore` (controlplane/state.py) holds the views and the reservations, `place`
 (controlplane/placement/) ranks the workers, and the request goes to the first ranked worker whose
-reservation succeeds, as `Dispatcher.start` does; none: 503 (shed). With
-placement.weight_prefix_affinity > 0 the router's `PrefixIndex` (controlplane/prefix_index.py) is kept
-as the dispatcher keeps it: looked up before placement, the placement recorded after. The trace's block
-ids stand for the blocks' tokens (equal ids are equal 512-token blocks), so the chain is hashed over the
-ids of the prompt's full blocks instead of over token ids; the chain and the index are the router's.
-The store runs on the simulation's clock. Its methods are coroutines that never await (one router,
-in memory); they are driven here to completion in place (`run_now`), since the simulation has no event loop.
+reservation succeeds, as `Dispatcher.start` does; none: 503 (shed). With placement.weight_prefix_affinity >
+0 the router's `PrefixIndex` (controlplane/prefix_index.py) is kept as the dispatcher keeps it: looked up
+before placement, the placement recorded after, and each reservation carries the candidate's expected
+prefill and cached tokens (state.py, prefill accounting). The trace's block ids stand for the blocks'
+tokens (equal ids are equal 512-token blocks), so the chain is hashed over the ids of the prompt's full
+blocks instead of over token ids; the chain and the index are the router's. What the router decided is
+counted for the rows (`stats`): requests shed, workers dropped by `slo_wait`, turns whose earlier turns a
+worker holds (more than half the prompt's blocks) and how many went to it, and per placed request the wait
+it estimated on the chosen worker (`prefill_wait_ms`), against which sim_cluster.py sets the simulated wait
+(arrival to the start of its prefill). The store runs on the simulation's clock. Its methods are coroutines
+that never await (one router, in memory); they are driven here to completion in place (`run_now`), since
+the simulation has no event loop.
 """
 
 from __future__ import annotations
@@ -23,8 +29,8 @@ from bench.serving.serving_metrics import Slo
 from bench.serving.trace_workload import BLOCK_TOKENS, KV_BYTES_PER_TOKEN
 from bench.sim.sim_worker import SimRequest, SimWorker
 from zipkv.controlplane.config import PlacementConfig
-from zipkv.controlplane.placement import RequestShape, place
-from zipkv.controlplane.prefix_index import PrefixIndex, chain_hashes
+from zipkv.controlplane.placement import RequestShape, place, prefill_wait_ms
+from zipkv.controlplane.prefix_index import PrefixIndex, PrefixMatch, chain_hashes
 from zipkv.controlplane.state import MemoryStore, WorkerView
 from zipkv.protos.capacity import Capacity
 
@@ -61,13 +67,21 @@ def worker_view(w: SimWorker, sequence: int, now_s: float) -> WorkerView:
             compression_ratio=w.spec.compression_ratio,
             running_requests=w.running,
             queued_requests=w.queued,
-            queued_prefill_tokens=w.queued_prefill_tokens(),
+            queued_prefill_tokens=w.reported_prefill_tokens(),
             ttft_ms=sum(ttfts) / len(ttfts) if ttfts else 0.0,
             itl_ms=w.itl_ms(),
             max_context_tokens=CONTEXT_TOKENS,
             kv_bytes_per_token=KV_BYTES_PER_TOKEN,
         ),
     )
+
+
+def conversation_holder(match: PrefixMatch | None) -> str:
+    """The worker holding more than half of the prompt's blocks (a conversation's earlier turns), or ""."""
+    if match is None or not match.served_blocks:
+        return ""
+    wid, blocks = max(match.served_blocks, key=lambda kv: (kv[1], kv[0]))
+    return wid if 2 * blocks > match.blocks else ""
 
 
 class ZipkvRouter:
@@ -95,6 +109,8 @@ class ZipkvRouter:
         self._sequence = 0
         self.placed: dict[int, str] = {}  # rid -> reservation id
         self.prefix: PrefixIndex | None = None
+        self.stats = {"shed": 0, "shed_slo_wait": 0, "slo_wait_drops": 0, "held": 0, "to_holder": 0}
+        self.est_wait_ms: dict[int, float] = {}  # rid -> the wait estimated on the chosen worker
         if self.cfg.weight_prefix_affinity > 0:
             if self.cfg.prefix_block_tokens != BLOCK_TOKENS:
                 raise ValueError(f"the trace's blocks are {BLOCK_TOKENS} tokens: set prefix_block_tokens so")
@@ -136,15 +152,33 @@ class ZipkvRouter:
         hashes = self.block_hashes(r) if self.prefix is not None else ()
         match = self.prefix.match(hashes) if self.prefix is not None else None
         decision = place(self.store.snapshot(), shape, self.cfg, self.clock(), top_k=9, prefix=match)
+        holder = conversation_holder(match)
+        self._count(decision.filtered.get("slo_wait", 0), holder)
         rid = f"r{r.rid}"
         for cand in decision.ranked:
             wid = cand.worker.worker_id
-            if run_now(self.store.reserve(wid, rid, shape.need_tokens, self.clock())):
+            reserve = self.store.reserve(
+                wid,
+                rid,
+                shape.need_tokens,
+                self.clock(),
+                prefill_tokens=cand.prefill_tokens(shape),
+                cached_tokens=cand.cached_tokens,
+            )
+            if run_now(reserve):
                 self.placed[r.rid] = wid
                 if self.prefix is not None:
                     self.prefix.record(hashes, wid)
+                self.stats["to_holder"] += wid == holder
+                self.est_wait_ms[r.rid] = prefill_wait_ms(cand.worker, shape)
                 return int(wid[1:])
+        self.stats["shed"] += 1
+        self.stats["shed_slo_wait"] += "slo_wait" in decision.filtered
         return None
+
+    def _count(self, slo_wait_drops: int, holder: str) -> None:
+        self.stats["slo_wait_drops"] += slo_wait_drops
+        self.stats["held"] += bool(holder)
 
     def first_token(self, r: SimRequest) -> None:
         wid = self.placed.get(r.rid)

@@ -3,7 +3,8 @@
 The pipeline (`pipeline.place`), one small module per stage:
     filters.py            a worker is a candidate only if every filter keeps it (alive, model, draining,
                           context, budget, headroom, and the optional prefill-wait shed)
-    predict.py            the documented TTFT / TPOT predictions the SLO scorer and the shed filter read
+    predict.py            the documented TTFT / TPOT predictions the SLO scorer and the shed filter read,
+                          both from one count of the prefill queued ahead, net of prefix-cache hits
     scorers/headroom.py   (headroom_tokens - need_tokens) / total_tokens
     scorers/slo.py        min(slack(ttft_ms, slo_ttft_ms), slack(tpot_ms, slo_tpot_ms))
     scorers/queue.py      1 / (1 + queued_requests)
@@ -23,7 +24,16 @@ Ties break on worker_id so the result is deterministic.
 from __future__ import annotations
 
 from zipkv.controlplane.placement.pipeline import place
-from zipkv.controlplane.placement.predict import GIB, predict_ms, prefill_wait_ms
+from zipkv.controlplane.placement.predict import GIB, predict_ms, prefill_wait_ms, queued_prefill_tokens
 from zipkv.controlplane.placement.shapes import Candidate, Decision, RequestShape
 
-__all__ = ["GIB", "Candidate", "Decision", "RequestShape", "place", "predict_ms", "prefill_wait_ms"]
+__all__ = [
+    "GIB",
+    "Candidate",
+    "Decision",
+    "RequestShape",
+    "place",
+    "predict_ms",
+    "prefill_wait_ms",
+    "queued_prefill_tokens",
+]

@@ -31,6 +31,11 @@ class Candidate:
     ttft_ms: float
     tpot_ms: float
     affinity: float = 0.0  # the prefix-affinity scorer (0 when the request had no blocks to match)
+    cached_tokens: int = 0  # prompt tokens this worker is expected to hold (prefix index; 0 without it)
+
+    def prefill_tokens(self, req: RequestShape) -> int:
+        """The prompt tokens this worker is expected to prefill for `req` (what a reservation carries)."""
+        return req.prompt_tokens - self.cached_tokens
 
 
 @dataclass(frozen=True, slots=True)

@@ -128,6 +128,23 @@ def test_a_run_through_the_routers_placement_accounts_for_every_request() -> Non
     assert 0.0 <= res.prefix_hit_fraction < 1.0
 
 
+def test_the_routers_counters_and_waits_account_for_its_decisions() -> None:
+    # 400 trace requests on 2 workers at 3 requests/s: past the knee, so the shed filter refuses some.
+    models, _ = calibrated_models()
+    reqs = load_trace(limit=400)
+    pool = [spec_for("zipkv", models["zipkv"])] * 2
+    res = simulate(pool, "zipkv_affinity", reqs, arrivals_s(reqs, 3.0), SLOS[0], 0.03)
+    st = res.router
+    assert st is not None
+    shed = sum(o.shed for o in res.outcomes)  # the router's, plus any a worker refused (never fits)
+    assert 0 < st["shed"] <= shed and st["shed_slo_wait"] <= st["shed"] <= st["slo_wait_drops"]
+    assert 0 < st["to_holder"] <= st["held"] <= 400
+    assert st["est_wait_ms_mean"] > 0 and st["sim_wait_ms_mean"] > 0
+    assert st["wait_error_ms_mean"] == pytest.approx(st["est_wait_ms_mean"] - st["sim_wait_ms_mean"], abs=0.2)
+    assert st["wait_abs_error_ms_mean"] >= abs(st["wait_error_ms_mean"]) - 0.1
+    assert simulate(pool, "least_load", reqs, arrivals_s(reqs, 3.0), SLOS[0], 0.03).router is None
+
+
 def test_zipkv_variants_differ_only_in_shedding_and_affinity() -> None:
     assert zipkv_config("zipkv").weight_prefix_affinity == 0.0  # the router as first simulated
     assert zipkv_config("zipkv", affinity_weight=2.0).weight_prefix_affinity == 0.0

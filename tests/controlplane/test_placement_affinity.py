@@ -87,8 +87,9 @@ def test_a_prompt_without_full_blocks_ranks_as_without_the_index() -> None:
 def test_affinity_never_brings_back_a_filtered_worker(
     holder: object, reason: str, cfg: PlacementConfig
 ) -> None:
+    # a holds 1 block: b, idle, would prefill 512 tokens more (256 ms), within the shed bound
     b = view("b", 18_000, itl_ms=10.0)
-    d = place(snap(holder, b), LONG, cfg, NOW, prefix=PrefixMatch(4, (("a", 4),)))  # type: ignore[arg-type]
+    d = place(snap(holder, b), LONG, cfg, NOW, prefix=PrefixMatch(4, (("a", 1),)))  # type: ignore[arg-type]
     assert [c.worker.worker_id for c in d.ranked] == ["b"]
     assert d.filtered == {reason: 1}
 

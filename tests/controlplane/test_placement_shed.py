@@ -1,7 +1,8 @@
 """placement.shed_wait_over_ttft: a worker whose queued prefill alone would eat more than that fraction of
 the request's TTFT target is no candidate (`slo_wait`); with none left the router answers 503.
 
-Every row: prefill_ms_per_token 0.5, TTFT target 1000 ms, so the wait is (queued + reserved) x 0.5 ms.
+Every row: prefill_ms_per_token 0.5, TTFT target 1000 ms, so the wait is
+(max(queued - listed_done, 0) + unseen_prefill) x 0.5 ms (state.py, prefill accounting).
 """
 
 from __future__ import annotations
@@ -18,7 +19,14 @@ from zipkv.protos.capacity import Capacity
 NOW = 10_000.0
 
 
-def view(wid: str, queued_prefill: int = 0, reserved: int = 0, free: int = 50_000) -> WorkerView:
+def view(
+    wid: str,
+    queued_prefill: int = 0,
+    unseen_prefill: int = 0,
+    free: int = 50_000,
+    listed_done: int = 0,
+    reserved: int = 0,
+) -> WorkerView:
     cap = Capacity(
         headroom_tokens=free,
         committed_tokens=0,
@@ -32,25 +40,43 @@ def view(wid: str, queued_prefill: int = 0, reserved: int = 0, free: int = 50_00
         max_context_tokens=0,
         kv_bytes_per_token=0,
     )
-    return WorkerView(wid, f"{wid}:1", "m", 1, 1, NOW - 0.1, NOW - 0.1, False, cap, reserved_tokens=reserved)
+    return WorkerView(
+        wid,
+        f"{wid}:1",
+        "m",
+        1,
+        1,
+        NOW - 0.1,
+        NOW - 0.1,
+        False,
+        cap,
+        reserved_tokens=reserved,
+        unseen_prefill_tokens=unseen_prefill,
+        listed_done_tokens=listed_done,
+    )
 
 
 REQ = RequestShape("m", 400, 100, slo_ttft_ms=1000.0, slo_tpot_ms=100.0, prefill_ms_per_token=0.5)
 
 
 @pytest.mark.parametrize(
-    ("queued", "reserved", "wait_ms"),
+    ("queued", "unseen", "listed_done", "reserved", "wait_ms"),
     [
-        (0, 0, 0.0),
-        (1000, 0, 500.0),  # 1000 x 0.5
-        (600, 400, 500.0),  # reservations the report has not seen are queued prefill too
-        (0, 2000, 1000.0),
+        (0, 0, 0, 0, 0.0),
+        (1000, 0, 0, 0, 500.0),  # 1000 x 0.5
+        (600, 400, 0, 0, 500.0),  # prompts placed that the report cannot list yet are queued prefill too
+        (0, 2000, 0, 0, 1000.0),
+        (1000, 0, 800, 0, 100.0),  # 800 of the reported queue are prefix hits or done: 200 x 0.5
+        (1000, 0, 1500, 0, 0.0),  # never below an empty queue
+        (1000, 200, 1500, 0, 100.0),  # the unseen prompts still count
+        (1000, 0, 0, 9000, 500.0),  # the headroom reservations (prompts and outputs) are not prefill
     ],
 )
-def test_prefill_wait_counts_the_queue_and_unseen_reservations(
-    queued: int, reserved: int, wait_ms: float
+def test_prefill_wait_counts_the_queue_net_of_cache_hits_and_unseen_prompts(
+    queued: int, unseen: int, listed_done: int, reserved: int, wait_ms: float
 ) -> None:
-    assert prefill_wait_ms(view("a", queued, reserved), REQ) == pytest.approx(wait_ms)
+    v = view("a", queued, unseen, listed_done=listed_done, reserved=reserved)
+    assert prefill_wait_ms(v, REQ) == pytest.approx(wait_ms)
 
 
 @pytest.mark.parametrize(

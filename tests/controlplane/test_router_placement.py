@@ -75,15 +75,18 @@ def test_filters(worker: WorkerView, dropped_for: str | None) -> None:
 def test_predictions_follow_the_documented_formulas() -> None:
     # kv_bytes_per_token 2**20 at ratio 0.5 -> 2**19 stored bytes per token.
     # added = (prompt 100 + 100 / 2) * 2**19 bytes = 75 MiB -> tpot = 20 + 75 * 0.25 / 1024 = 20.0183 ms.
-    # ttft = 20 + (queued_prefill 400 + reserved 600 + prompt 100) * 0.5 = 570 ms.
+    # ttft = 20 + (max(queued_prefill 700 - listed_done 300, 0) + unseen_prefill 600 + prompt 100) * 0.5
+    #      = 20 + 1100 * 0.5 = 570 ms; the headroom reservations (reserved_tokens) are no prefill.
     w = view(
         "a",
         10_000,
         itl_ms=20.0,
         kv_bytes_per_token=1 << 20,
         compression_ratio=0.5,
-        queued_prefill_tokens=400,
-        reserved_tokens=600,
+        queued_prefill_tokens=700,
+        listed_done_tokens=300,
+        unseen_prefill_tokens=600,
+        reserved_tokens=5_000,
     )
     ttft, tpot = predict_ms(w, req(), CFG)
     assert ttft == pytest.approx(570.0)
@@ -109,13 +112,13 @@ def test_a_long_prompt_goes_to_the_fast_worker_not_the_busy_one() -> None:
 
 
 # need 200, TTFT SLO 1000 ms, prefill 0.5 ms/token, both itl 10 ms (tpot slack .9 against 100 ms).
-#   a: free 20_000 of 40_000 with 8_000 reserved by this router and not yet in a report:
+#   a: free 20_000 of 40_000 with 8_000 reserved by this router and not yet in a report (all prefill):
 #      headroom (20000-8000-200)/40000 = .295; ttft 10 + (8000 + 100) * .5 = 4060 -> slack 0 -> .318
 #   b: free 11_000, nothing reserved: headroom .27; ttft 10 + 100*.5 = 60 -> slo .9 -> (.27+.9+.5)/2.5 = .668
 # (Without the reserved prompts in the queue, a predicted 60 ms too and won on headroom, .678: every request
 #  of a burst within one report interval went to the same worker.)
 def test_prompts_placed_since_the_last_report_count_as_queued_prefill() -> None:
-    a = view("a", 20_000, total=40_000, itl_ms=10.0, reserved_tokens=8_000)
+    a = view("a", 20_000, total=40_000, itl_ms=10.0, reserved_tokens=8_000, unseen_prefill_tokens=8_000)
     b = view("b", 11_000, total=40_000, itl_ms=10.0)
     d = place(snap(a, b), req(), CFG, NOW)
     assert [c.worker.worker_id for c in d.ranked] == ["b", "a"]
