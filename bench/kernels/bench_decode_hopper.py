@@ -25,7 +25,7 @@ from functools import partial
 import torch
 
 from bench.kernels.decode_attention_baselines import Timer, flashinfer_fn, read_floor_fn
-from bench.kernels.hopper_cases import check, make_case
+from bench.kernels.hopper_cases import check, make_case, same_bits
 from zipkv.kernels.attention.decode_plan import choose_max_splits, plan_decode
 from zipkv.kernels.attention.hopper.launch import decode_attention_hopper
 
@@ -75,7 +75,7 @@ def _same_bits(fn: Callable[[], object], raw_fn: Callable[[], object], o: torch.
     fn()
     coded = o.clone()
     raw_fn()
-    return bool(torch.equal(coded.view(torch.int16), o.view(torch.int16))) and bool(coded.isfinite().all())
+    return same_bits(coded, o) and bool(coded.isfinite().all())
 
 
 def bench(out: dict, shapes: list[tuple[int, int]], target_s: float, configs: list[tuple[int, ...]],  # type: ignore[type-arg]

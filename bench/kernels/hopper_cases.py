@@ -12,6 +12,7 @@ import traceback
 
 import torch
 
+from bench.kernels.decode_attention_baselines import rel_err
 from zipkv.kernels.attention.decode_config import HOPPER_CONFIG
 from zipkv.kernels.attention.decode_plan import plan_decode
 from zipkv.kernels.attention.hopper.launch import decode_attention_hopper
@@ -113,6 +114,11 @@ def run_case(  # type: ignore[type-arg]
     return decode_attention_hopper(plan, q, case["raw_heap"], loc, case["raw_meta"], scale, compressed=False)
 
 
+def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Bit for bit the same bf16 outputs (compared as int16, so -0.0 != 0.0 and NaN payloads count)."""
+    return bool(torch.equal(a.view(torch.int16), b.view(torch.int16)))
+
+
 CHECKS = [  # (lens, kv_heads, head_dim, group, raw_mid, shuffle, outliers, max_splits)
     ([128, 256], 2, 128, 4, 1.0, False, 0, 1),  # every page raw: the raw path (and the tail)
     ([40, 17], 2, 128, 4, 0.0, False, 0, 1),  # partial tiles only: the gather path
@@ -147,11 +153,11 @@ def check(out: dict) -> bool:  # type: ignore[type-arg]
             refo = decode_attention_reference(
                 q, case["pages"], case["page_ids"], case["indptr"], case["lens"], scale
             )
-            err = float((got.double() - refo).norm() / refo.norm())
-            twin_err = float((twin.double() - refo).norm() / refo.norm())
-            same = bool(torch.equal(got.view(torch.int16), twin.view(torch.int16)))
-            rec["same_as_gathered"] = bool(torch.equal(got.view(torch.int16), gathered.view(torch.int16)))
-            rec["gathered_rel_err"] = float((gathered.double() - refo).norm() / refo.norm())
+            err = rel_err(got, refo)
+            twin_err = rel_err(twin, refo)
+            same = same_bits(got, twin)
+            rec["same_as_gathered"] = same_bits(got, gathered)
+            rec["gathered_rel_err"] = rel_err(gathered, refo)
             rec.update(
                 bit_identical=same,
                 rel_err=err,
@@ -164,8 +170,8 @@ def check(out: dict) -> bool:  # type: ignore[type-arg]
                 for w in (1, 2):
                     got_w = run_case(case, q, scale, splits, compressed=True, block_n=16 * w, warps=w)
                     twin_w = run_case(case, q, scale, splits, compressed=False, block_n=16 * w, warps=w)
-                    err_w = float((got_w.double() - refo).norm() / refo.norm())
-                    same_w = bool(torch.equal(got_w.view(torch.int16), twin_w.view(torch.int16)))
+                    err_w = rel_err(got_w, refo)
+                    same_w = same_bits(got_w, twin_w)
                     rec[f"warps{w}"] = dict(bit_identical=same_w, rel_err=err_w)
                     rec["ok"] = rec["ok"] and same_w and err_w < 1e-2
         except Exception as exc:
