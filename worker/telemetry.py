@@ -21,17 +21,11 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
+from zipkv.worker.otel_env import otlp_endpoint
+
 log = logging.getLogger("zipkv.worker")
 SERVICE_NAME = "zipkv-worker"
 TRACER_NAME = "zipkv.worker"
-
-
-def otlp_endpoint(env: Mapping[str, str] | None = None) -> str | None:
-    """Where traces go, from the standard variables; None when export is off."""
-    env = os.environ if env is None else env
-    if env.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
-        return None
-    return env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or env.get("OTEL_EXPORTER_OTLP_ENDPOINT") or None
 
 
 def make_tracer_provider(worker_id: str, env: Mapping[str, str] | None = None) -> TracerProvider:

@@ -175,7 +175,7 @@ def main() -> None:
     ap.add_argument("--target-s", type=float, default=0.03)
     ap.add_argument(
         "--configs",
-        default="64:3",
+        default="32:2",
         help="block_n:stages[:ctas_per_sm[:maxnreg[:warps]]], first is the default",
     )
     ap.add_argument("--graph", action="store_true", help="time CUDA-graph replays (no host launch time)")

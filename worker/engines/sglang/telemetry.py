@@ -20,7 +20,7 @@ from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from zipkv.worker.engine_stats import KernelsInUse, RequestTimings, decode_kernel_label, now_ns
-from zipkv.worker.telemetry import otlp_endpoint
+from zipkv.worker.otel_env import otlp_endpoint
 
 if TYPE_CHECKING:  # the allocator package loads torch
     from zipkv.allocator import PagePool
