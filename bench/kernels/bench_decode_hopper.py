@@ -199,6 +199,7 @@ def main() -> None:
                 ("--check" if a.check else ""),
                 ("--bench" if a.bench else ""),
                 ("--graph" if a.graph else ""),
+                f"--configs {a.configs}",
                 f"--shapes {a.shapes}",
             )
             if x
