@@ -36,7 +36,7 @@ import triton.language as tl
 from ..format.layout import PageFormat
 from .decode_plan import DecodePlan, plan_decode
 from .kv_tiles import _kv_rows, _load_kv_tiles
-from .merge import _merge_kernel
+from .merge import merge_splits
 from .prefetch import _attend_prefetched
 from .tiles import _attend_tile, _start_rows
 
@@ -248,9 +248,5 @@ def decode_attention(
         num_warps=plan.num_warps, num_stages=plan.num_stages if compressed else plan.twin_num_stages,
     )  # fmt: skip
     if plan.max_splits > 1:
-        _merge_kernel[(plan.batch_size, plan.num_q_heads)](
-            plan.o_partial, plan.lse_partial, out, plan.num_splits, out.stride(0), out.stride(1),
-            plan.max_splits, NUM_Q_HEADS=plan.num_q_heads, HEAD_DIM=fmt.head_dim, CHUNK=16,
-            num_warps=4,
-        )  # fmt: skip
+        merge_splits(plan, out)
     return out

@@ -11,7 +11,7 @@ from triton.experimental.gluon import language as ttgl
 
 from ...format.layout import PAGE_TOKENS
 from ..decode_plan import DecodePlan
-from ..merge import _merge_kernel
+from ..merge import merge_splits
 from . import layouts as views
 from .decode import LOG2E, M_ROWS, _decode_hopper_kernel
 
@@ -92,7 +92,7 @@ def decode_attention_hopper(
         **({"maxnreg": regs} if (regs := register_cap(maxnreg, fmt.head_dim, plan.num_warps)) else {}),
     )  # fmt: skip
     if plan.max_splits > 1:
-        _merge_splits(plan, out)
+        merge_splits(plan, out)
     return out
 
 
@@ -102,23 +102,6 @@ def _check_plan(plan: DecodePlan) -> None:
         raise ValueError(f"the Hopper decode kernel reads page format v3, got v{plan.fmt.version}")
     if plan.group_size > M_ROWS:
         raise ValueError(f"GQA group {plan.group_size} exceeds the kernel's {M_ROWS} rows")
-
-
-def _merge_splits(plan: DecodePlan, out: torch.Tensor) -> None:
-    """The split-KV merge of the partial outputs into ``out`` (plain Triton, attention/merge.py)."""
-    _merge_kernel[(plan.batch_size, plan.num_q_heads)](
-        plan.o_partial,
-        plan.lse_partial,
-        out,
-        plan.num_splits,
-        out.stride(0),
-        out.stride(1),
-        plan.max_splits,
-        NUM_Q_HEADS=plan.num_q_heads,
-        HEAD_DIM=plan.fmt.head_dim,
-        CHUNK=16,
-        num_warps=4,
-    )
 
 
 def register_cap(asked: int | None, head_dim: int, num_warps: int) -> int | None:
