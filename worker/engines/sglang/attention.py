@@ -9,7 +9,8 @@ No sglang import here: `seams` subclasses SGLang's ``AttentionBackend`` and ``KV
   shape is static and the whole plan is recorded into SGLang's decode CUDA graph. ``compressed=False`` is the
   uncompressed twin: the same kernel source reading every page as raw.
 - **Extend** (prefill, chunked prefill, prefix hits): attention for the new tokens with SGLang's Triton extend
-  kernel; a prefix (chunked prefill, radix hit) is restored from its pages into a scratch buffer first, or,
+  kernel (with no prefix and ``ZIPKV_PREFILL_KERNEL=flashinfer``, FlashInfer's ragged prefill,
+  ragged_prefill.py); a prefix (chunked prefill, radix hit) is restored from its pages into a scratch buffer first, or,
   with ``ZIPKV_EXTEND_KERNEL=fused``, read from its pages inside zipkv's extend kernel
   (kernels/attention/extend.py: compressed tiles restored in registers, no scratch copy).
 - **Compression**: at the start of every forward step, `ZipkvAllocator.compress_step` marks the pages the
@@ -27,6 +28,7 @@ import torch
 from zipkv.kernels.format.layout import PAGE_TOKENS, PageFormat
 from zipkv.worker.engines.sglang.allocator import ZipkvAllocator
 from zipkv.worker.engines.sglang.kvstore import ZipkvKV
+from zipkv.worker.engines.sglang.ragged_prefill import RaggedPrefill, prefill_kernel_choice
 from zipkv.worker.engines.sglang.slots import to_device
 
 if TYPE_CHECKING:  # the kernels import Triton: loaded on first use
@@ -101,9 +103,17 @@ class ZipkvAttention:
         # $ZIPKV_EXTEND_KERNEL values fail here
         self.kernel_config = step_kernel_config(kv.fmt, req_to_token.device)
         self.fused_extend = extend_kernel_choice() == "fused"
+        self.ragged = self._ragged_prefill(num_q_heads, kv.fmt, req_to_token.device)
         self.plan: Any = None
         self.extend_meta: _Extend | None = None
         self._graph: dict[str, torch.Tensor] = {}
+
+    @staticmethod
+    def _ragged_prefill(num_q_heads: int, fmt: PageFormat, device: torch.device) -> RaggedPrefill | None:
+        """FlashInfer's ragged prefill for prefix-free extends when $ZIPKV_PREFILL_KERNEL asks for it."""
+        if prefill_kernel_choice() != "flashinfer":
+            return None
+        return RaggedPrefill(num_q_heads, fmt.num_kv_heads, fmt.head_dim, device)
 
     # ---- per-step metadata --------------------------------------------------------------------------
     def begin_step(self, view: BatchView, capturing: bool = False) -> None:
@@ -142,6 +152,8 @@ class ZipkvAttention:
         qo = to_device([0, *torch.tensor(ext).cumsum(0).tolist()], device).to(torch.int32)
         max_ext = max(ext) if ext else 0
         if not any(pre):
+            if self.ragged is not None:
+                self.ragged.plan(qo)
             return _Extend(qo, max_ext, None)
         page_ids, pages = self._prefix_pages(view, pre)
         if self.fused_extend:  # the kernel reads the prefix pages itself: no scratch indices
@@ -218,6 +230,8 @@ class ZipkvAttention:
         k3, v3 = k.reshape(-1, fmt.num_kv_heads, fmt.head_dim), v.reshape(-1, fmt.num_kv_heads, fmt.head_dim)
         if meta.fused is not None:
             return self._extend_fused(meta.fused, q3, k3, v3, layer_id, sm_scale)
+        if meta.prefix is None and self.ragged is not None:
+            return self.ragged.run(q3, k3, v3, sm_scale).reshape(q3.shape[0], -1)
         o3 = torch.empty_like(q3)
         if meta.prefix is None:
             k_buf, v_buf = k3.contiguous(), v3.contiguous()  # never read: no request has a prefix
