@@ -24,7 +24,7 @@ def test_the_choice_is_validated() -> None:
 
 
 # The backend tests build their pool on the CPU under the interpreter (tests/worker/test_sglang_backend.py).
-cpu_pool = pytest.mark.skipif(torch.cuda.is_available(), reason="CPU-interpreter pool, as test_sglang_backend")
+cpu_pool = pytest.mark.skipif(torch.cuda.is_available(), reason="CPU-interpreter pool, as in that module")
 
 
 @cpu_pool

@@ -10,8 +10,8 @@ No sglang import here: `seams` subclasses SGLang's ``AttentionBackend`` and ``KV
   uncompressed twin: the same kernel source reading every page as raw.
 - **Extend** (prefill, chunked prefill, prefix hits): attention for the new tokens with SGLang's Triton extend
   kernel (with no prefix and ``ZIPKV_PREFILL_KERNEL=flashinfer``, FlashInfer's ragged prefill,
-  ragged_prefill.py); a prefix (chunked prefill, radix hit) is restored from its pages into a scratch buffer first, or,
-  with ``ZIPKV_EXTEND_KERNEL=fused``, read from its pages inside zipkv's extend kernel
+  ragged_prefill.py); a prefix (chunked prefill, radix hit) is restored from its pages into a scratch
+  buffer first, or, with ``ZIPKV_EXTEND_KERNEL=fused``, read from its pages inside zipkv's extend kernel
   (kernels/attention/extend.py: compressed tiles restored in registers, no scratch copy).
 - **Compression**: at the start of every forward step, `ZipkvAllocator.compress_step` marks the pages the
   previous step filled and runs the pool's step (one encode launch for all of them, all layers).
