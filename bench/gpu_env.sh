@@ -1,5 +1,6 @@
 # Sourced by the bench/run_*_gpu.sh scripts on the GPU machine, from the repo root: $OUT, the CUDA and
-# FlashInfer JIT environment, the carried wheels (.carry/whl) under /tmp/site, zipkv itself (editable).
+# FlashInfer JIT environment, the carried wheels (.carry/whl, built by scripts/build_kernel_carry.sh) under
+# /tmp/site, zipkv itself (editable).
 # The benchmarks run as modules of the package bench from the repo root (python3 -m bench.kernels.bench_codec),
 # so they need no PYTHONPATH; EXTRA_PYTHONPATH is for carried third-party code (.carry/sgl).
 OUT=${OUT:-/tmp/out}
