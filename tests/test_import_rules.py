@@ -78,6 +78,7 @@ RULES: dict[str, tuple[set[str], set[str]]] = {
             "triton",
             "numpy",
             "sglang",
+            "flashinfer",  # SGLang's own dependency: the ragged prefill of prefix-free extends
             "ray",
             "transformers",
             "gguf",
