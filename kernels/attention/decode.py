@@ -102,7 +102,6 @@ def _decode_kernel(
 
         offs_n = tl.arange(0, BLOCK_N)
         tok = first + offs_n
-        valid = tok < end
         # Row addresses run one tile ahead: page table -> page location -> metadata is a chain of
         # dependent loads that would otherwise stall every tile before its data loads can start.
         k_start, k_marker, v_start, v_marker = _kv_rows(
