@@ -24,7 +24,7 @@ from fault_harness import (
     write_router_config,
 )
 from router_harness import LoopThread
-from servers import free_port, start_redis
+from servers import free_port, free_port_run, start_redis
 
 from zipkv.testing.scripted_worker import ScriptedWorker, report_forever
 
@@ -129,7 +129,7 @@ def test_a_killed_router_is_restarted_while_its_peer_keeps_serving(
     from zipkv.stack.options import StackOptions
 
     url, _ = redis_server
-    stack = LocalStack(StackOptions(port=free_port(), routers=2, redis_url=url), progress=lambda _: None)
+    stack = LocalStack(StackOptions(port=free_port_run(2), routers=2, redis_url=url), progress=lambda _: None)
     loop = LoopThread()
     worker = ScriptedWorker(worker_id="w-up")
     tasks = []

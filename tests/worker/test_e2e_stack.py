@@ -17,7 +17,7 @@ from pathlib import Path
 
 import openai
 import pytest
-from servers import free_port, start_redis
+from servers import free_port, free_port_run, start_redis
 
 from zipkv.stack import cli
 from zipkv.stack.local_observability import ray_logs_dir, worker_metrics_urls
@@ -39,11 +39,13 @@ def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 @pytest.fixture(scope="module")
 def stack(redis_url: str) -> Iterator[LocalStack]:
-    port = free_port()
-    while any(_busy(port + k) for k in range(2)):
-        port = free_port()
     options = StackOptions(
-        port=port, workers=2, routers=2, redis_url=redis_url, kv_budget_mib=16, metrics_port=free_port()
+        port=free_port_run(2),
+        workers=2,
+        routers=2,
+        redis_url=redis_url,
+        kv_budget_mib=16,
+        metrics_port=free_port(),
     )
     local = LocalStack(options, progress=lambda line: print(line, flush=True))
     try:
@@ -54,13 +56,6 @@ def stack(redis_url: str) -> Iterator[LocalStack]:
         raise
     yield local
     local.stop()
-
-
-def _busy(port: int) -> bool:
-    import socket
-
-    with socket.socket() as s:
-        return s.connect_ex(("127.0.0.1", port)) == 0
 
 
 def client(stack: LocalStack, k: int = 0) -> openai.OpenAI:
