@@ -7,7 +7,7 @@
 #           refuses token-id prompts on /v1/completions, bench/serving/serving_systems.py says more)
 #   call 2: carry .carry/ray .carry/llama31_8b            SYSTEMS=zipkv bash bench/run_serving_gpu.sh
 #   call 3: carry .carry/ray .carry/llama31_8b            SYSTEMS=zipkv_uncompressed bash bench/run_serving_gpu.sh
-# .carry/sglang/parts: shared device recipe build_sglang_carry.sh; .carry/ray: scripts/build_ray_carry.sh;
+# .carry/sglang/parts: scripts/build_sglang_carry.sh; .carry/ray: scripts/build_ray_carry.sh;
 # .carry/llama31_8b/config.json: a copy of bench/configs/llama31_8b.json. Each call writes $OUT/serving/SYSTEM/
 # (rate_R.json per rate, system.json, server logs); then, here: copy every call's serving/ folder into one
 # folder and `python -m bench.serving.serving_goodput --in FOLDER --device "..." --command "..."` writes
