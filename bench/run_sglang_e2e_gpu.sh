@@ -1,7 +1,8 @@
 #!/bin/bash
 # SGLang end to end on the H200, one device call. Needs, git-ignored under .carry/: sglang/parts/site.tar.xz (a
 # Python 3.12 site-packages tree of SGLang 0.5.17 and its GPU dependencies, scripts/build_sglang_carry.sh) and
-# llama31_8b/config.json (a copy of bench/configs/llama31_8b.json, scripts/build_kernel_carry.sh). Writes $OUT/sglang_e2e.json and $OUT/logs/.
+# llama31_8b/config.json (a copy of bench/configs/llama31_8b.json, scripts/build_kernel_carry.sh).
+# Writes $OUT/sglang_e2e.json and $OUT/logs/.
 #
 # Offline call (default): offline_8192x256 for zipkv, zipkv_uncompressed, triton, flashinfer (FlashInfer last:
 # its JIT is slow; it gets whatever time is left), each in its own process under `timeout`.

@@ -4,10 +4,12 @@ float32 causal GQA attention request by request."""
 
 from __future__ import annotations
 
+import itertools
 import sys
 
 import pytest
 import torch
+from test_sglang_backend import attend  # causal GQA attention in float32, on the CPU
 
 from zipkv.worker.engines.sglang.ragged_prefill import (
     PREFILL_KERNEL_ENV,
@@ -45,16 +47,6 @@ def test_flashinfer_missing_says_what_to_do(monkeypatch: pytest.MonkeyPatch) -> 
         RaggedPrefill(8, 2, 64, torch.device("cpu"))
 
 
-def _causal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
-    group = q.shape[1] // k.shape[1]
-    k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
-    s = torch.einsum("nhd,mhd->hnm", q, k) * scale
-    s = s.masked_fill(
-        torch.ones(q.shape[0], k.shape[0], dtype=torch.bool, device=q.device).triu(1), -torch.inf
-    )
-    return torch.einsum("hnm,mhd->nhd", s.softmax(-1), v)
-
-
 @pytest.mark.gpu
 @pytest.mark.parametrize(("heads", "head_dim"), [((32, 8), 128), ((8, 8), 64), ((16, 2), 256)])
 def test_ragged_prefill_is_causal_attention_per_request(heads: tuple[int, int], head_dim: int) -> None:
@@ -71,13 +63,13 @@ def test_ragged_prefill_is_causal_attention_per_request(heads: tuple[int, int], 
     out = ragged.run(q, k, v, scale)
     for b in range(len(lens)):
         s, e = int(qo[b]), int(qo[b + 1])
-        want = _causal(q[s:e].float(), k[s:e].float(), v[s:e].float(), scale)
-        torch.testing.assert_close(out[s:e].float(), want, atol=2e-2, rtol=2e-2)
+        want = attend(q[s:e].float().cpu(), k[s:e].float().cpu(), v[s:e].float().cpu(), scale, first_pos=0)
+        torch.testing.assert_close(out[s:e].float().cpu(), want, atol=2e-2, rtol=2e-2)
 
 
 class RecordingRagged:
     """Stand-in for RaggedPrefill on the CPU (FlashInfer runs only on a GPU), named as such: it records the
-    plan and answers each run with causal attention, so the routing is what is tested."""
+    plan and answers each run with causal attention per planned request, so the routing is what is tested."""
 
     def __init__(self) -> None:
         self.plans: list[list[int]] = []
@@ -88,8 +80,9 @@ class RecordingRagged:
 
     def run(self, q3: torch.Tensor, k3: torch.Tensor, v3: torch.Tensor, sm_scale: float) -> torch.Tensor:
         self.runs += 1
-        return torch.cat([_causal(q3[s:e].float(), k3[s:e].float(), v3[s:e].float(), sm_scale) for s, e in
-                          ((0, 3), (3, 8))]).to(q3.dtype)  # fmt: skip
+        bounds = self.plans[-1]
+        return torch.cat([attend(q3[s:e].float(), k3[s:e].float(), v3[s:e].float(), sm_scale, first_pos=0)
+                          for s, e in itertools.pairwise(bounds)]).to(q3.dtype)  # fmt: skip
 
 
 @cpu_pool
