@@ -3,6 +3,8 @@
 # profile in one call. Installs the carried FlashInfer wheels (.carry/whl: flashinfer-python 0.6.15.post1 +
 # apache-tvm-ffi 0.1.11) and zipkv, warms FlashInfer's JIT in the background while the checks run.
 #   bash bench/run_decode_hopper_gpu.sh [--shapes 32x8192,...]      (NCU=0 skips the profile)
+# GPU_TESTS="tests/kernels/test_merge.py ..." then runs those tests' GPU cases (-m gpu, or compiled on the
+# GPU where a test has no marker) into $OUT/gpu_tests.txt.
 set -uo pipefail
 source bench/gpu_env.sh
 warm_flashinfer &
@@ -19,6 +21,15 @@ if [ "${NCU:-1}" != 0 ]; then
   tail -3 "$OUT/ncu.log"; rm -f "$OUT/ncu.log"
   ncu --import "$OUT/hopper.ncu-rep" --csv --page raw 2>/dev/null | python3 -m bench.kernels.ncu_summary >"$OUT/ncu_summary.json"
   ncu --import "$OUT/hopper.ncu-rep" --page details >"$OUT/ncu_details.txt" 2>/dev/null
+  # per SASS line: stall samples, excess shared wavefronts (bench/kernels/ncu_source.py)
+  ncu --import "$OUT/hopper.ncu-rep" --page source --csv --print-source sass 2>"$OUT/ncu_source.err" \
+    | python3 -m bench.kernels.ncu_source >"$OUT/ncu_source.json"
+  head -c 300 "$OUT/ncu_source.err"; rm -f "$OUT/ncu_source.err"
   rm -f "$OUT/hopper.ncu-rep"
   grep -E "Duration|DRAM Throughput|Registers Per|Achieved Occupancy|Issue Slots Busy|Executed Ipc A" "$OUT/ncu_details.txt" | head -12
+fi
+if [ -n "${GPU_TESTS:-}" ]; then
+  # shellcheck disable=SC2086 (a list of test paths)
+  timeout "${TESTS_TIMEOUT:-200}" python3 -m pytest -q -p no:cacheprovider ${GPU_TESTS} >"$OUT/gpu_tests.txt" 2>&1
+  tail -4 "$OUT/gpu_tests.txt"
 fi

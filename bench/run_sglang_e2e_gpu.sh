@@ -16,6 +16,8 @@
 # On a fresh (cold) machine the JIT compiles make the offline runs too long for one call: two calls,
 #     RUNS=zipkv:m2:offline:330,zipkv_uncompressed:m2:offline:230 bash bench/run_sglang_e2e_gpu.sh
 #     MERGE_WITH=<the first call's sglang_e2e.json> RUNS=flashinfer:m2:offline:400 bash bench/run_sglang_e2e_gpu.sh
+# PROFILE_STEPS=N: after each timed run, a second pass of its requests with N decode steps at the largest batch
+# profiled by SGLang's profiler (bench/serving/step_profile.py): the row's step_profile, ms per step per kernel.
 # RUNS=... overrides the runs (SYSTEM:MILESTONE[:offline|online|small[:TIMEOUT_S]], comma-separated).
 # Expected (2026-11-30 timings): setup 20 s cold, 5 s warm; offline zipkv 120-150 s (cold Triton JIT), the
 # uncompressed twin and Triton 60-80 s, FlashInfer 110-190 s; online ~110-150 s per system on a warm machine.
@@ -49,6 +51,7 @@ RUNS=${RUNS:-$DEFAULT_RUNS}
 if [ -n "${MERGE_WITH:-}" ]; then cp "$MERGE_WITH" "$OUT/sglang_e2e.json" && MERGE=(--merge); fi
 LEFT=$(( ${DEADLINE_S:-560} - ($(date +%s) - T0) ))
 python3 -m bench.serving.bench_sglang_e2e --model .carry/llama31_8b --deadline-s "$LEFT" --timeout-s 240 --runs "$RUNS" \
+  --profile-steps "${PROFILE_STEPS:-0}" \
   "${MERGE[@]}" --out "$OUT/sglang_e2e.json" --logs "$OUT/logs" \
-  --command "ONLINE=${ONLINE:-0} TP2=${TP2:-0} RUNS=$RUNS bash bench/run_sglang_e2e_gpu.sh"
+  --command "ONLINE=${ONLINE:-0} TP2=${TP2:-0} PROFILE_STEPS=${PROFILE_STEPS:-0} RUNS=$RUNS bash bench/run_sglang_e2e_gpu.sh"
 echo "total $(( $(date +%s) - T0 )) s"

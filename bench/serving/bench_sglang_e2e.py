@@ -67,6 +67,8 @@ from bench.serving.sglang_e2e_metrics import (
     request_digest,
 )
 
+# The child prints this before its profile pass: the log lines after it are not the timed run's.
+PROFILE_MARK = "zipkv-e2e: timed run done; profile pass starts"
 ROW_FIELDS = (
     "max_running_requests",
     "decode_tokens_per_s_at_max_batch",
@@ -121,8 +123,13 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
         return list(await asyncio.gather(*(one(i, t_submit) for i in range(work.requests))))
 
     res = eng.loop.run_until_complete(run_all())
+    profile = None
+    if args.profile_steps:
+        print(PROFILE_MARK, flush=True)  # run_one reads the scheduler log only up to here
+        profile = _profile(eng, prompts, sp, args)
     eng.shutdown()
     return {
+        **({"step_profile": profile} if profile else {}),
         "engine_start_s": round(start_s, 1),
         **client_metrics([s for s, _ in res]),
         "request_sha256": [request_digest(ids) for _, ids in res],
@@ -136,6 +143,27 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+def _profile(
+    eng: Any, prompts: list[list[int]], sp: dict[str, Any], args: argparse.Namespace
+) -> dict[str, Any]:
+    """A second pass of the workload, after the timed one, with a few decode steps profiled (step_profile)."""
+    from bench.serving.step_profile import profile_decode_steps
+
+    layers = int(json.loads((Path(args.model) / "config.json").read_text())["num_hidden_layers"])
+    out_dir = Path(args.json).parent / f"{Path(args.json).stem}_profile"
+    try:
+        return eng.loop.run_until_complete(
+            profile_decode_steps(eng, prompts, sp, out_dir, args.profile_steps, layers)
+        )
+    except Exception as e:  # the timed run's results stand without the profile
+        return {"error": f"{type(e).__name__}: {e}"}
+
+
+def timed_log_metrics(text: str) -> dict[str, Any]:
+    """log_metrics of the timed run: the scheduler log up to the profile pass, if there was one."""
+    return log_metrics(text.split(PROFILE_MARK)[0])
+
+
 def run_one(args: argparse.Namespace, spec: RunSpec, left_s: int) -> dict[str, Any]:
     logs = Path(args.logs)
     js, log = logs / f"{spec.name}.json", logs / f"{spec.name}.log"
@@ -144,7 +172,7 @@ def run_one(args: argparse.Namespace, spec: RunSpec, left_s: int) -> dict[str, A
     cmd += ["--model", args.model]
     cmd += ["--child", spec.system, "--json", str(js), "--milestone", spec.milestone]
     cmd += ["--workload", next(k for k, w in WORKLOADS.items() if w == spec.workload)]
-    cmd += ["--budget-tokens", str(args.budget_tokens)]
+    cmd += ["--budget-tokens", str(args.budget_tokens), "--profile-steps", str(args.profile_steps)]
     t0 = time.perf_counter()
     with open(log, "w") as f:
         # Own process group: SGLang's scheduler and detokenizer die with it, even on a timeout, so the next
@@ -158,7 +186,7 @@ def run_one(args: argparse.Namespace, spec: RunSpec, left_s: int) -> dict[str, A
     row.update(dict.fromkeys(ROW_FIELDS))  # every field the issue names, null when the run gave none
     row.update(rc=rc, timeout_s=timeout_s, process_s=round(time.perf_counter() - t0, 1))
     row.update(json.loads(js.read_text()) if js.exists() else {})
-    metrics = log_metrics(log.read_text(errors="replace"))
+    metrics = timed_log_metrics(log.read_text(errors="replace"))
     if not spec.system.startswith("zipkv") or spec.system == "zipkv_uncompressed":
         metrics = {k: v for k, v in metrics.items() if "compress" not in k and "raw_pages" not in k}
         metrics["compressed_block_fraction"] = None
@@ -255,6 +283,12 @@ def main() -> None:
     p.add_argument("--logs", default=os.environ.get("OUT", ".") + "/sglang_e2e_logs")
     p.add_argument("--out", default="bench/results/sglang_e2e.json")
     p.add_argument("--command", help="the command to record (default: this one)")
+    p.add_argument(
+        "--profile-steps",
+        type=int,
+        default=0,
+        help="after each timed run, profile this many decode steps at the largest batch (step_profile.py)",
+    )
     p.add_argument("--child", choices=SYSTEMS, help=argparse.SUPPRESS)
     p.add_argument("--json", help=argparse.SUPPRESS)
     p.add_argument("--milestone", choices=tuple(MILESTONES), default="m2", help=argparse.SUPPRESS)
