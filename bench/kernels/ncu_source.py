@@ -11,6 +11,7 @@ opcode, which says what kind of work the samples sit on (shared loads, MMA, inte
 
 from __future__ import annotations
 
+import argparse
 import csv
 import json
 import re
@@ -68,7 +69,10 @@ def summarize(rows: Iterable[list[str]], top: int = 15) -> dict[str, Any]:
 
 
 def main() -> None:
-    print(json.dumps(summarize(csv.reader(sys.stdin)), indent=1))
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--top", type=int, default=15, help="lines listed per ranked metric")
+    a = ap.parse_args()
+    print(json.dumps(summarize(csv.reader(sys.stdin), a.top), indent=1))
 
 
 if __name__ == "__main__":
