@@ -62,9 +62,10 @@ from bench.serving.sglang_e2e_config import (
 from bench.serving.sglang_e2e_metrics import (
     Stream,
     client_metrics,
-    compare_outputs,
     log_metrics,
+    print_table,
     request_digest,
+    summarize,
 )
 
 # The child prints this before its profile pass: the log lines after it are not the timed run's.
@@ -80,9 +81,18 @@ ROW_FIELDS = (
 )
 
 
+def _prompts(work: Any) -> list[list[int]]:
+    """The workload's random input ids (seed 0), its shared prefix (if any) the same in every prompt."""
+    import numpy as np
+
+    prompts = np.random.default_rng(0).integers(100, 120000, size=(work.requests, work.input_tokens)).tolist()
+    for p in prompts[1:]:
+        p[: work.shared_prefix_tokens] = prompts[0][: work.shared_prefix_tokens]
+    return prompts
+
+
 def child(args: argparse.Namespace) -> dict[str, Any]:
     """Run one system in this process: start SGLang, warm up, time the workload as the client sees it."""
-    import numpy as np
     import sglang
 
     if args.child.startswith("zipkv"):
@@ -96,11 +106,8 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
     t0 = time.perf_counter()
     eng = engine_cls(**kwargs)
     start_s = time.perf_counter() - t0
-    rng = np.random.default_rng(0)
-    prompts = rng.integers(100, 120000, size=(work.requests, work.input_tokens)).tolist()
+    prompts = _prompts(work)
     shared = work.shared_prefix_tokens
-    for p in prompts[1:]:
-        p[:shared] = prompts[0][:shared]
     sp = {"max_new_tokens": work.output_tokens, "temperature": 0.0, "ignore_eos": True}
     eng.generate(input_ids=[p[:256] for p in prompts[:2]], sampling_params={**sp, "max_new_tokens": 8})
     if shared:  # the radix cache holds the shared prefix before the timed requests arrive
@@ -194,26 +201,6 @@ def run_one(args: argparse.Namespace, spec: RunSpec, left_s: int) -> dict[str, A
     return row
 
 
-def summarize(results: dict[str, Any]) -> None:
-    """Cross-row fields: greedy identity and zipkv / FlashInfer ratios, per workload and milestone."""
-    by = {(r["system"], r["workload"], r["milestone"]): r for r in results["rows"]}
-    same, ratios = {}, {}
-    for workload, milestone in sorted({(r["workload"], r["milestone"]) for r in results["rows"]}):
-        key = workload if milestone == "m2" else f"{workload}:{milestone}"
-        z, u, f = (
-            by.get((s, workload, milestone), {}) for s in ("zipkv", "zipkv_uncompressed", "flashinfer")
-        )
-        same[key] = compare_outputs(z.get("request_sha256"), u.get("request_sha256"))
-        ratio = {}
-        for m in ("decode_tokens_per_s_at_max_batch", "decode_tokens_per_s"):
-            if z.get(m) and f.get(m):
-                ratio[m] = round(z[m] / f[m], 4)
-        if ratio:
-            ratios[key] = ratio
-    results["greedy_tokens_identical"] = same
-    results["zipkv_over_flashinfer"] = ratios
-
-
 def device_name() -> str:
     q = ["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"]
     with contextlib.suppress(OSError, subprocess.SubprocessError):
@@ -254,22 +241,6 @@ def parent(args: argparse.Namespace) -> None:
     summarize(results)
     out.write_text(json.dumps(results, indent=1))
     print_table(results)
-
-
-def print_table(results: dict[str, Any]) -> None:
-    cols: tuple[str, ...] = ("rc", "max_running_requests", "decode_tokens_per_s_at_max_batch")
-    cols += ("decode_tokens_per_s", "decode_step_ms")
-    cols += ("ttft_s_mean", "wall_s", "compressed_block_fraction", "max_raw_pages_over_running")
-    for r in results["rows"]:
-        for line in r.get("first_error_lines", [])[:2]:
-            print(f"{r['system']} {r['workload']}: {line[:160]}")
-    short = ("rc", "max_run", "tok/s@max", "tok/s", "step_ms", "ttft_s", "wall_s", "cbf", "raw-run")
-    print(f"{'system':19} {'workload':17} " + " ".join(f"{c:>9}" for c in short))
-    for r in results["rows"]:
-        cells = " ".join(f"{r.get(c, '-')!s:>9}" for c in cols)
-        print(f"{r['system']:19} {r['workload']:17} {cells}")
-    print("greedy_tokens_identical:", json.dumps(results["greedy_tokens_identical"]))
-    print("zipkv_over_flashinfer:", json.dumps(results["zipkv_over_flashinfer"]))
 
 
 def main() -> None:

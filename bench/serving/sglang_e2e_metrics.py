@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import hashlib
 import itertools
+import json
 import re
 import statistics
 from collections.abc import Sequence
@@ -184,3 +185,39 @@ def compare_outputs(a: Sequence[str] | None, b: Sequence[str] | None) -> dict[st
         "requests_differing": len(differ),
         "differing": differ[:16],
     }
+
+
+def summarize(results: dict[str, Any]) -> None:
+    """Cross-row fields: greedy identity and zipkv / FlashInfer ratios, per workload and milestone."""
+    by = {(r["system"], r["workload"], r["milestone"]): r for r in results["rows"]}
+    same, ratios = {}, {}
+    for workload, milestone in sorted({(r["workload"], r["milestone"]) for r in results["rows"]}):
+        key = workload if milestone == "m2" else f"{workload}:{milestone}"
+        z, u, f = (
+            by.get((s, workload, milestone), {}) for s in ("zipkv", "zipkv_uncompressed", "flashinfer")
+        )
+        same[key] = compare_outputs(z.get("request_sha256"), u.get("request_sha256"))
+        ratio = {}
+        for m in ("decode_tokens_per_s_at_max_batch", "decode_tokens_per_s"):
+            if z.get(m) and f.get(m):
+                ratio[m] = round(z[m] / f[m], 4)
+        if ratio:
+            ratios[key] = ratio
+    results["greedy_tokens_identical"] = same
+    results["zipkv_over_flashinfer"] = ratios
+
+
+def print_table(results: dict[str, Any]) -> None:
+    cols: tuple[str, ...] = ("rc", "max_running_requests", "decode_tokens_per_s_at_max_batch")
+    cols += ("decode_tokens_per_s", "decode_step_ms")
+    cols += ("ttft_s_mean", "wall_s", "compressed_block_fraction", "max_raw_pages_over_running")
+    for r in results["rows"]:
+        for line in r.get("first_error_lines", [])[:2]:
+            print(f"{r['system']} {r['workload']}: {line[:160]}")
+    short = ("rc", "max_run", "tok/s@max", "tok/s", "step_ms", "ttft_s", "wall_s", "cbf", "raw-run")
+    print(f"{'system':19} {'workload':17} " + " ".join(f"{c:>9}" for c in short))
+    for r in results["rows"]:
+        cells = " ".join(f"{r.get(c, '-')!s:>9}" for c in cols)
+        print(f"{r['system']:19} {r['workload']:17} {cells}")
+    print("greedy_tokens_identical:", json.dumps(results["greedy_tokens_identical"]))
+    print("zipkv_over_flashinfer:", json.dumps(results["zipkv_over_flashinfer"]))
