@@ -38,9 +38,9 @@ def _zipkv_fns(
     configs: list[tuple[int, ...]],  # type: ignore[type-arg]
     sms: int,
 ) -> tuple[dict[str, Callable[[], object]], dict[str, Callable[[], object]], dict[str, int]]:
-    """zipkv's calls per config (block_n:stages[:ctas_per_sm[:maxnreg[:warps]]]): on the v3 pages (timed)
-    and on raw pages holding the same values (timed for the first config, the uncompressed run; checked
-    bit for bit against the v3 run for every config); the split count each used."""
+    """zipkv's calls per config (block_n:stages[:ctas_per_sm[:maxnreg[:warps[:warp_softmax]]]]): on the
+    v3 pages (timed) and on raw pages holding the same values (timed for the first config, the uncompressed
+    run; checked bit for bit against the v3 run for every config); the split count each used."""
     batch = q.shape[0]
     raw_loc = (
         torch.arange(case["pages"].shape[0], dtype=torch.int64, device="cuda") * case["fmt"].raw_page_bytes
@@ -51,7 +51,7 @@ def _zipkv_fns(
     for cfg in configs:
         # Without ctas_per_sm / maxnreg / warps a config runs the plan's own split choice, the launch's
         # registers and the default warps per program.
-        block_n, stages, ctas, maxnreg, warps = (*cfg, None, None, None)[:5]
+        block_n, stages, ctas, maxnreg, warps, ws = (*cfg, None, None, None, None)[:6]
         plan = plan_decode(
             case["page_ids"],
             case["indptr"],
@@ -64,7 +64,10 @@ def _zipkv_fns(
         )
         tag = "zipkv" if cfg == configs[0] else "zipkv_" + "_".join(map(str, cfg))
         splits[tag] = plan.max_splits
-        run = partial(decode_attention_hopper, plan, q, sm_scale=scale, out=o, stages=stages, maxnreg=maxnreg)
+        run = partial(
+            decode_attention_hopper, plan, q, sm_scale=scale, out=o, stages=stages, maxnreg=maxnreg,
+            warp_softmax=None if ws is None else bool(ws),
+        )  # fmt: skip
         fns[tag] = partial(run, case["heap"], case["loc"], case["meta"])
         raw_fns[tag] = partial(run, case["raw_heap"], raw_loc, case["raw_meta"], compressed=False)
     fns["zipkv_raw_pages"] = raw_fns["zipkv"]
@@ -176,7 +179,7 @@ def main() -> None:
     ap.add_argument(
         "--configs",
         default="32:2",
-        help="block_n:stages[:ctas_per_sm[:maxnreg[:warps]]], first is the default",
+        help="block_n:stages[:ctas_per_sm[:maxnreg[:warps[:warp_softmax]]]], first is the default",
     )
     ap.add_argument("--graph", action="store_true", help="time CUDA-graph replays (no host launch time)")
     ap.add_argument("--timing", default=None, help="BxT,...: per-program timeline (the TIMING build)")

@@ -94,6 +94,7 @@ def run_case(  # type: ignore[type-arg]
     gather_all: bool = False,
     block_n: int | None = None,
     warps: int | None = None,
+    warp_softmax: bool | None = None,
 ) -> torch.Tensor:
     plan = plan_decode(
         case["page_ids"],
@@ -108,10 +109,13 @@ def run_case(  # type: ignore[type-arg]
     )
     if compressed:
         return decode_attention_hopper(
-            plan, q, case["heap"], case["loc"], case["meta"], scale, compressed=True, gather_all=gather_all
-        )
+            plan, q, case["heap"], case["loc"], case["meta"], scale, compressed=True, gather_all=gather_all,
+            warp_softmax=warp_softmax,
+        )  # fmt: skip
     loc = torch.arange(case["pages"].shape[0], dtype=torch.int64, device="cuda") * case["fmt"].raw_page_bytes
-    return decode_attention_hopper(plan, q, case["raw_heap"], loc, case["raw_meta"], scale, compressed=False)
+    return decode_attention_hopper(
+        plan, q, case["raw_heap"], loc, case["raw_meta"], scale, compressed=False, warp_softmax=warp_softmax
+    )
 
 
 def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -134,6 +138,25 @@ CHECKS = [  # (lens, kv_heads, head_dim, group, raw_mid, shuffle, outliers, max_
 
 
 WARP_CHECKS = (1, 2, 3, 6, 8)  # the cases also run with 1 and 2 warps per program
+
+
+def _warp_softmax_check(case: dict, q: torch.Tensor, scale: float, splits: int | None,  # type: ignore[type-arg]
+                        refo: torch.Tensor) -> dict[str, object]:  # fmt: skip
+    """The per-warp softmax (each warp its own page) against its own raw-page and gathered runs, bit for
+    bit, and against the float64 reference, at the default tile and warps and at 1 warp x 1 page."""
+    rec: dict[str, object] = {}
+    ok = True
+    for w in (None, 1):
+        shape = dict(block_n=None if w is None else 16 * w, warps=w, warp_softmax=True)
+        got = run_case(case, q, scale, splits, compressed=True, **shape)  # type: ignore[arg-type]
+        raw = run_case(case, q, scale, splits, compressed=False, **shape)  # type: ignore[arg-type]
+        gathered = run_case(case, q, scale, splits, compressed=True, gather_all=True, **shape)  # type: ignore[arg-type]
+        r = dict(bit_identical=same_bits(got, raw), same_as_gathered=same_bits(got, gathered),
+                 rel_err=rel_err(got, refo), finite=bool(torch.isfinite(got.float()).all()))  # fmt: skip
+        ok = ok and all(r[k] for k in ("bit_identical", "same_as_gathered", "finite")) and r["rel_err"] < 1e-2
+        rec["default" if w is None else f"warps{w}"] = r
+    rec["ok"] = ok
+    return rec
 
 
 def check(out: dict) -> bool:  # type: ignore[type-arg]
@@ -166,6 +189,9 @@ def check(out: dict) -> bool:  # type: ignore[type-arg]
                 finite=bool(torch.isfinite(got.float()).all()),
             )
             rec["ok"] = same and err < 1e-2 and twin_err < 1e-2 and rec["finite"]
+            warp_rec = _warp_softmax_check(case, q, scale, splits, refo)
+            rec["warp_softmax"] = warp_rec
+            rec["ok"] = rec["ok"] and bool(warp_rec["ok"])
             if i in WARP_CHECKS:  # fewer warps per program, one page per warp: the same bits on raw pages
                 for w in (1, 2):
                     got_w = run_case(case, q, scale, splits, compressed=True, block_n=16 * w, warps=w)

@@ -60,12 +60,15 @@ def compile_hopper(
     arch: int = 90,
     maxnreg: int | None = None,
     num_warps: int = NUM_WARPS,
+    warp_softmax: bool = False,
 ):  # type: ignore[no-untyped-def]
     from triton.experimental.gluon._runtime import GluonASTSource
 
     fn = dh._decode_hopper_kernel
     del compressed  # one kernel reads coded and raw pages
-    const = launch.hopper_constexprs(kv_heads, group, head_dim, pages, stages, split)
+    const = launch.hopper_constexprs(
+        kv_heads, group, head_dim, pages, stages, split, warp_softmax=warp_softmax
+    )
     signature = {n: ARG_TYPES.get(n, "constexpr") for n in fn.arg_names}
     constexprs = {(i,): const[n] for i, n in enumerate(fn.arg_names) if n in const}
     aligned = {n for n in ARG_TYPES if ARG_TYPES[n].startswith("*") or n.startswith("stride")}
@@ -130,10 +133,12 @@ def report(
     compressed: bool = True,
     maxnreg: int | None = None,
     num_warps: int = NUM_WARPS,
+    warp_softmax: bool = False,
 ) -> dict[str, object]:
     kernel = compile_hopper(
-        head_dim, pages, stages, compressed=compressed, maxnreg=maxnreg, num_warps=num_warps
-    )
+        head_dim, pages, stages, compressed=compressed, maxnreg=maxnreg, num_warps=num_warps,
+        warp_softmax=warp_softmax,
+    )  # fmt: skip
     sass = sass_of(kernel.asm["cubin"])
     ptx = kernel.asm["ptx"]
     return {
@@ -141,6 +146,7 @@ def report(
         "pages_per_tile": pages,
         "stages": stages,
         "num_warps": num_warps,
+        "warp_softmax": warp_softmax,
         "compressed": compressed,
         "shared_bytes": kernel.metadata.shared,
         **usage(kernel.asm["cubin"]),
@@ -166,6 +172,7 @@ def main() -> None:
         "--maxnreg", type=int, default=None, help="registers per thread (default: the launch's; 0: none)"
     )
     ap.add_argument("--warps", default=str(NUM_WARPS), help="warps per program, e.g. 1,2,4")
+    ap.add_argument("--warp-softmax", action="store_true", help="one softmax per warp (warp_softmax.py)")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--dump", default=None, help="folder for .ptx/.sass/.ttgir of each variant")
     a = ap.parse_args()
@@ -175,11 +182,11 @@ def main() -> None:
         for p in (int(x) for x in a.pages.split(",")):
             for s in (int(x) for x in a.stages.split(",")):
                 for comp, w in itertools.product((True, False) if a.twin else (True,), warp_counts):
-                    r = report(d, p, s, comp, a.maxnreg, w)
+                    r = report(d, p, s, comp, a.maxnreg, w, a.warp_softmax)
                     rows.append(r)
                     if a.dump:
                         os.makedirs(a.dump, exist_ok=True)
-                        k = compile_hopper(d, p, s, compressed=comp, num_warps=w)
+                        k = compile_hopper(d, p, s, compressed=comp, num_warps=w, warp_softmax=a.warp_softmax)
                         tag = f"d{d}_p{p}_s{s}_w{w}_{'c' if comp else 't'}"
                         for ext in ("ptx", "ttgir"):
                             with open(os.path.join(a.dump, f"{tag}.{ext}"), "w") as f:

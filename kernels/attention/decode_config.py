@@ -82,6 +82,19 @@ HOPPER_CONFIG = DecodeKernelConfig(32, 2, 2, 2, 4, prefetch=False)
 # 87 us with 33 splits over four waves, 81 us with 6).
 HOPPER_MAX_WAVES = 1
 HOPPER_MAX_SPLITS = 128
+# The Hopper kernel's softmax: "0" (the default) the warps of a program share one online softmax per tile;
+# "1" each warp keeps its own over its own page, merged once per program (hopper/warp_softmax.py). Off
+# until measured against the shared one on the GPU (docs/benchmarks.md).
+HOPPER_WARP_SOFTMAX_ENV = "ZIPKV_HOPPER_WARP_SOFTMAX"
+
+
+def hopper_warp_softmax(env: Mapping[str, str] | None = None) -> bool:
+    """Whether the Hopper kernel runs one softmax per warp (``$ZIPKV_HOPPER_WARP_SOFTMAX``, see above)."""
+    env = os.environ if env is None else env
+    asked = env.get(HOPPER_WARP_SOFTMAX_ENV, "0")
+    if asked not in ("0", "1"):
+        raise ValueError(f"{HOPPER_WARP_SOFTMAX_ENV}={asked!r}: choose 0 (one softmax per program) or 1")
+    return asked == "1"
 
 
 def is_sm90(device: torch.device) -> bool:

@@ -35,6 +35,13 @@ def test_views_map_every_element_to_its_offset(head_dim: int, pages: int) -> Non
 
     views.check_view([half, n], lo_k, views.operand_view(0, pages, head_dim))
     views.check_view([n, half], lo_v, views.operand_view(1, pages, head_dim))
+    # Split by page (the per-warp softmax): element (page g, pair p, token t) is the 2D view's (p, 16 g + t).
+    views.check_view(
+        [pages, half, 16], lambda g, p, t: lo_k(p, 16 * g + t), views.page_operand_view(0, pages, head_dim)
+    )
+    views.check_view(
+        [pages, 16, half], lambda g, t, p: lo_v(16 * g + t, p), views.page_operand_view(1, pages, head_dim)
+    )
     shape = [pages, head_dim // 8, 16, 2]
     views.check_view(
         shape,
@@ -62,7 +69,8 @@ def test_offset_bases_refuse_a_view_that_is_not_bijective() -> None:
         views.offset_bases([4, 4], lambda a, b: a)  # b never reaches an offset bit
 
 
-def test_kernel_compiles_for_sm90() -> None:
+def _compile_rows(*args: str) -> dict[int, dict[str, object]]:
+    """bench/kernels/hopper_resources.py's rows by head_dim, compiled by .cache/gluon-venv's Triton 3.6.0."""
     if not GLUON_PY.exists():
         pytest.fail(f"{GLUON_PY} is missing: run scripts/setup.sh (it installs triton==3.6.0 there)")
     where = subprocess.run(
@@ -73,15 +81,32 @@ def test_kernel_compiles_for_sm90() -> None:
         pytest.fail(
             f"{GLUON_PY} imports zipkv from {where.stdout.strip()!r}, not this checkout: run scripts/setup.sh"
         )
-    cmd = [str(GLUON_PY), "-m", "bench.kernels.hopper_resources"]
-    cmd += ["--head-dims", "64,128,256", "--pages", "4", "--stages", "2", "--json"]
+    cmd = [str(GLUON_PY), "-m", "bench.kernels.hopper_resources", "--json", *args]
     # Not under the interpreter, which other tests of this run switch on for their process and children.
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=ROOT, env=env)
     assert done.returncode == 0, done.stderr[:3000] + "\n...\n" + done.stderr[-1500:]
-    rows = {r["head_dim"]: r for r in json.loads(done.stdout)}
+    return {r["head_dim"]: r for r in json.loads(done.stdout)}
+
+
+def test_kernel_compiles_for_sm90() -> None:
+    rows = _compile_rows("--head-dims", "64,128,256", "--pages", "4", "--stages", "2")
     for head_dim, r in rows.items():
         assert r["registers"] <= 255 and r["shared_bytes"] <= 227 * 1024, r
         assert r["ptx_cp_async"] > 0 and r["ptx_ldmatrix"] > 0 and r["ptx_mma"] > 0, r
         if head_dim <= 128:  # the measured shapes: three programs per SM (the plan's), no spill in the loop
             assert r["loop_local_accesses"] == 0 and r["registers"] * 128 * 3 <= 65536, r
+
+
+def test_the_per_warp_softmax_compiles_for_sm90_with_four_programs_per_sm() -> None:
+    """One page per warp (hopper/warp_softmax.py) at the default shape (2 pages, 2 warps): operands still
+    come by ldmatrix, the loop does not spill at head_dim <= 128, and 224-ish registers keep four programs
+    of 64 threads per SM, as the shared softmax does."""
+    rows = _compile_rows(
+        "--head-dims", "64,128,256", "--pages", "2", "--warps", "2", "--stages", "2", "--warp-softmax"
+    )
+    for head_dim, r in rows.items():
+        assert r["warp_softmax"] is True
+        assert r["ptx_cp_async"] > 0 and r["ptx_ldmatrix"] > 0 and r["ptx_mma"] > 0, r
+        if head_dim <= 128:
+            assert r["loop_local_accesses"] == 0 and r["registers"] * 64 * 4 <= 65536, r

@@ -123,3 +123,22 @@ def test_auto_picks_the_hopper_kernel_for_v3_pages_on_sm90_and_the_pool_writes_v
     assert dc.serving_format_version(cpu, {dc.PAGE_FORMAT_ENV: "3"}) == 3
     with pytest.raises(ValueError, match="choose 2 or 3"):
         dc.serving_format_version(gpu, {dc.PAGE_FORMAT_ENV: "1"})
+
+
+def test_the_per_warp_softmax_is_asked_for_by_0_or_1_and_needs_one_page_per_warp() -> None:
+    from zipkv.kernels.attention import decode_config as dc
+    from zipkv.kernels.attention.hopper.launch import decode_attention_hopper
+
+    assert dc.hopper_warp_softmax({}) is False  # the default: one softmax per program
+    assert dc.hopper_warp_softmax({dc.HOPPER_WARP_SOFTMAX_ENV: "1"}) is True
+    assert dc.hopper_warp_softmax({dc.HOPPER_WARP_SOFTMAX_ENV: "0"}) is False
+    with pytest.raises(ValueError, match="choose 0"):
+        dc.hopper_warp_softmax({dc.HOPPER_WARP_SOFTMAX_ENV: "yes"})
+    # 64-token tiles are four pages: two warps cannot each own one. Refused before any launch (no GPU here).
+    v3 = PageFormat(head_dim=128, num_kv_heads=2, version=3)
+    ids, indptr, lens = (torch.tensor(x, dtype=torch.int32) for x in (range(4), [0, 4], [60]))
+    plan = plan_decode(ids, indptr, lens, v3, 8, block_n=64, num_warps=2)
+    q = torch.zeros(1, 16, 128, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="one page: block_n 64 is 4 pages for 2 warps"):
+        decode_attention_hopper(plan, q, torch.zeros(1, dtype=torch.uint8), ids.long(), ids.byte(), 0.1,
+                                warp_softmax=True)  # fmt: skip

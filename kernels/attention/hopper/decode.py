@@ -33,12 +33,12 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as ttgl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy
 
-from .restore import attend, tile_operands
+from .restore import tile_operands
 from .ring import _PT, KIND_BITS, issue_tile, tile_ids, tile_info
+from .softmax import _M, attend_tile, final_state, init_state, kernel_mma_layout, out_layout
+from .warp_softmax import load_q_pages
 
-M_ROWS = 16  # MMA rows: the GQA group, padded
 LOG2E = 1.4426950408889634
-_M = ttgl.constexpr(M_ROWS)  # Gluon reads globals only as constexpr
 
 
 @gluon.jit
@@ -75,11 +75,10 @@ def _load_q(
 
 
 @gluon.jit
-def _store_out(out_ptr, o_part_ptr, lse_part_ptr, m_i, l_acc, acc_a, acc_b, req, head, split, max_splits,
+def _store_out(out_ptr, o_part_ptr, lse_part_ptr, m_i, l_i, acc_a, acc_b, req, head, split, max_splits,
                stride_ob, stride_oh, row_l: ttgl.constexpr, col_l: ttgl.constexpr, H: ttgl.constexpr,
                GROUP: ttgl.constexpr, D: ttgl.constexpr, SPLIT: ttgl.constexpr):  # fmt: skip
     """The program's rows: the final bf16 output, or (SPLIT) this split's fp32 partial and log2-sum-exp2."""
-    l_i = ttgl.sum(l_acc, axis=1)
     out_a = acc_a / l_i[:, None]
     out_b = acc_b / l_i[:, None]
     offs_om = ttgl.arange(0, _M, layout=row_l)
@@ -193,15 +192,12 @@ def _decode_hopper_kernel(
     H: ttgl.constexpr, GROUP: ttgl.constexpr, D: ttgl.constexpr, NP: ttgl.constexpr,
     STAGES: ttgl.constexpr, SPLIT: ttgl.constexpr, GATHER_ALL: ttgl.constexpr,
     OP_K: ttgl.constexpr, OP_V: ttgl.constexpr, CW: ttgl.constexpr, HW: ttgl.constexpr, PG1: ttgl.constexpr,
-    TIMING: ttgl.constexpr = False,
+    WARP_SOFTMAX: ttgl.constexpr = False, TIMING: ttgl.constexpr = False,
 ):  # fmt: skip
     N: ttgl.constexpr = NP * _PT
-    mma: ttgl.constexpr = ttgl.NVMMADistributedLayout(
-        version=[2, 0], warps_per_cta=[1, ttgl.num_warps()], instr_shape=[16, 8]
-    )
+    mma: ttgl.constexpr = kernel_mma_layout(ttgl.num_warps(), WARP_SOFTMAX)
     a_l: ttgl.constexpr = ttgl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
-    row_l: ttgl.constexpr = ttgl.SliceLayout(1, mma)
-    col_l: ttgl.constexpr = ttgl.SliceLayout(0, mma)
+    o_l: ttgl.constexpr = out_layout(mma, WARP_SOFTMAX)
 
     pid = ttgl.program_id(0)
     if TIMING:
@@ -215,14 +211,13 @@ def _decode_hopper_kernel(
         n_tiles = (end - first + N - 1) // N
         tables = (page_ids_ptr, page_loc_ptr, meta_ptr, page_base, end, head)
         glob = (heap_ptr, heap16_ptr)
-        qa, qb = _load_q(q_ptr, req, head, stride_qb, stride_qh, GROUP, D, a_l)
+        if WARP_SOFTMAX:
+            qa, qb = load_q_pages(q_ptr, req, head, stride_qb, stride_qh, _M, GROUP, D, a_l)
+        else:
+            qa, qb = _load_q(q_ptr, req, head, stride_qb, stride_qh, GROUP, D, a_l)
         ring = _ring(STAGES, NP, D)
         kinds, info_n, ids_nn = _fill_ring(ring, heap_ptr, tables, first, H, D, NP, STAGES, GATHER_ALL)
-        m_i = ttgl.full([_M], float("-inf"), ttgl.float32, layout=row_l)
-        l_acc = ttgl.zeros([_M, N], ttgl.float32, layout=mma)
-        acc_a = ttgl.zeros([_M, D // 2], ttgl.float32, layout=mma)
-        acc_b = ttgl.zeros([_M, D // 2], ttgl.float32, layout=mma)
-        n_col = ttgl.arange(0, N, layout=col_l)
+        state = init_state(mma, N, D, WARP_SOFTMAX)
         for i in range(n_tiles):
             async_copy.wait_group(STAGES - 2)
             ttgl.thread_barrier()  # tile i landed for every thread; slot (i - 1) % STAGES is free again
@@ -233,16 +228,15 @@ def _decode_hopper_kernel(
                 ring, i, kinds, info_n, ids_nn, heap_ptr, tables, first, H, D, NP, STAGES, GATHER_ALL
             )
             tok0 = first + i * N
-            ka, kb, va, vb = tile_operands(
-                kinds & 7, _slot(ring, i % STAGES), glob, tables, tok0, OP_K, OP_V, CW, HW, PG1, H, D, NP
+            ops = tile_operands(
+                kinds & 7, _slot(ring, i % STAGES), glob, tables, tok0, OP_K, OP_V, CW, HW, PG1, H, D, NP, mma
             )  # fmt: skip
             kinds = kinds >> KIND_BITS
-            valid = tok0 + n_col < end
-            m_i, l_acc, acc_a, acc_b = attend(
-                qa, qb, ka, kb, va, vb, valid, m_i, l_acc, acc_a, acc_b, qk_scale, mma, a_l, _M, N
-            )  # fmt: skip
+            state = attend_tile(qa, qb, ops, tok0, end, state, qk_scale, mma, a_l, N, WARP_SOFTMAX)
         async_copy.wait_group(0)
-        _store_out(out_ptr, o_part_ptr, lse_part_ptr, m_i, l_acc, acc_a, acc_b, req, head, split, max_splits,
-                   stride_ob, stride_oh, row_l, col_l, H, GROUP, D, SPLIT)  # fmt: skip
+        m_i, l_i, acc_a, acc_b = final_state(state, mma, WARP_SOFTMAX)
+        _store_out(out_ptr, o_part_ptr, lse_part_ptr, m_i, l_i, acc_a, acc_b, req, head, split, max_splits,
+                   stride_ob, stride_oh, ttgl.SliceLayout(1, o_l), ttgl.SliceLayout(0, o_l), H, GROUP, D,
+                   SPLIT)  # fmt: skip
     if TIMING:
         _stamp(timing_ptr, pid, 2)

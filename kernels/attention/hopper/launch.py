@@ -10,10 +10,12 @@ import torch
 from triton.experimental.gluon import language as ttgl
 
 from ...format.layout import PAGE_TOKENS
+from ..decode_config import hopper_warp_softmax
 from ..decode_plan import DecodePlan
 from ..merge import merge_splits
 from . import layouts as views
-from .decode import LOG2E, M_ROWS, _decode_hopper_kernel
+from .decode import LOG2E, _decode_hopper_kernel
+from .softmax import M_ROWS
 
 # Registers per thread by (head_dim, warps per program): at 4 warps, 168 leaves three programs per SM at
 # head_dim 128 with no spill in the main loop (bench/kernels/hopper_resources.py --maxnreg); the
@@ -30,9 +32,11 @@ def hopper_constexprs(
     stages: int,
     split: bool,
     gather_all: bool = False,
+    warp_softmax: bool = False,
 ) -> dict[str, object]:
     """The kernel's compile-time arguments (the launch and the offline compile share them)."""
     np_, shared = pages_per_tile, ttgl.SharedLinearLayout
+    operand_view = views.page_operand_view if warp_softmax else views.operand_view
     return dict(
         H=num_kv_heads,
         GROUP=group,
@@ -41,11 +45,12 @@ def hopper_constexprs(
         STAGES=stages,
         SPLIT=split,
         GATHER_ALL=gather_all,
-        OP_K=shared(views.operand_view(0, np_, head_dim)),
-        OP_V=shared(views.operand_view(1, np_, head_dim)),
+        OP_K=shared(operand_view(0, np_, head_dim)),
+        OP_V=shared(operand_view(1, np_, head_dim)),
         CW=shared(views.code_words_view(np_, head_dim)),
         HW=shared(views.hi_words_view(np_, head_dim)),
         PG1=shared(views.operand_view(1, 1, head_dim)),
+        WARP_SOFTMAX=warp_softmax,
     )
 
 
@@ -62,6 +67,7 @@ def decode_attention_hopper(
     gather_all: bool = False,
     maxnreg: int | None = None,
     timing: torch.Tensor | None = None,
+    warp_softmax: bool | None = None,
 ) -> torch.Tensor:
     """bf16 ``[B, Hq, D]`` attention of ``q`` over one layer's v3 pages (sm_90; see the module docstring).
 
@@ -69,16 +75,25 @@ def decode_attention_hopper(
     (the pages must be raw, as an uncompressed pool's are): the same kernel, the raw path. ``timing``
     (int64 ``[programs, 4]``, profiling only) compiles the variant that stamps each program's start, first
     landed tile, end (global timer, ns) and SM (bench/kernels/bench_decode_hopper.py --timing reads them).
+    ``warp_softmax``: one page per warp, each with its own softmax (hopper/warp_softmax.py); None: the
+    default, ``$ZIPKV_HOPPER_WARP_SOFTMAX`` (decode_config.hopper_warp_softmax).
     """
     fmt = plan.fmt
     _check_plan(plan)
     if out is None:
         out = torch.empty_like(q)
     pages = plan.block_n // PAGE_TOKENS
+    warp_softmax = hopper_warp_softmax() if warp_softmax is None else warp_softmax
+    if warp_softmax and pages != plan.num_warps:
+        raise ValueError(
+            f"the per-warp softmax gives each warp one page: block_n {plan.block_n} is {pages} pages for "
+            f"{plan.num_warps} warps (set block_n = 16 x warps)"
+        )
     grid = (plan.batch_size * fmt.num_kv_heads * plan.max_splits,)
     consts = hopper_constexprs(
-        fmt.num_kv_heads, plan.group_size, fmt.head_dim, pages, stages, plan.max_splits > 1, gather_all
-    )
+        fmt.num_kv_heads, plan.group_size, fmt.head_dim, pages, stages, plan.max_splits > 1, gather_all,
+        warp_softmax,
+    )  # fmt: skip
     if not compressed:  # every page read as raw: what an uncompressed pool's metadata says anyway
         page_meta_layer = _raw_meta_like(page_meta_layer)
     _decode_hopper_kernel[grid](

@@ -123,6 +123,15 @@ def operand_view(kv: int, pages: int, head_dim: int) -> list[list[int]]:
     return offset_bases([n, half], lambda t, p: lo_offset(t // 16, t % 16, p, head_dim))
 
 
+def page_operand_view(kv: int, pages: int, head_dim: int) -> list[list[int]]:
+    """The same operands split by page, for the per-warp softmax (warp w reads page w): K ``[NP, D/2 pairs,
+    16 tokens]`` or V ``[NP, 16 tokens, D/2 pairs]``, 16-bit elements, over A or B."""
+    half = head_dim // 2
+    if kv == 0:
+        return offset_bases([pages, half, 16], lambda g, p, t: lo_offset(g, t, p, head_dim))
+    return offset_bases([pages, 16, half], lambda g, t, p: lo_offset(g, t, p, head_dim))
+
+
 def code_words_view(pages: int, head_dim: int) -> list[list[int]]:
     """``[NP, D/8 blocks, 16 tokens, 2]`` u32 over B: (code word, patch word) of each block and token."""
     shape = [pages, head_dim // 8, 16, 2]

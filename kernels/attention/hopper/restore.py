@@ -54,6 +54,11 @@ def prepass_layout(D, NP, NW):  # type: ignore[no-untyped-def]
     return ttgl.BlockedLayout([1, 1, 4, 2], [1, 8, 4, 1], [wp, NW // wp, 1, 1], [3, 2, 1, 0])
 
 
+@constexpr_function
+def _rank(layout):  # type: ignore[no-untyped-def]
+    return len(layout.warps_per_cta)
+
+
 @gluon.jit
 def _interleave(lo, hi, sel_a, sel_b):
     return ttgl.inline_asm_elementwise(
@@ -214,16 +219,14 @@ def _prepass(b_k, m_k, b_v, m_v, pre_l: ttgl.constexpr, CW: ttgl.constexpr, HW: 
 @gluon.jit
 def tile_operands(kind, slot, glob, tables, tok0, OP_K: ttgl.constexpr, OP_V: ttgl.constexpr,
                   CW: ttgl.constexpr, HW: ttgl.constexpr, PG1: ttgl.constexpr, H: ttgl.constexpr,
-                  D: ttgl.constexpr, NP: ttgl.constexpr):  # fmt: skip
+                  D: ttgl.constexpr, NP: ttgl.constexpr, mma: ttgl.constexpr):  # fmt: skip
     """(K_a, K_b, V_a, V_b) bf16 operands of a landed tile in the MMA B fragments (``kind``: how it is read;
-    ``slot``: its ring buffers; ``glob``: (heap_ptr, heap16_ptr); ``tables``: ring.tile_info's)."""
+    ``slot``: its ring buffers; ``glob``: (heap_ptr, heap16_ptr); ``tables``: ring.tile_info's; ``mma``:
+    the kernel's MMA layout, 2D ``[M, X]`` or, per-warp softmax, 3D ``[NP, M, X]``, one page per warp)."""
     a_k, b_k, a_v, b_v, m_k, m_v = slot
     head = tables[5]
     N: ttgl.constexpr = NP * _PT
     HALF: ttgl.constexpr = D // 2
-    mma: ttgl.constexpr = ttgl.NVMMADistributedLayout(
-        version=[2, 0], warps_per_cta=[1, ttgl.num_warps()], instr_shape=[16, 8]
-    )
     b_l: ttgl.constexpr = ttgl.DotOperandLayout(operand_index=1, parent=mma, k_width=2)
     pre_l: ttgl.constexpr = prepass_layout(D, NP, ttgl.num_warps())
     st_l: ttgl.constexpr = ttgl.BlockedLayout(
@@ -237,6 +240,10 @@ def tile_operands(kind, slot, glob, tables, tok0, OP_K: ttgl.constexpr, OP_V: tt
         _prepass(b_k, m_k, b_v, m_v, pre_l, CW, HW, D, NP, True)
     raw = kind == RAW
     sel = (ttgl.where(raw, RAW_SEL[0], CODED_SEL[0]), ttgl.where(raw, RAW_SEL[1], CODED_SEL[1]))
-    ka, kb = _operands(a_k, b_k, sel, OP_K, [HALF, N], b_l)
-    va, vb = _operands(a_v, b_v, sel, OP_V, [N, HALF], b_l)
+    if _rank(mma) == 3:  # one page per warp: K [NP, D/2, 16], V [NP, 16, D/2]
+        ka, kb = _operands(a_k, b_k, sel, OP_K, [NP, HALF, _PT], b_l)
+        va, vb = _operands(a_v, b_v, sel, OP_V, [NP, _PT, HALF], b_l)
+    else:
+        ka, kb = _operands(a_k, b_k, sel, OP_K, [HALF, N], b_l)
+        va, vb = _operands(a_v, b_v, sel, OP_V, [N, HALF], b_l)
     return ka, kb, va, vb
