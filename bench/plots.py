@@ -10,7 +10,8 @@
 - sglang_e2e.png: bench/results/sglang_e2e.json, each workload's systems side by side.
 - admission.png: bench/results/admission.json (the allocator at Llama-3.1-8B shapes) and
   admission_e2e.json (the reference engine's admission against its KV budget).
-- decode_hopper.png: bench/results/decode_hopper.json, the Hopper kernel's speed against FlashInfer's.
+- decode_hopper.png, decode_hopper_h100.png: bench/results/decode_hopper.json (H200) and
+  decode_hopper_h100.json (H100), the Hopper kernel's speed against FlashInfer's.
 - decode_hopper_timeline.png: bench/results/decode_hopper_timing.json, one launch's programs per SM.
 - trace_timeline.png: bench/results/trace_cpu.json, one request's spans (bench/serving/trace_capture.py).
 """
@@ -248,10 +249,9 @@ def render_all(out: Path, results: Path = RESULTS) -> list[Path]:
         figures.append(
             ("admission", admission_figure(json.loads((results / "admission.json").read_text()), engine))
         )
-    if (results / "decode_hopper.json").is_file():
-        figures.append(
-            ("decode_hopper", hopper_figure(json.loads((results / "decode_hopper.json").read_text())))
-        )
+    for name in ("decode_hopper", "decode_hopper_h100"):
+        if (results / f"{name}.json").is_file():
+            figures.append((name, hopper_figure(json.loads((results / f"{name}.json").read_text()))))
     if (results / "decode_hopper_timing.json").is_file():
         doc = json.loads((results / "decode_hopper_timing.json").read_text())
         figures.append(("decode_hopper_timeline", timeline_figure(doc)))

@@ -29,6 +29,7 @@ def test_one_command_renders_every_picture_from_the_committed_results(tmp_path: 
         "admission.png",
         "trace_timeline.png",
         "decode_hopper.png",
+        "decode_hopper_h100.png",
         "decode_hopper_timeline.png",
     }
     for path in tmp_path.glob("*.png"):
@@ -41,6 +42,7 @@ def test_one_command_renders_every_picture_from_the_committed_results(tmp_path: 
         "admission.png",
         "trace_timeline.png",
         "decode_hopper.png",
+        "decode_hopper_h100.png",
         "decode_hopper_timeline.png",
     ):
         assert (REPO / "docs" / "img" / name).is_file(), name
@@ -117,3 +119,17 @@ def test_the_hopper_picture_shows_each_shapes_speed_against_flashinfer() -> None
     assert set(got) == {"32 x 8192", "1 x 8192"}
     assert got["32 x 8192"]["zipkv Hopper kernel, v3 pages"] == pytest.approx(257.0 / 250.0)
     assert got["1 x 8192"] == {"zipkv Hopper kernel, v3 pages": pytest.approx(25.0 / 32.0)}
+
+
+def test_a_speed_past_the_cap_is_drawn_to_it_and_labelled_with_its_value() -> None:
+    """One anomalous baseline (FlashInfer at 626 us where its floor is 58) must not flatten every other bar."""
+    from bench.kernels.plot_hopper import SPEED_CAP, hopper_figure
+
+    rows = [
+        {"batch": 32, "ctx": 8192, "zipkv_us": 250.0, "flashinfer_tc_us": 300.0},
+        {"batch": 1, "ctx": 32768, "zipkv_us": 59.0, "flashinfer_tc_us": 626.0},
+    ]
+    ax = hopper_figure({"rows": rows}).axes[0]
+    heights = sorted(round(p.get_height(), 3) for p in ax.patches if p.get_height() > 0)
+    assert heights == [1.2, SPEED_CAP]
+    assert [t.get_text() for t in ax.texts] == [f"{626.0 / 59.0:.1f}x"]
