@@ -13,15 +13,16 @@
 # folder and `python -m bench.serving.serving_goodput --in FOLDER --device "..." --command "..."` writes
 # bench/results/serving_goodput.json and .png (and `python -m bench.sim.sim_validation` compares the simulation).
 #
-# Env: SYSTEMS (comma-separated), RATES (req/s, default 0.5,1,2,3), REQUESTS per rate (48, the trace's first
-# 48 from OFFSET 0: mean input 11.9k tokens, 15 s of trace), KV_BUDGET_MIB (48576 = 388,608 raw tokens of
+# Env: SYSTEMS (comma-separated), RATES (req/s, default 0.5,1,2,3), REQUESTS per rate (32, the trace's first
+# 32 from OFFSET 0: mean input 13.8k tokens, 9 s of trace; 32 rather than 48 so the three calls take ~23 of a
+# session's 30 device minutes, leaving room for a failed machine start, which costs 1-2), KV_BUDGET_MIB (48576 = 388,608 raw tokens of
 # Llama-3.1-8B, the e2e bench's budget, for every system), MAX_RUNNING (64), SGLANG_ARGS (JSON, the same for
 # every system), DEADLINE_S (560 per call, shared evenly by the call's systems), ENGINE=reference (the tiny
 # model on a CPU: the same path, for a dry run of the zipkv systems; unless set, RATES 0.5,1, 12 REQUESTS and
 # 600 s per system: the CPU model steps at ~0.4 s, a replica takes up to 3 min to start on a busy 2-core
 # machine, and the trace's first 10 share one timestamp, a rate needs two; SGLang's server needs the GPU).
 # Expected per call: SGLang up in ~40 s warm (~190 s of JIT cold, the first call), zipkv ~90 s; the sweep
-# ~5 min (arrivals span 47 / rate s per rate, plus the drain).
+# ~4 min (arrivals span 31 / rate s per rate, plus the drain).
 # REPLICAS=2 (two GPUs, bench/run_two_gpu.sh): zipkv's router over two Ray Serve replicas (one GPU each),
 # or SYSTEMS=sglang_gateway_cache_aware / sglang_gateway_power_of_two: one SGLang server per GPU behind
 # sglang-router 0.3.2 (its wheel carried as .carry/sglang_router/*.whl, installed into /tmp/routersite);
@@ -39,7 +40,7 @@ if [ "$ENGINE" = reference ]; then  # no device call to fit: 600 s per system
 fi
 REPLICAS=${REPLICAS:-1}
 [ "$REPLICAS" -gt 1 ] && RATES=${RATES:-1,2,4,6,8}
-RATES=${RATES:-0.5,1,2,3}; REQUESTS=${REQUESTS:-48}; DEADLINE_S=${DEADLINE_S:-560}
+RATES=${RATES:-0.5,1,2,3}; REQUESTS=${REQUESTS:-32}; DEADLINE_S=${DEADLINE_S:-560}
 PYPATH=""
 if [ "$ENGINE" = sglang ]; then
   if [ ! -f /tmp/site/.zipkv_extracted ]; then

@@ -53,5 +53,5 @@ LEFT=$(( ${DEADLINE_S:-560} - ($(date +%s) - T0) ))
 python3 -m bench.serving.bench_sglang_e2e --model .carry/llama31_8b --deadline-s "$LEFT" --timeout-s 240 --runs "$RUNS" \
   --profile-steps "${PROFILE_STEPS:-0}" \
   "${MERGE[@]}" --out "$OUT/sglang_e2e.json" --logs "$OUT/logs" \
-  --command "ONLINE=${ONLINE:-0} TP2=${TP2:-0} PROFILE_STEPS=${PROFILE_STEPS:-0} RUNS=$RUNS bash bench/run_sglang_e2e_gpu.sh"
+  --command "$(env | grep -E '^ZIPKV_[A-Z_]+=' | sort | tr '\n' ' ')ONLINE=${ONLINE:-0} TP2=${TP2:-0} PROFILE_STEPS=${PROFILE_STEPS:-0} RUNS=$RUNS bash bench/run_sglang_e2e_gpu.sh"
 echo "total $(( $(date +%s) - T0 )) s"
