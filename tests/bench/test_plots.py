@@ -122,7 +122,7 @@ def test_the_hopper_picture_shows_each_shapes_speed_against_flashinfer() -> None
 
 
 def test_a_speed_past_the_cap_is_drawn_to_it_and_labelled_with_its_value() -> None:
-    """One anomalous baseline (FlashInfer at 626 us where its floor is 58) must not flatten every other bar."""
+    """One anomalous baseline (FlashInfer at 626 us, its floor 58) must not flatten every other bar."""
     from bench.kernels.plot_hopper import SPEED_CAP, hopper_figure
 
     rows = [
