@@ -23,6 +23,13 @@ from .softmax import M_ROWS
 HOPPER_MAXNREG: dict[tuple[int, int], int] = {(128, 4): 168}
 
 
+@lru_cache(maxsize=1)
+def _default_warp_softmax() -> bool:
+    """``$ZIPKV_HOPPER_WARP_SOFTMAX``, read once per process: the launch runs for every layer of every step
+    (the worker reads it at start-up too, so a malformed value stops it there)."""
+    return hopper_warp_softmax()
+
+
 @lru_cache(maxsize=64)
 def hopper_constexprs(
     num_kv_heads: int,
@@ -83,7 +90,7 @@ def decode_attention_hopper(
     if out is None:
         out = torch.empty_like(q)
     pages = plan.block_n // PAGE_TOKENS
-    warp_softmax = hopper_warp_softmax() if warp_softmax is None else warp_softmax
+    warp_softmax = _default_warp_softmax() if warp_softmax is None else warp_softmax
     if warp_softmax and pages != plan.num_warps:
         raise ValueError(
             f"the per-warp softmax gives each warp one page: block_n {plan.block_n} is {pages} pages for "

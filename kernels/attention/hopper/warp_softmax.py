@@ -24,9 +24,7 @@ from triton.experimental.gluon import language as ttgl
 from triton.experimental.gluon.language.nvidia.ampere import mma_v2
 from triton.runtime.jit import constexpr_function
 
-from ...format.layout import PAGE_TOKENS
-
-_PT = ttgl.constexpr(PAGE_TOKENS)
+from .ring import _PT
 
 
 @constexpr_function
@@ -45,6 +43,7 @@ def load_q_pages(q_ptr, req, head, stride_qb, stride_qh, M: ttgl.constexpr, GROU
     offs_w = ttgl.arange(0, NW, layout=ttgl.SliceLayout(1, ttgl.SliceLayout(2, ld_l)))[:, None, None]
     offs_m = ttgl.arange(0, M, layout=ttgl.SliceLayout(0, ttgl.SliceLayout(2, ld_l)))[None, :, None]
     offs_d = ttgl.arange(0, D // 2, layout=ttgl.SliceLayout(0, ttgl.SliceLayout(1, ld_l)))[None, None, :]
+    # offs_w * 0 and offs_w >= 0 add the warp axis without moving the address: each warp loads all the rows
     q_rows = q_ptr + req * stride_qb + (head * GROUP + offs_m) * stride_qh + offs_d + offs_w * 0
     q_mask = (offs_m < GROUP) & (offs_w >= 0)
     qa = ttgl.convert_layout(ttgl.load(q_rows, mask=q_mask, other=0.0), a_l)
