@@ -129,7 +129,8 @@ def status_rows(workers: list[dict[str, Any]], now_s: float) -> list[list[str]]:
 
 
 def _status(args: argparse.Namespace) -> int:
-    from zipkv.stack.local_stack import STATE_DIR, http_get
+    from zipkv.stack.local_http import http_get
+    from zipkv.stack.local_stack import STATE_DIR
 
     path = Path(STATE_DIR) / f"status-{args.port}.json"
     url = f"http://127.0.0.1:{args.port}"

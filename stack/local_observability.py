@@ -5,7 +5,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from zipkv.stack.local_stack import LocalStack, http_get, otel_env
+from zipkv.stack.local_http import http_get
+from zipkv.stack.local_stack import LocalStack, otel_env
 from zipkv.stack.ray_head import RAY_SESSION_LOGS
 
 _WORKER_LABEL = re.compile(r'^zipkv_worker_headroom_tokens\{[^}]*worker="([^"]+)"', re.MULTILINE)

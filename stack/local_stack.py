@@ -12,16 +12,14 @@ import json
 import logging
 import os
 import secrets
-import socket
 import subprocess
 import tempfile
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from zipkv.stack.local_http import free_port, http_get
 from zipkv.stack.model_prep import prepare_model, served_name
 from zipkv.stack.options import StackOptions
 from zipkv.stack.ray_head import start_local_ray, stop_local_ray
@@ -38,20 +36,6 @@ from zipkv.stack.status_tap import StatusTap
 
 APP_NAME = "zipkv"
 STATE_DIR = Path(os.environ.get("ZIPKV_STATE_DIR", Path(tempfile.gettempdir()) / "zipkv"))
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def http_get(url: str, timeout_s: float = 2.0) -> tuple[int, bytes]:
-    try:
-        with urllib.request.urlopen(url, timeout=timeout_s) as resp:
-            return int(resp.status), resp.read()
-    except urllib.error.HTTPError as exc:
-        return int(exc.code), exc.read()
 
 
 class LocalStack:

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.serving.ray_serve_gpu_stack import ServeStack, replica_info, replica_log_tail
-from zipkv.stack.local_stack import free_port, http_get
+from zipkv.stack.local_http import free_port, http_get
 from zipkv.stack.options import StackOptions
 
 PROMPT = "zipkv serves this request through the router and a Ray Serve replica."

@@ -20,7 +20,8 @@ bench_serving's. On a CPU-only machine `sglang.srt` cannot be imported (its util
 torchvision); there the two server-side modules bench_serving imports, for a constant and URL helpers,
 are supplied (`_cpu_import_shim`): the constant's value, and `sglang/srt/utils/network.py` loaded from
 the same wheel, with the `sglang` package entered without its `__init__` (which imports `sglang.srt`).
-The benchmark code itself is unchanged.
+The benchmark code itself is unchanged. Where Hugging Face `datasets` is not installed (the GPU machine's
+image), a named stand-in takes its place: bench_serving imports it only for a loader the sweep does not use.
 """
 
 from __future__ import annotations
@@ -64,8 +65,28 @@ def _cpu_import_shim() -> None:
     net_spec.loader.exec_module(network)
 
 
+def _stand_in_for_datasets() -> None:
+    """A named stand-in for Hugging Face `datasets` where it is not installed (the GPU machine's image).
+
+    bench_serving 0.5.17 imports it at module level only for its MMMU loader (`datasets/mmmu.py`), which the
+    sweep never calls: its rows are built here from the trace. Calling the stand-in says what is missing.
+    """
+    try:
+        import datasets  # noqa: F401
+    except ImportError:
+        stand_in = types.ModuleType("datasets")
+        stand_in.__doc__ = "stand-in: Hugging Face datasets is not installed (bench_serving's MMMU loader)"
+
+        def load_dataset(*args: Any, **kwargs: Any) -> Any:
+            raise ImportError("Hugging Face `datasets` is not installed: pip install datasets")
+
+        stand_in.load_dataset = load_dataset  # type: ignore[attr-defined]
+        sys.modules["datasets"] = stand_in
+
+
 def import_bench_serving() -> tuple[Any, bool]:
     """(sglang.benchmark.serving, whether the CPU import shim was needed)."""
+    _stand_in_for_datasets()
     try:
         import sglang.benchmark.serving as serving
 

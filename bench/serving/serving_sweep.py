@@ -50,7 +50,7 @@ def scrape_placements(url: str, metric: str) -> dict[str, float] | None:
     if not url or not metric:
         return None
     from bench.serving.serving_systems import placements
-    from zipkv.stack.local_stack import http_get
+    from zipkv.stack.local_http import http_get
 
     try:
         code, body = http_get(url, 5.0)

@@ -38,7 +38,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench.serving.ray_serve_gpu_stack import ServeStack
 from bench.serving.sglang_processes import (
     GATEWAY_CHOICES,
     MODEL_NAME,
@@ -49,7 +48,7 @@ from bench.serving.sglang_processes import (
     stopper,
     wait_http,
 )
-from zipkv.stack.local_stack import free_port
+from zipkv.stack.local_http import free_port
 from zipkv.stack.options import StackOptions
 
 GATEWAY_POLICIES = ("cache_aware", "power_of_two")  # the two the two-GPU sweep compares (module doc)
@@ -121,21 +120,6 @@ class Running:
                 print(f"[serving_systems] stop step failed: {exc}", flush=True)
 
 
-class _IdTokenizerStack(ServeStack):
-    """`zipkv up`'s stack with the router tokenizing through the id tokenizer."""
-
-    def __init__(self, tokenizer: str, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.tokenizer = tokenizer
-
-    def _router_config(self, k: int) -> Path:
-        path = super()._router_config(k)
-        config = json.loads(path.read_text())
-        config["models"][0]["tokenizer"] = self.tokenizer
-        path.write_text(json.dumps(config, indent=2))
-        return path
-
-
 def start_zipkv(opts: dict[str, Any], compression: bool) -> Running:
     sglang = opts["engine"] == "sglang"
     plan = replica_plan(int(opts.get("replicas", 1)), opts["engine"])
@@ -156,7 +140,11 @@ def start_zipkv(opts: dict[str, Any], compression: bool) -> Running:
         worker_args.update(
             gpus_per_replica=plan.gpus_per_replica, sglang_args=json.dumps(opts["sglang_args"])
         )
-    stack = _IdTokenizerStack(opts["tokenizer"], options, worker_args, plan.ray_num_gpus)
+    # Imported here, not at the top: zipkv's stack speaks gRPC through the generated stubs, which need
+    # grpcio >= 1.85.1 (carried with Ray); SGLang's own server runs in a site without it.
+    from bench.serving.id_tokenizer_stack import IdTokenizerStack
+
+    stack = IdTokenizerStack(opts["tokenizer"], options, worker_args, plan.ray_num_gpus)
     t0 = time.monotonic()
     stack.start(ready_timeout_s=opts["ready_s"])
     note = (

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from zipkv.stack.local_stack import http_get
+from zipkv.stack.local_http import http_get
 
 MODEL_NAME = "llama"  # the name every system serves the model under (the client asks for it)
 GATEWAY_CHOICES = ("random", "round_robin", "cache_aware", "power_of_two", "manual")  # sglang-router 0.3.2

@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 
 from bench.serving.serving_systems import GATEWAY_PLACEMENTS, gateway_cmd, placements
-from zipkv.stack.local_stack import free_port
+from zipkv.stack.local_http import free_port
 
 SITE = os.environ.get("ZIPKV_SGLANG_ROUTER_SITE", "")
 

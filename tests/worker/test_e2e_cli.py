@@ -18,7 +18,7 @@ import openai
 import pytest
 
 from bench.serving.trace_capture import OtlpReceiver
-from zipkv.stack.local_stack import free_port, http_get
+from zipkv.stack.local_http import free_port, http_get
 
 pytestmark = pytest.mark.slow
 

@@ -20,8 +20,9 @@ import pytest
 from servers import free_port, free_port_run, start_redis
 
 from zipkv.stack import cli
+from zipkv.stack.local_http import http_get
 from zipkv.stack.local_observability import ray_logs_dir, worker_metrics_urls
-from zipkv.stack.local_stack import LocalStack, http_get
+from zipkv.stack.local_stack import LocalStack
 from zipkv.stack.options import StackOptions
 
 pytestmark = pytest.mark.slow
