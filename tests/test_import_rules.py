@@ -112,6 +112,7 @@ BENCH_RULES: dict[str, tuple[set[str], set[str]]] = {
             "triton",
             "numpy",
             "sglang",
+            "datasets",  # only probed: bench_serving imports it, a named stand-in stands for it when missing
             "ray",
             "transformers",
             "tokenizers",
