@@ -86,10 +86,37 @@ def test_available_size_holds_back_the_overcount_only_with_a_compressed_cache(fm
     alloc, cache = cached_pool(tokens=8 * PAGE_TOKENS, fmt=fmt)
     raw = alloc.available_size()
     alloc.prefix_cache = cache.hooks()
+    alloc.decode_reserve_pages = 0  # the held-back figure alone
     assert alloc.available_size() == max(0, raw - overcount_tokens(cache.evictable_tokens(), fmt))
     twin = make(compression=False, fmt=fmt)
     twin.prefix_cache = LruPrefixCache(twin).hooks()
     assert twin.available_size() == make(compression=False, fmt=fmt).available_size()  # raw: no overcount
+
+
+def sglang_decode_check(alloc: ZipkvAllocator, cache: LruPrefixCache, running: int) -> bool:
+    """SGLang's check_decode_mem for `running` requests each at a page boundary: evict the shortfall, then
+    the next decode step fits if available_size() covers a page per request."""
+    need = running * PAGE_TOKENS
+    if alloc.available_size() < need:
+        cache.evict_tokens(need - alloc.available_size())
+    return alloc.available_size() >= need
+
+
+def test_a_decode_step_within_the_free_pages_passes_sglangs_check_without_evicting(fmt: PageFormat) -> None:
+    # A pool held mostly by the compressed cache: free pages cover the next decode step, but the over-count
+    # of the cache is larger than them. SGLang's check must pass on the free pages alone; before, it read 0
+    # available, evicted, still read too little (freed bytes return only with an empty chunk) and retracted.
+    alloc, cache = cached_pool(tokens=8 * PAGE_TOKENS, fmt=fmt)
+    alloc.prefix_cache = cache.hooks()
+    running = 2
+    free_tokens = alloc.headroom_pages() * PAGE_TOKENS
+    assert free_tokens >= running * PAGE_TOKENS, "the free pages must cover the step"
+    assert overcount_tokens(cache.evictable_tokens(), fmt) > free_tokens, "the over-count must exceed them"
+    kept = cache.evictable_tokens()
+    assert sglang_decode_check(alloc, cache, running)
+    assert cache.evictable_tokens() == kept, "no cached prefix should be evicted for room the pool has"
+    seq_lens = torch.full((running,), PAGE_TOKENS + 1)  # each request's next token opens a new page
+    assert alloc.alloc_decode(seq_lens, seq_lens, torch.zeros(running, dtype=torch.int64)) is not None
 
 
 def test_admission_promise_is_kept_when_the_cache_holds_the_memory(fmt: PageFormat) -> None:

@@ -41,6 +41,7 @@ from zipkv.worker.engines.sglang.slots import decode_slots, extend_slots, plan_e
 from zipkv.worker.engines.sglang.telemetry import log_pool_step
 
 LOG_EVERY_STEPS = 128  # a pool line in the scheduler's log (INFO) every this many forward steps
+DECODE_RESERVE_PAGES = 64  # until the seams set SGLang's max_running_requests (available_size)
 PAD_PAGE = 0  # SGLang writes padded (CUDA-graph) rows to slot 0: page 0 must stay allocated and raw
 
 
@@ -74,6 +75,9 @@ class ZipkvAllocator:
         self.prefix_cache: PrefixCache | None = None  # SGLang's radix cache, when on (set by the seams)
         self.stats_board: KVStatsBoard | None = None  # the replica's /metrics source (set by the seams)
         self.rank_agreed_pages: int | None = None  # set under tensor parallelism (agree_across_ranks)
+        # Pages a decode step may need (one per running request): never held back from available_size().
+        # SGLang's max_running_requests, set by the seams with the prefix cache; this default until then.
+        self.decode_reserve_pages = DECODE_RESERVE_PAGES
 
     # ---- capacity -----------------------------------------------------------------------------------
     def free_page_ids(self) -> int:
@@ -103,7 +107,15 @@ class ZipkvAllocator:
         self.pool.poll()
         tokens = self.headroom_pages() * PAGE_TOKENS
         if self.compression and self.prefix_cache is not None:
-            tokens = max(0, tokens - overcount_tokens(self.prefix_cache.evictable_tokens(), self.pool.fmt))
+            held_back = tokens - overcount_tokens(self.prefix_cache.evictable_tokens(), self.pool.fmt)
+            # SGLang's decode check (check_decode_mem) evicts only `need - available_size()` and then wants
+            # available_size() >= need, at most a page per running request. Evicting a compressed page gives
+            # its bytes back only once its chunk empties, so with a large cache the held-back figure could
+            # stay below that need while the pool has room: SGLang then retracted every request and aborted
+            # the last one as out of memory (seen on the trace sweep, 3,500 pages free). What the next decode
+            # step needs is never held back; admission's promise grows by at most that, and an allocation
+            # beyond the room reclaims from the cache (reclaim.py).
+            tokens = max(held_back, min(tokens, self.decode_reserve_pages * PAGE_TOKENS), 0)
         return tokens
 
     def held_tokens(self) -> int:

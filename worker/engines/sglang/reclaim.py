@@ -10,7 +10,8 @@ memory" (seen in a milestone-3 run's counters going below zero on the H200).
 
 Two parts, both active only while a radix cache is wired in (`PrefixCache`):
 - `overcount_tokens`: what ``available_size()`` holds back so that SGLang's available + evictable never
-  promises more than evicting can give (a quarter of the evictable tokens, whole pages);
+  promises more than evicting can give (a quarter of the evictable tokens, whole pages), except the pages
+  the next decode step needs (allocator.py: SGLang's decode check evicts only its shortfall);
 - `reclaim`: when an allocation finds no room, evict more of the cache, let the pool apply the frees and
   compact, wait for the device, and look again; a few rounds, then give up (the allocation fails as before).
 No sglang import: seams.py wires a `PrefixCache` over the scheduler's tree cache.

@@ -211,6 +211,7 @@ def _patch_prefill(scheduler: Any) -> None:
             ours = cast(Any, allocator)
             if ours.prefix_cache is None and not self.tree_cache.is_chunk_cache():
                 ours.prefix_cache = _prefix_cache(self.tree_cache)
+                ours.decode_reserve_pages = max(1, int(self.max_running_requests))
         return get_new_batch_prefill(self, running_batch)
 
     scheduler.get_new_batch_prefill = _get_new_batch_prefill
