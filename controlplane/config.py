@@ -100,6 +100,14 @@ class PlacementConfig(Strict):
         "(0 = off): past the knee a late request only delays the ones behind it",
     )
 
+    headroom_wait_ms: int = Field(
+        default=5000,
+        ge=0,
+        description="a request every worker lacks headroom for waits this long at the router, placed again "
+        "as reports arrive, before a 503 (0 = refuse at once); a worker queue stands in, bounded by the "
+        "usual TTFT targets",
+    )
+
     weight_prefix_affinity: float = Field(
         default=AFFINITY_WEIGHT_DEFAULT,
         ge=0,

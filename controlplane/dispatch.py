@@ -25,19 +25,23 @@ from zipkv.controlplane.config import RouterConfig
 from zipkv.controlplane.grpc_auth import bearer_metadata, open_channel
 from zipkv.controlplane.metrics import RouterMetrics
 from zipkv.controlplane.placement import Decision, RequestShape, place
+from zipkv.controlplane.placement.headroom_wait import wait_for_headroom
 from zipkv.controlplane.prefix_index import PrefixIndex, PrefixMatch
 from zipkv.controlplane.state import Store
 from zipkv.controlplane.telemetry import trace_metadata
+from zipkv.controlplane.worker_rpc import (
+    CALLER_ERRORS,
+    RETRYABLE,
+    DispatchError,
+    connect,
+    final_error,
+    unreachable,
+)
 from zipkv.controlplane.worker_stream import Stream
 from zipkv.protos import zipkv_pb2 as pb
 from zipkv.protos import zipkv_pb2_grpc as pb_grpc
 
 log = logging.getLogger("zipkv.controlplane.dispatch")
-
-RETRYABLE = {grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.UNAVAILABLE}
-# The worker refused the request itself (ids outside its vocabulary, an empty prompt): the client's
-# fault, answered 400 with the worker's own message; another worker would refuse it too.
-CALLER_ERRORS = {grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.OUT_OF_RANGE}
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,14 +66,6 @@ class Sampling:
             ignore_eos=self.ignore_eos,
             seed=0 if self.seed is None else self.seed + 1,  # 0 on the wire: no seed
         )
-
-
-class DispatchError(Exception):
-    """A request that cannot be served; `status` is the HTTP status to answer with."""
-
-    def __init__(self, status: int, reason: str, message: str, retry_after_s: int | None = None) -> None:
-        super().__init__(message)
-        self.status, self.reason, self.message, self.retry_after_s = status, reason, message, retry_after_s
 
 
 class Dispatcher:
@@ -176,9 +172,26 @@ class Dispatcher:
         hashes = self.prefix.hashes(prompt_ids, shape.model)
         return hashes, self.prefix.match(hashes)
 
+    async def _decide_or_wait(self, shape: RequestShape, match: PrefixMatch | None) -> Decision:
+        """A decision with candidates, or the last one without: while every worker lacks only headroom, the
+        request waits and is placed again as the shared state refreshes (placement/headroom_wait.py)."""
+        t0 = time.monotonic()
+        limit_ms = self.cfg.placement.headroom_wait_ms
+        rounds = 0
+        while True:
+            decision = self.decide(shape, match)
+            waited_ms = (time.monotonic() - t0) * 1000.0
+            if decision.ranked or not wait_for_headroom(decision.filtered, waited_ms, limit_ms):
+                if rounds:  # it waited: for how long, and whether a worker then took it
+                    outcome = "placed" if decision.ranked else "refused"
+                    self.metrics.headroom_wait_ms.labels(outcome).observe(waited_ms)
+                return decision
+            rounds += 1
+            await asyncio.sleep(self.cfg.state.refresh_ms / 1000.0)
+
     async def start(self, shape: RequestShape, prompt_ids: list[int], sampling: Sampling) -> Stream:
         hashes, match = self._prefix_match(shape, prompt_ids)
-        decision = self.decide(shape, match)
+        decision = await self._decide_or_wait(shape, match)
         if not decision.ranked:
             raise self._nobody(decision, shape)
         base_id = uuid.uuid4().hex
@@ -210,7 +223,7 @@ class Dispatcher:
             except grpc.aio.AioRpcError as exc:
                 await self.release(w.worker_id, rid)
                 if exc.code() in CALLER_ERRORS or exc.code() not in RETRYABLE:
-                    raise _final_error(w.worker_id, exc) from None
+                    raise final_error(w.worker_id, exc) from None
                 attempts += 1
                 self.metrics.retries.labels(exc.code().name.lower()).inc()
                 log.info("retrying elsewhere", extra={"worker": w.worker_id, "code": exc.code().name})
@@ -234,7 +247,7 @@ class Dispatcher:
             span.set_attribute("zipkv.worker.id", worker_id)
             span.set_attribute("zipkv.dispatch.attempt", attempt)
             channel, stub = self._stub(address)
-            await _connect(channel, address, self.cfg.dispatch.connect_timeout_s)
+            await connect(channel, address, self.cfg.dispatch.connect_timeout_s)
             metadata = [*trace_metadata(), *self._auth]
             call = stub.Generate(req, metadata=metadata, timeout=self.cfg.dispatch.deadline_s)
             try:
@@ -243,7 +256,7 @@ class Dispatcher:
                 call.cancel()
                 raise
             if first is grpc.aio.EOF:  # type: ignore[attr-defined]
-                raise _unreachable(address)
+                raise unreachable(address)
             return Stream(self, call, first, worker_id, address, req.request_id)  # type: ignore[arg-type]
 
     async def abort(self, address: str, request_id: str) -> None:
@@ -256,42 +269,3 @@ class Dispatcher:
             await self.store.release(worker_id, request_id)
         except Exception:  # the store logs and falls back itself; a release must not mask the response
             log.exception("release failed", extra={"worker": worker_id, "request": request_id})
-
-
-async def _connect(channel: grpc.aio.Channel, address: str, timeout_s: float) -> None:
-    """Wait until the channel is READY; fail at once on a refused connection, else after timeout_s."""
-    state = channel.get_state(try_to_connect=True)
-    deadline = time.monotonic() + timeout_s
-    while state != grpc.ChannelConnectivity.READY:
-        if state in (grpc.ChannelConnectivity.TRANSIENT_FAILURE, grpc.ChannelConnectivity.SHUTDOWN):
-            raise _unreachable(address)
-        try:
-            await asyncio.wait_for(channel.wait_for_state_change(state), deadline - time.monotonic())
-        except TimeoutError:
-            raise _unreachable(address) from None
-        state = channel.get_state(try_to_connect=True)
-
-
-def _unreachable(address: str) -> grpc.aio.AioRpcError:
-    return grpc.aio.AioRpcError(
-        grpc.StatusCode.UNAVAILABLE,
-        grpc.aio.Metadata(),
-        grpc.aio.Metadata(),
-        details=f"worker {address} unreachable",
-        debug_error_string="",
-    )
-
-
-def _final_error(worker_id: str, exc: grpc.aio.AioRpcError) -> DispatchError:
-    """What the caller gets when a worker's error is not worth a retry elsewhere: its own bad request (400),
-    or the worker's failure (502; 504 past the deadline)."""
-    if exc.code() in CALLER_ERRORS:
-        return DispatchError(
-            400, "worker_invalid_argument", f"the worker refused the request: {exc.details()}"
-        )
-    timed_out = exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED
-    return DispatchError(
-        504 if timed_out else 502,
-        "worker_timeout" if timed_out else "worker_error",
-        f"worker {worker_id} failed: {exc.code().name}: {exc.details()}",
-    )

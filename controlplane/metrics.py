@@ -51,6 +51,14 @@ class RouterMetrics:
             registry=r,
         )
 
+        self.headroom_wait_ms = Histogram(
+            "zipkv_router_headroom_wait_ms",
+            "how long a request waited at the router for a worker's headroom, by outcome (placed, refused)",
+            ["outcome"],
+            buckets=(10, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 30000),
+            registry=r,
+        )
+
     def _add_placement_counters(self, r: CollectorRegistry) -> None:
         """Requests placed, retried elsewhere, refused, and placements that saw a stale report."""
         self.placements = Counter(

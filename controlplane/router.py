@@ -21,7 +21,7 @@ from opentelemetry import trace
 from zipkv.controlplane import gate
 from zipkv.controlplane.config import ModelConfig, RouterConfig
 from zipkv.controlplane.context import model_context_tokens
-from zipkv.controlplane.dispatch import Dispatcher, DispatchError, Sampling
+from zipkv.controlplane.dispatch import Dispatcher, Sampling
 from zipkv.controlplane.metrics import RouterMetrics
 from zipkv.controlplane.openai_api import (
     ChatRequest,
@@ -36,6 +36,7 @@ from zipkv.controlplane.request_shape import find_model, prompt_ids, request_sha
 from zipkv.controlplane.state import MemoryStore, Store
 from zipkv.controlplane.telemetry import tracer
 from zipkv.controlplane.tokenizer import Tokenizer, load_tokenizer
+from zipkv.controlplane.worker_rpc import DispatchError
 from zipkv.controlplane.worker_stream import Stream
 
 log = logging.getLogger("zipkv.controlplane.router")

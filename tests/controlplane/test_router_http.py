@@ -221,7 +221,7 @@ def test_refused_requests_leave_no_inflight_count(s: Stack) -> None:
 
 
 def test_503_with_retry_after_when_no_worker_fits() -> None:
-    with stack() as st:
+    with stack(placement={"headroom_wait_ms": 0}) as st:  # refused at once (test_headroom_wait.py waits)
         r = _post(st, {"model": MODEL, "prompt": "x"})
         assert r.status_code == 503 and r.headers["retry-after"] == "1"
         w = st.add_worker(total_tokens=1000)
