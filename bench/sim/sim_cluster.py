@@ -78,7 +78,9 @@ def zipkv_config(
         weight = affinity_weight
     if weight is not None:
         extra["weight_prefix_affinity"] = weight
-    return PlacementConfig(shed_wait_over_ttft=variant.shed_wait_over_ttft, **extra)
+    # The simulated router refuses a request no worker has headroom for at once, as the router did when
+    # the recorded rows were run; the router now waits placement.headroom_wait_ms (5 s) for headroom first.
+    return PlacementConfig(shed_wait_over_ttft=variant.shed_wait_over_ttft, headroom_wait_ms=0, **extra)
 
 
 def make_policy(
