@@ -87,6 +87,13 @@ else
   echo "$(uname -m) CPU (dry run, ENGINE=reference, $REPLICAS replica(s))" >"$OUT/device.txt"
 fi
 export PYTHONPATH=${PYPATH}${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 RAY_USAGE_STATS_ENABLED=0 GRPC_VERBOSITY=ERROR
+if [ "$ENGINE" = sglang ] && [[ "$SYSTEMS" == *sglang_gateway* ]]; then
+  # SGLang's HTTP server imports more than its engine: list whatever the carried site lacks, all at once,
+  # and stop in seconds rather than after the server's start-up (bench/serving/import_probe.py).
+  step "checking SGLang's server imports"
+  python3 -m bench.serving.import_probe sglang.launch_server sglang.srt.entrypoints.http_server \
+    || { echo "FAILED: SGLang's server cannot import here: add the missing packages to scripts/build_sglang_carry.sh"; exit 1; }
+fi
 RC=0
 K=0
 for SYSTEM in "${LIST[@]}"; do

@@ -30,6 +30,12 @@ PINS=(
   ipython==9.4.0 ipython-pygments-lexers==1.1.1 jedi==0.20.1 parso==0.8.7 prompt-toolkit==3.0.53
   wcwidth==0.9.4 pexpect==4.9.0 ptyprocess==0.7.0 traitlets==5.16.1 decorator==5.3.1
   matplotlib-inline==0.2.2 stack-data==0.6.3 asttokens==3.0.2 executing==2.3.0 pure-eval==0.2.4
+  # SGLang's HTTP server (sglang.launch_server, the serving sweep's baseline) imports these at start-up
+  # beyond what the engine needs, and the image lacks them (seen: jsonschema, 2026-12-05): jsonschema from
+  # its chat endpoint, soundfile (+ cffi) from its transcription endpoint, python-multipart for FastAPI's
+  # form fields on that endpoint.
+  jsonschema==4.25.1 referencing==0.37.0 rpds-py==2026.9.1 jsonschema-specifications==2025.9.1
+  soundfile==0.14.0 cffi==2.0.0 python-multipart==0.0.20
 )
 mkdir -p "$DL" "$K" "$(dirname "$OUTF")"
 $PY -m pip download -q $DLARGS -d "$DL" "${PINS[@]}"
@@ -53,6 +59,9 @@ rm -rf "$SITE"/xgrammar/lib "$SITE"/bin   # libxgrammar.a (62 MB static lib) is 
 # jedi (IPython's completer) reads its bundled typeshed and django stubs only when it infers types: 32 MB
 # unpacked, and without them the site plus the repository fits one device call's 64 MiB.
 rm -rf "$SITE"/jedi/third_party
+# SGLang's diffusion generation (`sglang generate`), 12 MB: neither the engine nor sglang.launch_server imports
+# it, and without it the HTTP server's packages above still fit one call with the repository.
+rm -rf "$SITE"/sglang/multimodal_gen
 find "$SITE" -name __pycache__ -prune -exec rm -rf {} +
 tar -C "$SITE" -cf - . | xz -9 -T2 > "$OUTF"
 ls -l "$OUTF"; du -sh "$SITE"
