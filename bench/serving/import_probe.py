@@ -11,6 +11,7 @@ A stand-in can make a later line fail in a way the real module would not; that e
 
 from __future__ import annotations
 
+import argparse
 import importlib
 import importlib.abc
 import importlib.machinery
@@ -67,12 +68,13 @@ def probe(module: str) -> tuple[list[str], str | None]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    modules = list(sys.argv[1:] if argv is None else argv)
-    if not modules:
-        print("usage: python -m bench.serving.import_probe MODULE [MODULE ...]", file=sys.stderr)
-        return 2
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "modules", nargs="+", metavar="MODULE", help="a module to import, e.g. sglang.launch_server"
+    )
+    args = parser.parse_args(argv)
     failed = False
-    for module in modules:
+    for module in args.modules:
         missing, error = probe(module)
         if missing:
             print(f"[import_probe] {module}: missing {', '.join(missing)}: add them to the carry")
