@@ -54,6 +54,7 @@ ZIPKV_SHED_WAIT_OVER_TTFT = 0.25
 class ZipkvVariant:
     shed_wait_over_ttft: float
     weight_prefix_affinity: float | None  # None: the router's default (placement.weight_prefix_affinity)
+    headroom_wait_ms: int = 0  # 0: refused at once, as the router did when the first rows were run
 
 
 # `zipkv` and `zipkv_no_shed` are the router as first simulated (no prefix affinity), so their rows stay
@@ -63,6 +64,9 @@ ZIPKV_POLICIES = {
     "zipkv_no_shed": ZipkvVariant(0.0, 0.0),
     "zipkv_affinity": ZipkvVariant(ZIPKV_SHED_WAIT_OVER_TTFT, None),
     "zipkv_affinity_no_shed": ZipkvVariant(0.0, None),
+    # the router's current default: a request only headroom keeps out waits up to 5 s (headroom_wait.py)
+    "zipkv_affinity_wait": ZipkvVariant(ZIPKV_SHED_WAIT_OVER_TTFT, None, 5000),
+    "zipkv_affinity_no_shed_wait": ZipkvVariant(0.0, None, 5000),
 }
 
 
@@ -78,9 +82,9 @@ def zipkv_config(
         weight = affinity_weight
     if weight is not None:
         extra["weight_prefix_affinity"] = weight
-    # The simulated router refuses a request no worker has headroom for at once, as the router did when
-    # the recorded rows were run; the router now waits placement.headroom_wait_ms (5 s) for headroom first.
-    return PlacementConfig(shed_wait_over_ttft=variant.shed_wait_over_ttft, headroom_wait_ms=0, **extra)
+    return PlacementConfig(
+        shed_wait_over_ttft=variant.shed_wait_over_ttft, headroom_wait_ms=variant.headroom_wait_ms, **extra
+    )
 
 
 def make_policy(
@@ -137,17 +141,41 @@ def simulate(
     counts = [0] * len(workers)
     peak = [0]
 
+    def submit(r: SimRequest, i: int | None) -> None:
+        if i is None:
+            r.shed = True
+            done(r)
+        else:
+            counts[i] += 1
+            workers[i].submit(r)
+
+    def held(router: ZipkvRouter, r: SimRequest) -> Any:
+        """A request the router holds for headroom: placed again at each report, or shed at the bound."""
+        t0 = env.now
+        while True:
+            yield env.timeout(router.report_interval_s)
+            i = router.try_place(r, retry=True)
+            if i is not None or not router.may_wait(env.now - t0):
+                router.stats["waited"] += 1
+                if i is None:
+                    router.count_shed()
+                submit(r, i)
+                return
+
     def arrivals() -> Any:
         for k, r in enumerate(sims):
             if r.arrival_s > env.now:
                 yield env.timeout(r.arrival_s - env.now)
-            i = policy_box[0].choose(r, env.now)
-            if i is None:
-                r.shed = True
-                done(r)
+            if isinstance(policy, ZipkvRouter):
+                i = policy.try_place(r)
+                if i is None and policy.may_wait(0.0):
+                    env.process(held(policy, r))
+                else:
+                    if i is None:
+                        policy.count_shed()
+                    submit(r, i)
             else:
-                counts[i] += 1
-                workers[i].submit(r)
+                submit(r, policy.choose(r, env.now))
             if k % 64 == 0:
                 peak[0] = max(peak[0], sum(w.running for w in workers))
                 if progress and k % 4096 == 0:

@@ -6,7 +6,9 @@ requests, queued prefill tokens as that engine counts them (the whole prompt of 
 first token: `SimWorker.reported_prefill_tokens`), the mean of its last 64 TTFTs and last ~256 inter-token
 gaps). The router's `MemoryStore` (controlplane/state.py) holds the views and the reservations, `place`
 (controlplane/placement/) ranks the workers, and the request goes to the first ranked worker whose
-reservation succeeds, as `Dispatcher.start` does; none: 503 (shed). With placement.weight_prefix_affinity >
+reservation succeeds, as `Dispatcher.start` does; none: 503 (shed), or, with placement.headroom_wait_ms
+> 0 and only headroom keeping every worker out, placed again at each report until that bound
+(sim_cluster.py). With placement.weight_prefix_affinity >
 0 the router's `PrefixIndex` (controlplane/prefix_index.py) is kept as the dispatcher keeps it: looked up
 before placement, the placement recorded after, and each reservation carries the candidate's expected
 prefill and cached tokens (state.py, prefill accounting). The trace's block ids stand for the blocks'
@@ -30,6 +32,7 @@ from bench.serving.trace_workload import BLOCK_TOKENS, KV_BYTES_PER_TOKEN
 from bench.sim.sim_worker import SimRequest, SimWorker
 from zipkv.controlplane.config import PlacementConfig
 from zipkv.controlplane.placement import RequestShape, place, prefill_wait_ms
+from zipkv.controlplane.placement.headroom_wait import wait_for_headroom
 from zipkv.controlplane.prefix_index import PrefixIndex, PrefixMatch, chain_hashes
 from zipkv.controlplane.state import MemoryStore, WorkerView
 from zipkv.protos.capacity import Capacity
@@ -109,7 +112,10 @@ class ZipkvRouter:
         self._sequence = 0
         self.placed: dict[int, str] = {}  # rid -> reservation id
         self.prefix: PrefixIndex | None = None
-        self.stats = {"shed": 0, "shed_slo_wait": 0, "slo_wait_drops": 0, "held": 0, "to_holder": 0}
+        self.stats = {
+            "shed": 0, "shed_slo_wait": 0, "slo_wait_drops": 0, "held": 0, "to_holder": 0, "waited": 0
+        }  # fmt: skip
+        self.last_filtered: dict[str, int] = {}  # the last decision's workers dropped per reason
         self.est_wait_ms: dict[int, float] = {}  # rid -> the wait estimated on the chosen worker
         if self.cfg.weight_prefix_affinity > 0:
             if self.cfg.prefix_block_tokens != BLOCK_TOKENS:
@@ -148,12 +154,37 @@ class ZipkvRouter:
         return chain_hashes((b.to_bytes(8, "little") for b in r.tr.block_ids[:full]), MODEL.encode())
 
     def choose(self, r: SimRequest, now_s: float) -> int | None:
+        """A worker for `r` now, or None: shed (a request the router would hold goes through
+        `try_place` and `may_wait` instead, sim_cluster.py)."""
+        i = self.try_place(r)
+        if i is None:
+            self.count_shed()
+        return i
+
+    def may_wait(self, waited_s: float) -> bool:
+        """Whether the request the last `try_place` could not place waits for headroom, as
+        `Dispatcher._decide_or_wait` decides (placement.headroom_wait_ms)."""
+        return wait_for_headroom(self.last_filtered, waited_s * 1000.0, self.cfg.headroom_wait_ms)
+
+    def count_shed(self) -> None:
+        self.stats["shed"] += 1
+        self.stats["shed_slo_wait"] += "slo_wait" in self.last_filtered
+
+    @property
+    def report_interval_s(self) -> float:
+        return self._interval_s
+
+    def try_place(self, r: SimRequest, retry: bool = False) -> int | None:
+        """Place and reserve as `Dispatcher.start` does; None when no candidate's reservation succeeds.
+        `retry`: a held request placed again (its decision counted once, at its first try)."""
         shape = self.shape(r)
         hashes = self.block_hashes(r) if self.prefix is not None else ()
         match = self.prefix.match(hashes) if self.prefix is not None else None
         decision = place(self.store.snapshot(), shape, self.cfg, self.clock(), top_k=9, prefix=match)
+        self.last_filtered = dict(decision.filtered)
         holder = conversation_holder(match)
-        self._count(decision.filtered.get("slo_wait", 0), holder)
+        if not retry:
+            self._count(decision.filtered.get("slo_wait", 0), holder)
         rid = f"r{r.rid}"
         for cand in decision.ranked:
             wid = cand.worker.worker_id
@@ -172,8 +203,6 @@ class ZipkvRouter:
                 self.stats["to_holder"] += wid == holder
                 self.est_wait_ms[r.rid] = prefill_wait_ms(cand.worker, shape)
                 return int(wid[1:])
-        self.stats["shed"] += 1
-        self.stats["shed_slo_wait"] += "slo_wait" in decision.filtered
         return None
 
     def _count(self, slo_wait_drops: int, holder: str) -> None:

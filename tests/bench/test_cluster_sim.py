@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -13,7 +14,7 @@ import simpy
 from bench.serving.serving_metrics import SLOS
 from bench.serving.trace_workload import TraceRequest, arrivals_s, load_trace
 from bench.sim.cluster_sim import META_KEYS, merged
-from bench.sim.sim_calibrate import calibrated_models, replay_table, spec_for
+from bench.sim.sim_calibrate import budget_tokens, calibrated_models, replay_table, spec_for
 from bench.sim.sim_cluster import simulate, zipkv_config
 from bench.sim.sim_kv_cache import KvCache
 from bench.sim.sim_policies import KvQueueCap, LeastLoad, RoundRobin, raw_utilisation
@@ -223,3 +224,21 @@ def test_the_validation_compares_like_with_like() -> None:
     report = compare(measured)
     assert report["within"] == "8/8"
     assert all(r[q]["error"] == 0.0 for r in report["rows"] for q in QUANTITIES)
+
+
+def test_a_router_that_waits_for_headroom_sheds_less_than_one_that_refuses_at_once() -> None:
+    # One worker with a quarter of the KV budget, 300 trace requests at 1.5 requests/s: bursts outrun its
+    # headroom. Refusing at once sheds them; waiting up to 5 s (the router's default) places most later.
+    models, _ = calibrated_models()
+    reqs = load_trace(limit=300)
+    small = replace(spec_for("zipkv", models["zipkv"]), budget_tokens=budget_tokens() // 4)
+    runs = {
+        p: simulate([small], p, reqs, arrivals_s(reqs, 1.5), SLOS[0], 0.03)
+        for p in ("zipkv_affinity_no_shed", "zipkv_affinity_no_shed_wait")
+    }
+    at_once, waiting = runs["zipkv_affinity_no_shed"].router, runs["zipkv_affinity_no_shed_wait"].router
+    assert at_once is not None and waiting is not None
+    assert at_once["shed"] > 0 and at_once["waited"] == 0, "the case must run out of headroom"
+    assert waiting["waited"] > 0 and waiting["shed"] < at_once["shed"]
+    for res in runs.values():  # every request is served or shed, once
+        assert sum(res.per_worker_requests) + sum(o.shed for o in res.outcomes) == len(reqs)
