@@ -106,6 +106,17 @@ def make_policy(
     return BASELINES[name](workers)
 
 
+def _arrive(
+    policy: Policy, r: SimRequest, now_s: float, submit: Callable[[SimRequest, int | None], None]
+) -> None:
+    """Hand an arriving request to the policy: zipkv's router may hold it for headroom (it submits it
+    later); any other policy places or sheds it now."""
+    if isinstance(policy, ZipkvRouter):
+        policy.arrive(r, submit)
+    else:
+        submit(r, policy.choose(r, now_s))
+
+
 def simulate(
     pool: list[WorkerSpec],
     policy_name: str,
@@ -149,33 +160,11 @@ def simulate(
             counts[i] += 1
             workers[i].submit(r)
 
-    def held(router: ZipkvRouter, r: SimRequest) -> Any:
-        """A request the router holds for headroom: placed again at each report, or shed at the bound."""
-        t0 = env.now
-        while True:
-            yield env.timeout(router.report_interval_s)
-            i = router.try_place(r, retry=True)
-            if i is not None or not router.may_wait(env.now - t0):
-                router.stats["waited"] += 1
-                if i is None:
-                    router.count_shed()
-                submit(r, i)
-                return
-
     def arrivals() -> Any:
         for k, r in enumerate(sims):
             if r.arrival_s > env.now:
                 yield env.timeout(r.arrival_s - env.now)
-            if isinstance(policy, ZipkvRouter):
-                i = policy.try_place(r)
-                if i is None and policy.may_wait(0.0):
-                    env.process(held(policy, r))
-                else:
-                    if i is None:
-                        policy.count_shed()
-                    submit(r, i)
-            else:
-                submit(r, policy.choose(r, env.now))
+            _arrive(policy, r, env.now, submit)
             if k % 64 == 0:
                 peak[0] = max(peak[0], sum(w.running for w in workers))
                 if progress and k % 4096 == 0:

@@ -24,7 +24,7 @@ the simulation has no event loop.
 
 from __future__ import annotations
 
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 from bench.serving.serving_metrics import Slo
@@ -161,6 +161,29 @@ class ZipkvRouter:
             self.count_shed()
         return i
 
+    def arrive(self, r: SimRequest, submit: Callable[[SimRequest, int | None], None]) -> None:
+        """Place `r` now (submit it to its worker), hold it for headroom, or shed it (submit None)."""
+        i = self.try_place(r)
+        if i is None and self.may_wait(0.0):
+            self.env.process(self._held(r, submit))
+            return
+        if i is None:
+            self.count_shed()
+        submit(r, i)
+
+    def _held(self, r: SimRequest, submit: Callable[[SimRequest, int | None], None]) -> Any:
+        """A request held for headroom: placed again at each report, or shed at the bound."""
+        t0 = self.env.now
+        while True:
+            yield self.env.timeout(self._interval_s)
+            i = self.try_place(r, retry=True)
+            if i is not None or not self.may_wait(self.env.now - t0):
+                self.stats["waited"] += 1
+                if i is None:
+                    self.count_shed()
+                submit(r, i)
+                return
+
     def may_wait(self, waited_s: float) -> bool:
         """Whether the request the last `try_place` could not place waits for headroom, as
         `Dispatcher._decide_or_wait` decides (placement.headroom_wait_ms)."""
@@ -169,10 +192,6 @@ class ZipkvRouter:
     def count_shed(self) -> None:
         self.stats["shed"] += 1
         self.stats["shed_slo_wait"] += "slo_wait" in self.last_filtered
-
-    @property
-    def report_interval_s(self) -> float:
-        return self._interval_s
 
     def try_place(self, r: SimRequest, retry: bool = False) -> int | None:
         """Place and reserve as `Dispatcher.start` does; None when no candidate's reservation succeeds.
