@@ -13,7 +13,7 @@
 # folder and `python -m bench.serving.serving_goodput --in FOLDER --device "..." --command "..."` writes
 # bench/results/serving_goodput.json and .png (and `python -m bench.sim.sim_validation` compares the simulation).
 #
-# Env: SYSTEMS (comma-separated), RATES (req/s, default 0.5,1,2,3), REQUESTS per rate (32, the trace's first
+# Env: MIXED_CHUNK=1 (SGLang's enable_mixed_chunk, for every system alike), SYSTEMS (comma-separated), RATES (req/s, default 0.5,1,2,3), REQUESTS per rate (32, the trace's first
 # 32 from OFFSET 0: mean input 13.8k tokens, 9 s of trace; 32 rather than 48 so the three calls take ~23 of a
 # session's 30 device minutes, leaving room for a failed machine start, which costs 1-2), KV_BUDGET_MIB (48576 = 388,608 raw tokens of
 # Llama-3.1-8B, the e2e bench's budget, for every system), MAX_RUNNING (64), SGLANG_ARGS (JSON, the same for
@@ -75,6 +75,11 @@ if [ "$ENGINE" = sglang ]; then
   # Radix cache on, chunked prefill at SGLang's H200 default (8192), decode CUDA graphs to batch 64; the same
   # for SGLang's server (as flags) and for zipkv's replica (as sglang.Engine arguments).
   SGLANG_ARGS=${SGLANG_ARGS:-'{"load_format": "dummy", "mem_fraction_static": 0.85, "chunked_prefill_size": 8192, "cuda_graph_max_bs_decode": 64, "sampling_backend": "pytorch", "grammar_backend": "none", "disable_radix_cache": false, "disable_prefill_cuda_graph": true, "log_level": "info", "random_seed": 0}'}
+  # MIXED_CHUNK=1: SGLang's enable_mixed_chunk for every system (decode steps ride in prefill batches; the
+  # first trace run saw decode starve behind prefill, docs/benchmarks.md); the record's command says so.
+  if [ "${MIXED_CHUNK:-0}" = 1 ]; then
+    SGLANG_ARGS=$(python3 -c 'import json, sys; a = json.loads(sys.argv[1]); a["enable_mixed_chunk"] = True; print(json.dumps(a))' "$SGLANG_ARGS")
+  fi
   KV=${KV_BUDGET_MIB:-48576}
   python3 -m pip install -q --no-deps --no-build-isolation -e . >"$OUT/pip.log" 2>&1 || tail -5 "$OUT/pip.log"
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/device_gpus.txt"
@@ -112,7 +117,7 @@ done
 for f in $(grep -l "ServeReplica:zipkv" /tmp/ray/session_latest/logs/worker-*.err 2>/dev/null); do tail -n 300 "$f"; done \
   >"$OUT/serving/replica_process.log" 2>/dev/null
 python3 -m bench.serving.serving_goodput --in "$OUT/serving" --device "$(cat "$OUT/device.txt")" \
-  --command "$([ "$ENGINE" = reference ] && echo "ENGINE=reference ")REPLICAS=$REPLICAS SYSTEMS=$SYSTEMS RATES=$RATES REQUESTS=$REQUESTS bash bench/run_serving_gpu.sh" \
+  --command "$([ "$ENGINE" = reference ] && echo "ENGINE=reference ")$([ "${MIXED_CHUNK:-0}" = 1 ] && echo "MIXED_CHUNK=1 ")REPLICAS=$REPLICAS SYSTEMS=$SYSTEMS RATES=$RATES REQUESTS=$REQUESTS bash bench/run_serving_gpu.sh" \
   --out "$OUT/serving_goodput.json" | tail -4
 step "total (rc $RC)"
 exit $RC
