@@ -13,10 +13,11 @@
 # folder and `python -m bench.serving.serving_goodput --in FOLDER --device "..." --command "..."` writes
 # bench/results/serving_goodput.json and .png (and `python -m bench.sim.sim_validation` compares the simulation).
 #
-# Env: MIXED_CHUNK=1 (SGLang's enable_mixed_chunk, for every system alike), SYSTEMS (comma-separated), RATES (req/s, default 0.5,1,2,3), REQUESTS per rate (32, the trace's first
-# 32 from OFFSET 0: mean input 13.8k tokens, 9 s of trace; 32 rather than 48 so the three calls take ~23 of a
-# session's 30 device minutes, leaving room for a failed machine start, which costs 1-2), KV_BUDGET_MIB (48576 = 388,608 raw tokens of
-# Llama-3.1-8B, the e2e bench's budget, for every system), MAX_RUNNING (64), SGLANG_ARGS (JSON, the same for
+# Env: MIXED_CHUNK=1 (SGLang's enable_mixed_chunk, for every system alike), SYSTEMS (comma-separated),
+# RATES (req/s, default 0.5,1,2,3), REQUESTS per rate (32, the trace's first 32 from OFFSET 0: mean input
+# 13.8k tokens, 9 s of trace; 32 rather than 48 so the three calls take ~23 of a session's 30 device
+# minutes, leaving room for a failed machine start, which costs 1-2), KV_BUDGET_MIB (48576 = 388,608 raw
+# tokens of Llama-3.1-8B, the e2e bench's budget, for every system), MAX_RUNNING (64), SGLANG_ARGS (JSON, the same for
 # every system), DEADLINE_S (560 per call, shared evenly by the call's systems), ENGINE=reference (the tiny
 # model on a CPU: the same path, for a dry run of the zipkv systems; unless set, RATES 0.5,1, 12 REQUESTS and
 # 600 s per system: the CPU model steps at ~0.4 s, a replica takes up to 3 min to start on a busy 2-core

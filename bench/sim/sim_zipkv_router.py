@@ -154,8 +154,8 @@ class ZipkvRouter:
         return chain_hashes((b.to_bytes(8, "little") for b in r.tr.block_ids[:full]), MODEL.encode())
 
     def choose(self, r: SimRequest, now_s: float) -> int | None:
-        """A worker for `r` now, or None: shed (a request the router would hold goes through
-        `try_place` and `may_wait` instead, sim_cluster.py)."""
+        """A worker for `r` now, or None: shed. The policy interface; the simulation hands zipkv's router
+        its requests through `arrive` instead, which may also hold one for headroom (sim_cluster.py)."""
         i = self.try_place(r)
         if i is None:
             self.count_shed()
