@@ -21,7 +21,7 @@ from typing import Any
 
 from zipkv.stack.local_http import free_port, http_get
 from zipkv.stack.model_prep import prepare_model, served_name
-from zipkv.stack.options import StackOptions
+from zipkv.stack.options import StackOptions, kernel_choices
 from zipkv.stack.ray_head import start_local_ray, stop_local_ray
 from zipkv.stack.router_processes import (
     RestartBudget,
@@ -176,6 +176,8 @@ class LocalStack:
             "ZIPKV_DISPATCH_TOKEN": self.dispatch_token,
             "OMP_NUM_THREADS": "1",
             **otel_env(self.options.otlp_endpoint),
+            # the kernel choices set where the stack starts reach every replica, said rather than inherited
+            **kernel_choices(os.environ),
         }
         start_local_ray(self.options.ray_num_cpus, replica_env, self._say, **init_kwargs)
         self._ray_started = True

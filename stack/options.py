@@ -3,7 +3,19 @@ with the flag to change before anything starts."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+
+# The worker's kernel and page-format choices (kernels/, worker/engines/sglang/), read by each replica
+KERNEL_CHOICE_ENV = (
+    "ZIPKV_PREFILL_KERNEL", "ZIPKV_EXTEND_KERNEL", "ZIPKV_DECODE_KERNEL", "ZIPKV_DECODE_IMPL",
+    "ZIPKV_PAGE_FORMAT", "ZIPKV_HOPPER_WARP_SOFTMAX",
+)  # fmt: skip
+
+
+def kernel_choices(env: Mapping[str, str]) -> dict[str, str]:
+    """The kernel choices set in `env`, for the replicas' environment and a benchmark's record."""
+    return {name: env[name] for name in KERNEL_CHOICE_ENV if name in env}
 
 
 @dataclass(frozen=True)

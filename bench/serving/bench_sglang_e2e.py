@@ -146,7 +146,7 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
             "ZIPKV_DECODE_KERNEL", "tuned default"
         ),  # kernels/attention/decode_plan.py
         "extend_kernel": os.environ.get("ZIPKV_EXTEND_KERNEL", "restore"),  # kernels/attention/extend.py
-        "prefill_kernel": os.environ.get("ZIPKV_PREFILL_KERNEL", "triton"),  # sglang/ragged_prefill.py
+        "prefill_kernel": os.environ.get("ZIPKV_PREFILL_KERNEL", "triton"),  # sglang/flashinfer_prefill.py
     }
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import time
@@ -24,6 +25,7 @@ from typing import Any
 from bench.serving.id_tokenizer import build as build_tokenizer
 from bench.serving.serving_systems import SYSTEMS, Running, client_backend, start
 from bench.serving.trace_workload import KV_BYTES_PER_TOKEN, load_trace, native_rate_rps
+from zipkv.stack.options import kernel_choices
 
 TINY_VOCAB = 259  # the built-in tiny model's (controlplane/tokenizer.py ByteTokenizer)
 
@@ -70,6 +72,7 @@ def _options(args: argparse.Namespace, tok: Path) -> dict[str, Any]:
         "tokenizer": str(tok),
         "ready_s": args.ready_s,
         "replicas": args.replicas,
+        "kernel_env": kernel_choices(os.environ),  # e.g. ZIPKV_PREFILL_KERNEL, as the replicas get it
     }
 
 

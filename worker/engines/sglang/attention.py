@@ -9,8 +9,8 @@ No sglang import here: `seams` subclasses SGLang's ``AttentionBackend`` and ``KV
   shape is static and the whole plan is recorded into SGLang's decode CUDA graph. ``compressed=False`` is the
   uncompressed twin: the same kernel source reading every page as raw.
 - **Extend** (prefill, chunked prefill, prefix hits): attention for the new tokens with SGLang's Triton extend
-  kernel (with no prefix and ``ZIPKV_PREFILL_KERNEL=flashinfer``, FlashInfer's ragged prefill,
-  ragged_prefill.py); a prefix (chunked prefill, radix hit) is restored from its pages into a scratch
+  kernel, or with ``ZIPKV_PREFILL_KERNEL=flashinfer`` FlashInfer's ragged and paged prefill
+  (flashinfer_prefill.py); a prefix (chunked prefill, radix hit) is restored from its pages into a scratch
   buffer first, or, with ``ZIPKV_EXTEND_KERNEL=fused``, read from its pages inside zipkv's extend kernel
   (kernels/attention/extend.py: compressed tiles restored in registers, no scratch copy).
 - **Compression**: at the start of every forward step, `ZipkvAllocator.compress_step` marks the pages the
@@ -27,8 +27,12 @@ import torch
 
 from zipkv.kernels.format.layout import PAGE_TOKENS, PageFormat
 from zipkv.worker.engines.sglang.allocator import ZipkvAllocator
+from zipkv.worker.engines.sglang.flashinfer_prefill import (
+    FlashInferPrefill,
+    PrefixPages,
+    prefill_kernel_choice,
+)
 from zipkv.worker.engines.sglang.kvstore import ZipkvKV
-from zipkv.worker.engines.sglang.ragged_prefill import RaggedPrefill, prefill_kernel_choice
 from zipkv.worker.engines.sglang.slots import to_device
 
 if TYPE_CHECKING:  # the kernels import Triton: loaded on first use
@@ -65,8 +69,9 @@ class _Prefix:
 class _Extend:
     qo_indptr: torch.Tensor  # int32 [B + 1]
     max_extend_tokens: int
-    prefix: _Prefix | None
+    prefix: _Prefix | None  # for SGLang's Triton extend kernel over the restored prefix
     fused: ExtendPlan | None = None  # when zipkv's extend kernel reads the prefix ($ZIPKV_EXTEND_KERNEL)
+    prefix_page_ids: torch.Tensor | None = None  # int64 [n]: pages to restore for FlashInfer's paged prefill
 
 
 def step_kernel_config(fmt: PageFormat, device: torch.device) -> Any:
@@ -105,17 +110,19 @@ class ZipkvAttention:
         hopper_warp_softmax()
         self.kernel_config = step_kernel_config(kv.fmt, req_to_token.device)
         self.fused_extend = extend_kernel_choice() == "fused"
-        self.ragged = self._ragged_prefill(num_q_heads, kv.fmt, req_to_token.device)
+        self.flashinfer = self._flashinfer_prefill(num_q_heads, kv.fmt, req_to_token.device)
         self.plan: Any = None
         self.extend_meta: _Extend | None = None
         self._graph: dict[str, torch.Tensor] = {}
 
     @staticmethod
-    def _ragged_prefill(num_q_heads: int, fmt: PageFormat, device: torch.device) -> RaggedPrefill | None:
-        """FlashInfer's ragged prefill for prefix-free extends when $ZIPKV_PREFILL_KERNEL asks for it."""
+    def _flashinfer_prefill(
+        num_q_heads: int, fmt: PageFormat, device: torch.device
+    ) -> FlashInferPrefill | None:
+        """FlashInfer's prefill for every extend when $ZIPKV_PREFILL_KERNEL asks for it."""
         if prefill_kernel_choice() != "flashinfer":
             return None
-        return RaggedPrefill(num_q_heads, fmt.num_kv_heads, fmt.head_dim, device)
+        return FlashInferPrefill(num_q_heads, fmt.num_kv_heads, fmt.head_dim, device)
 
     # ---- per-step metadata --------------------------------------------------------------------------
     def begin_step(self, view: BatchView, capturing: bool = False) -> None:
@@ -154,10 +161,13 @@ class ZipkvAttention:
         qo = to_device([0, *torch.tensor(ext).cumsum(0).tolist()], device).to(torch.int32)
         max_ext = max(ext) if ext else 0
         if not any(pre):
-            if self.ragged is not None:
-                self.ragged.plan(qo)
+            if self.flashinfer is not None:
+                self.flashinfer.plan(qo)
             return _Extend(qo, max_ext, None)
         page_ids, pages = self._prefix_pages(view, pre)
+        if self.flashinfer is not None and not self.fused_extend:
+            self.flashinfer.plan(qo, PrefixPages(pages, pre))
+            return _Extend(qo, max_ext, None, prefix_page_ids=page_ids)
         if self.fused_extend:  # the kernel reads the prefix pages itself: no scratch indices
             from zipkv.kernels.attention.extend import plan_extend
 
@@ -232,8 +242,10 @@ class ZipkvAttention:
         k3, v3 = k.reshape(-1, fmt.num_kv_heads, fmt.head_dim), v.reshape(-1, fmt.num_kv_heads, fmt.head_dim)
         if meta.fused is not None:
             return self._extend_fused(meta.fused, q3, k3, v3, layer_id, sm_scale)
-        if meta.prefix is None and self.ragged is not None:
-            return self.ragged.run(q3, k3, v3, sm_scale).reshape(q3.shape[0], -1)
+        if self.flashinfer is not None:
+            ids = meta.prefix_page_ids
+            restored = None if ids is None else self.kv.read_pages(layer_id, ids)
+            return self.flashinfer.run(q3, k3, v3, sm_scale, restored).reshape(q3.shape[0], -1)
         o3 = torch.empty_like(q3)
         if meta.prefix is None:
             k_buf, v_buf = k3.contiguous(), v3.contiguous()  # never read: no request has a prefix

@@ -1,0 +1,126 @@
+"""Extend attention through FlashInfer's prefill kernels, as SGLang's FlashInfer backend runs them.
+
+``ZIPKV_PREFILL_KERNEL=flashinfer`` takes every extend off SGLang's Triton extend kernel:
+- no cached prefix: plain causal attention over the batch's own new tokens (FlashInfer's ragged prefill);
+  no KV page is read, so the page format plays no part;
+- a cached prefix (chunked prefill's later chunks, radix hits): the prefix pages are restored bit-exactly
+  into a scratch buffer (kvstore.read_pages, one pass over the prefix), FlashInfer's paged prefill attends
+  the new tokens over them (page size 16, the scratch's HND layout as it comes), the ragged prefill attends
+  them over themselves, and the two partial results are merged by their log-sum-exp, as SGLang's backend
+  merges its ragged and paged halves.
+Prefill is compute-bound (each chunk's new tokens against its whole prefix), so the restore pass is small
+next to the attention; on the Mooncake trace an 87k-token prompt's later chunks took 2-3 s each through
+SGLang's Triton extend kernel against ~1 s in SGLang's FlashInfer backend (docs/benchmarks.md, "Serving
+under SLO"). Compression on and off take the same path over the same restored bf16 values, so greedy tokens
+stay identical.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from zipkv.kernels.format.layout import PAGE_TOKENS
+
+PREFILL_KERNEL_ENV = "ZIPKV_PREFILL_KERNEL"
+PREFILL_KERNELS = ("triton", "flashinfer")
+WORKSPACE_BYTES = 128 << 20  # FlashInfer's float workspace, for both wrappers (they run one after another)
+MERGE_KERNEL_THREADS = 1024  # FlashInfer's merge_state launches heads x (head_dim / vec) threads per block
+
+
+def prefill_kernel_choice(env: Mapping[str, str] | None = None) -> str:
+    """``$ZIPKV_PREFILL_KERNEL``: ``triton`` (default: SGLang's Triton extend kernel) or ``flashinfer``."""
+    env = os.environ if env is None else env
+    choice = env.get(PREFILL_KERNEL_ENV, "triton").strip().lower()
+    if choice not in PREFILL_KERNELS:
+        raise ValueError(f"{PREFILL_KERNEL_ENV}={choice!r}: expected one of {', '.join(PREFILL_KERNELS)}")
+    return choice
+
+
+@dataclass(frozen=True)
+class PrefixPages:
+    """Where an extend's prefixes lie in the restored scratch: request b's pages follow request b - 1's."""
+
+    page_counts: Sequence[int]  # pages per request (0: no prefix)
+    prefix_tokens: Sequence[int]  # prefix tokens per request
+
+    def last_page_tokens(self) -> list[int]:
+        pairs = zip(self.page_counts, self.prefix_tokens, strict=True)
+        return [tokens - PAGE_TOKENS * (count - 1) if count else 0 for count, tokens in pairs]
+
+
+def merge_lse(o_a: torch.Tensor, lse_a: torch.Tensor, o_b: torch.Tensor, lse_b: torch.Tensor) -> torch.Tensor:
+    """Attention over keys A and B from the attention over each: o [N, H, D], lse float32 [N, H] in base 2
+    (FlashInfer's). A row with no key on one side (lse -inf) takes the other side's output as it is."""
+    top = torch.maximum(lse_a, lse_b)
+    top = torch.where(torch.isinf(top), torch.zeros_like(top), top)  # both empty: weights 0, output 0
+    w_a, w_b = torch.exp2(lse_a - top), torch.exp2(lse_b - top)
+    total = (w_a + w_b).clamp_min(torch.finfo(torch.float32).tiny)
+    merged = o_a.float() * (w_a / total)[..., None] + o_b.float() * (w_b / total)[..., None]
+    return merged.to(o_a.dtype)
+
+
+class FlashInferPrefill:
+    """FlashInfer's ragged and paged prefill wrappers for one engine: ``plan`` once per extend step, ``run``
+    per layer."""
+
+    def __init__(self, num_q_heads: int, num_kv_heads: int, head_dim: int, device: torch.device) -> None:
+        try:
+            import flashinfer
+        except ImportError as e:
+            raise RuntimeError(
+                f"{PREFILL_KERNEL_ENV}=flashinfer needs the flashinfer package (SGLang's FlashInfer backend "
+                f"installs it): {e}. Install it or unset {PREFILL_KERNEL_ENV} to use SGLang's Triton extend."
+            ) from e
+        self.num_q_heads, self.num_kv_heads, self.head_dim = num_q_heads, num_kv_heads, head_dim
+        workspace = torch.empty(WORKSPACE_BYTES, dtype=torch.uint8, device=device)
+        self.ragged = flashinfer.BatchPrefillWithRaggedKVCacheWrapper(workspace, "NHD")
+        # kvstore.read_pages restores pages as bf16 [n, 2, H, 16, D]: FlashInfer's 5-D HND paged layout
+        self.paged = flashinfer.BatchPrefillWithPagedKVCacheWrapper(workspace, "HND")
+        vec = max(16 // 2, head_dim // 32)  # bf16: FlashInfer's vector width in merge_state
+        fits = (
+            num_q_heads * (head_dim // vec) <= MERGE_KERNEL_THREADS
+        )  # else its launch fails: merge in torch
+        self._merge = flashinfer.merge_state if fits else None
+        self.has_prefix = False
+
+    def plan(self, qo_indptr: torch.Tensor, prefix: PrefixPages | None = None) -> None:
+        """``qo_indptr``: int32 [B + 1] on the device, request b's new tokens (and keys) at its rows."""
+        self.ragged.begin_forward(
+            qo_indptr, qo_indptr, self.num_q_heads, self.num_kv_heads, self.head_dim,
+            q_data_type=torch.bfloat16,
+        )  # fmt: skip
+        self.has_prefix = prefix is not None
+        if prefix is None:
+            return
+        device = qo_indptr.device
+        counts = torch.tensor([0, *prefix.page_counts], dtype=torch.int32).cumsum(0, dtype=torch.int32)
+        self.paged.begin_forward(
+            qo_indptr, counts.to(device), torch.arange(int(counts[-1]), dtype=torch.int32, device=device),
+            torch.tensor(prefix.last_page_tokens(), dtype=torch.int32, device=device),
+            self.num_q_heads, self.num_kv_heads, self.head_dim, PAGE_TOKENS,
+            q_data_type=torch.bfloat16, kv_data_type=torch.bfloat16,
+        )  # fmt: skip
+
+    def run(
+        self,
+        q3: torch.Tensor,
+        k3: torch.Tensor,
+        v3: torch.Tensor,
+        sm_scale: float,
+        prefix_pages: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """bf16 [N, Hq, D]: q3 [N, Hq, D] over its request's prefix (``prefix_pages``: the restored scratch,
+        bf16 [n, 2, Hkv, 16, D], when planned with one) and causally over k3, v3 [N, Hkv, D]."""
+        if not self.has_prefix:
+            return self.ragged.forward(q3, k3, v3, causal=True, sm_scale=sm_scale)
+        if prefix_pages is None:
+            raise RuntimeError("planned with a prefix: run needs its restored pages")
+        o_new, lse_new = self.ragged.forward_return_lse(q3, k3, v3, causal=True, sm_scale=sm_scale)
+        o_pre, lse_pre = self.paged.forward_return_lse(q3, prefix_pages, causal=False, sm_scale=sm_scale)
+        if self._merge is not None:
+            return self._merge(o_pre, lse_pre, o_new, lse_new)[0]
+        return merge_lse(o_pre, lse_pre, o_new, lse_new)
