@@ -24,7 +24,7 @@ from functools import partial
 
 import torch
 
-from bench.kernels.decode_attention_baselines import Timer, flashinfer_fn, read_floor_fn
+from bench.kernels.decode_attention_baselines import Timer, flashinfer_ragged_fn, read_floor_fn
 from bench.kernels.hopper_cases import check, make_case, same_bits
 from zipkv.kernels.attention.decode_plan import choose_max_splits, plan_decode
 from zipkv.kernels.attention.hopper.launch import decode_attention_hopper
@@ -63,7 +63,7 @@ def _zipkv_fns(
             num_warps=warps,
         )
         tag = "zipkv" if cfg == configs[0] else "zipkv_" + "_".join(map(str, cfg))
-        splits[tag] = plan.max_splits
+        splits[tag] = int(plan.num_splits.max())  # the longest request's
         run = partial(
             decode_attention_hopper, plan, q, sm_scale=scale, out=o, stages=stages, maxnreg=maxnreg,
             warp_softmax=None if ws is None else bool(ws),
@@ -81,26 +81,35 @@ def _same_bits(fn: Callable[[], object], raw_fn: Callable[[], object], o: torch.
     return same_bits(coded, o) and bool(coded.isfinite().all())
 
 
-def bench(out: dict, shapes: list[tuple[int, int]], target_s: float, configs: list[tuple[int, ...]],  # type: ignore[type-arg]
+def parse_shapes(spec: str) -> list[list[int]]:
+    """``32x8192,1x87040+17x6400``: each shape's request lengths; ``+`` joins groups into one batch (a
+    skewed batch: one long request among short ones, as the Mooncake trace's batches are)."""
+    return [[int(t) for g in s.split("+") for t in [g.split("x")[1]] * int(g.split("x")[0])]
+            for s in spec.split(",")]  # fmt: skip
+
+
+def bench(out: dict, shapes: list[list[int]], target_s: float, configs: list[tuple[int, ...]],  # type: ignore[type-arg]
           graph: bool = False) -> None:  # fmt: skip
     timer = Timer(target_s, min_reps=10, max_reps=200)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     rows: list[dict[str, object]] = []
     out["rows"] = rows
-    for batch, ctx in shapes:
-        case = make_case([ctx] * batch, 8, 128, 4, seed=1000 + batch, raw_mid=0.0, shuffle=True, outliers=0)
+    for lens in shapes:
+        batch, ctx = len(lens), max(lens)
+        case = make_case(lens, 8, 128, 4, seed=1000 + batch, raw_mid=0.0, shuffle=True, outliers=0)
         q = torch.randn(batch, 32, 128, device="cuda").to(torch.bfloat16)
         scale = 1 / math.sqrt(128)
         o = torch.empty_like(q)
         fns, raw_fns, splits = _zipkv_fns(case, q, o, scale, configs, sms)
-        fns["flashinfer_tc"] = flashinfer_fn(
-            case["pages"][case["page_ids"].long()], q, torch.empty_like(q), batch, ctx, scale
+        fns["flashinfer_tc"] = flashinfer_ragged_fn(
+            case["pages"][case["page_ids"].long()], q, torch.empty_like(q), lens, scale
         )
         fns["read_floor_stored"] = read_floor_fn(case["heap"], case["stored_bytes"])
         fns["read_floor_raw"] = read_floor_fn(case["raw_heap"], case["raw_heap"].numel())
         row: dict[str, object] = dict(
             batch=batch,
             ctx=ctx,
+            kv_tokens=sum(lens),
             coded_fraction=case["coded_fraction"],
             stored_bytes=case["stored_bytes"],
             raw_bytes=case["raw_heap"].numel(),
@@ -139,7 +148,7 @@ def timing(out: dict, shapes: list[tuple[int, int]]) -> None:  # type: ignore[ty
         case = make_case([ctx] * batch, 8, 128, 4, seed=7, raw_mid=0.0, shuffle=True, outliers=0)
         q = torch.randn(batch, 32, 128, device="cuda").to(torch.bfloat16)
         plan = plan_decode(case["page_ids"], case["indptr"], case["lens"], case["fmt"], 32)
-        programs = batch * 8 * plan.max_splits
+        programs = plan.num_pairs * 8
         stamps = torch.zeros(programs, 4, dtype=torch.int64, device="cuda")
         for _ in range(3):  # the last launch is the one read
             decode_attention_hopper(plan, q, case["heap"], case["loc"], case["meta"], 0.088, timing=stamps)
@@ -153,7 +162,8 @@ def timing(out: dict, shapes: list[tuple[int, int]]) -> None:  # type: ignore[ty
         sms = torch.cuda.get_device_properties(0).multi_processor_count
         q50 = lambda x: float(x.median())
         row = dict(
-            batch=batch, ctx=ctx, programs=programs, splits=plan.max_splits, tiles_per_program=tiles,
+            batch=batch, ctx=ctx, programs=programs, splits=int(plan.num_splits.max()),
+            tiles_per_program=tiles,
             span_us=span, first_tile_wait_us_p50=q50(first - start),
             first_tile_wait_us_p90=float((first - start).quantile(0.9)),
             per_tile_us_p50=q50((end - first) / max(tiles - 1, 1)),
@@ -219,8 +229,7 @@ def main() -> None:
     if a.bench:
         configs = [tuple(int(x) for x in c.split(":")) for c in a.configs.split(",")]
         out["timed"] = "cuda_graph_replay" if a.graph else "eager"
-        shapes = [tuple(int(x) for x in s.split("x")) for s in a.shapes.split(",")]
-        bench(out, shapes, a.target_s, configs, graph=a.graph)  # type: ignore[arg-type]
+        bench(out, parse_shapes(a.shapes), a.target_s, configs, graph=a.graph)
     with open(a.out, "w") as f:
         json.dump(out, f, indent=1)
     print("wrote", a.out, "checks ok" if ok else "CHECKS FAILED", flush=True)

@@ -8,6 +8,7 @@ SDPA. bench/kernels/bench_decode_attention.py runs them side by side with zipkv.
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import Callable
 
@@ -107,14 +108,21 @@ def reference(q: torch.Tensor, pages: torch.Tensor, batch: int, ctx: int, scale:
 
 
 def flashinfer_fn(pages, q, out, batch, ctx, scale):  # type: ignore[no-untyped-def]
+    return flashinfer_ragged_fn(pages, q, out, [ctx] * batch, scale)
+
+
+def flashinfer_ragged_fn(pages, q, out, lens, scale):  # type: ignore[no-untyped-def]
+    """FlashInfer's tensor-core decode over ``pages`` (HND, 16 tokens a page), request b's pages after
+    request b - 1's, ``lens`` tokens each."""
     import flashinfer
 
-    per = ctx // 16
+    counts = [-(-n // 16) for n in lens]
     ws = torch.empty(512 << 20, dtype=torch.uint8, device="cuda")
     wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(ws, "HND", use_tensor_cores=True)
-    indptr = torch.arange(0, batch + 1, dtype=torch.int32, device="cuda") * per
-    indices = torch.arange(batch * per, dtype=torch.int32, device="cuda")
-    last = torch.full((batch,), 16, dtype=torch.int32, device="cuda")
+    indptr = torch.tensor([0, *itertools.accumulate(counts)], dtype=torch.int32, device="cuda")
+    indices = torch.arange(sum(counts), dtype=torch.int32, device="cuda")
+    last = torch.tensor([n - 16 * (c - 1) for n, c in zip(lens, counts, strict=True)], dtype=torch.int32,
+                        device="cuda")  # fmt: skip
     wrapper.plan(indptr, indices, last, HQ, HKV, HEAD_DIM, 16, q_data_type=torch.bfloat16,
                  kv_data_type=torch.bfloat16, sm_scale=scale)  # fmt: skip
     return lambda: wrapper.run(q, pages, out=out)

@@ -35,16 +35,12 @@ ARG_TYPES = {
     "page_loc_ptr": "*i64",
     "meta_ptr": "*u8",
     "page_ids_ptr": "*i32",
-    "page_indptr_ptr": "*i32",
-    "kv_lens_ptr": "*i32",
-    "num_splits_ptr": "*i32",
-    "split_tokens_ptr": "*i32",
+    "work_ptr": "*i32",
     "qk_scale": "fp32",
     "stride_qb": "i32",
     "stride_qh": "i32",
     "stride_ob": "i32",
     "stride_oh": "i32",
-    "max_splits": "i32",
     "timing_ptr": "*i64",
 }
 

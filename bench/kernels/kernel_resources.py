@@ -39,9 +39,8 @@ from zipkv.kernels.format.layout import PageFormat
 _ARG_TYPES = {
     "q_ptr": "*bf16", "out_ptr": "*bf16", "o_part_ptr": "*fp32", "lse_part_ptr": "*fp32",
     "heap_u8": "*u8", "heap_bf16": "*bf16", "page_loc_ptr": "*i64", "meta32_ptr": "*i32",
-    "page_ids_ptr": "*i32", "page_indptr_ptr": "*i32", "kv_lens_ptr": "*i32", "num_splits_ptr": "*i32",
-    "split_tokens_ptr": "*i32", "qk_scale": "fp32", "stride_qb": "i32", "stride_qh": "i32",
-    "stride_ob": "i32", "stride_oh": "i32", "max_splits": "i32",
+    "page_ids_ptr": "*i32", "work_ptr": "*i32", "qk_scale": "fp32", "stride_qb": "i32", "stride_qh": "i32",
+    "stride_ob": "i32", "stride_oh": "i32",
 }  # fmt: skip
 _STRIDES = {"stride_qb", "stride_qh", "stride_ob", "stride_oh"}
 _ALIGNED = {n for n, t in _ARG_TYPES.items() if t.startswith("*")} | _STRIDES  # as Triton specialises them

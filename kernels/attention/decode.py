@@ -1,6 +1,7 @@
 """Fused paged decode attention over compressed pages (one query token per request).
 
-Each program handles one (request, KV head, split): all ``Hq / H`` query heads of the KV head at once
+Each program handles one (work item, KV head), a work item being one split of one request's context
+(decode_plan.py): all ``Hq / H`` query heads of the KV head at once
 (padded to 16 rows so ``tl.dot`` applies), so every K/V tile is read and restored once. A tile is
 ``BLOCK_N`` tokens; each token row of a page-head sits in one block (token-major blocks, format/layout.py),
 which is either compressed (restored to BF16 in registers right before the dot products) or raw. The choice
@@ -47,13 +48,16 @@ _MIN_DOT_ROWS = 16
 
 
 @triton.jit
-def _program_split(pid, max_splits, NUM_KV_HEADS: tl.constexpr):
-    """The (request, KV head, split) program ``pid`` handles: splits fastest, then heads."""
-    return pid // (max_splits * NUM_KV_HEADS), (pid // max_splits) % NUM_KV_HEADS, pid % max_splits
+def _program_work(pid, work_ptr, NUM_KV_HEADS: tl.constexpr):
+    """The (work item, KV head) program ``pid`` handles, and the item's request (-1: idle), first and end
+    token and the request's first page index (split_plan.work_items); heads fastest."""
+    pair = pid // NUM_KV_HEADS
+    row = work_ptr + pair * 4
+    return pair, pid % NUM_KV_HEADS, tl.load(row), tl.load(row + 1), tl.load(row + 2), tl.load(row + 3)
 
 
 @triton.jit
-def _store_rows(out_ptr, o_part_ptr, lse_part_ptr, m_i, l_i, acc_a, acc_b, req, q_head, split, max_splits,
+def _store_rows(out_ptr, o_part_ptr, lse_part_ptr, m_i, l_i, acc_a, acc_b, req, q_head, pair,
                 stride_ob, stride_oh, NUM_KV_HEADS: tl.constexpr, GROUP: tl.constexpr, G_PAD: tl.constexpr,
                 HEAD_DIM: tl.constexpr, SPLIT: tl.constexpr):  # fmt: skip
     """The program's GROUP rows: the final bf16 output, or (SPLIT) this split's fp32 partial and
@@ -69,7 +73,7 @@ def _store_rows(out_ptr, o_part_ptr, lse_part_ptr, m_i, l_i, acc_a, acc_b, req, 
         tl.store(o_rows + ch, out_a.to(tl.bfloat16), mask=q_mask)
         tl.store(o_rows + HALF + ch, out_b.to(tl.bfloat16), mask=q_mask)
     else:
-        part = (req * NUM_KV_HEADS * GROUP + q_head) * max_splits + split  # [G_PAD]
+        part = pair * NUM_KV_HEADS * GROUP + q_head  # [G_PAD]: o_partial [pairs, Hq, D]
         tl.store(o_part_ptr + part[:, None] * HEAD_DIM + ch, out_a, mask=q_mask)
         tl.store(o_part_ptr + part[:, None] * HEAD_DIM + HALF + ch, out_b, mask=q_mask)
         tl.store(lse_part_ptr + part, m_i + tl.log2(l_i), mask=g < GROUP)
@@ -79,21 +83,15 @@ def _store_rows(out_ptr, o_part_ptr, lse_part_ptr, m_i, l_i, acc_a, acc_b, req, 
 def _decode_kernel(
     q_ptr, out_ptr, o_part_ptr, lse_part_ptr,
     heap_u8, heap_bf16, page_loc_ptr, meta32_ptr,
-    page_ids_ptr, page_indptr_ptr, kv_lens_ptr, num_splits_ptr, split_tokens_ptr,
-    qk_scale, stride_qb, stride_qh, stride_ob, stride_oh, max_splits,
+    page_ids_ptr, work_ptr,
+    qk_scale, stride_qb, stride_qh, stride_ob, stride_oh,
     NUM_KV_HEADS: tl.constexpr, GROUP: tl.constexpr, G_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
     BLOCK_N: tl.constexpr, SPLIT: tl.constexpr, META_WORDS: tl.constexpr,
     BLOCKS_PER_HEAD: tl.constexpr, COMPRESSED: tl.constexpr, USE_ASM: tl.constexpr,
     FP32_DOT: tl.constexpr, PREFETCH: tl.constexpr, PAIRED: tl.constexpr, V3: tl.constexpr,
 ):  # fmt: skip
-    req, head, split = _program_split(tl.program_id(0), max_splits, NUM_KV_HEADS)
-    if split < tl.load(num_splits_ptr + req):
-        kv_len = tl.load(kv_lens_ptr + req)
-        split_tokens = tl.load(split_tokens_ptr + req)
-        page_base = tl.load(page_indptr_ptr + req)
-        first = split * split_tokens
-        end = tl.minimum(kv_len, first + split_tokens)
-
+    pair, head, req, first, end, page_base = _program_work(tl.program_id(0), work_ptr, NUM_KV_HEADS)
+    if req >= 0:
         g = tl.arange(0, G_PAD)
         q_head = head * GROUP + g
         q_rows = q_ptr + req * stride_qb + q_head[:, None] * stride_qh
@@ -132,7 +130,7 @@ def _decode_kernel(
                     q_a, q_b, k_a, k_b, v_a, v_b, valid[None, :], m_i, l_i, acc_a, acc_b, qk_scale, FP32_DOT
                 )
 
-        _store_rows(out_ptr, o_part_ptr, lse_part_ptr, m_i, l_i, acc_a, acc_b, req, q_head, split, max_splits,
+        _store_rows(out_ptr, o_part_ptr, lse_part_ptr, m_i, l_i, acc_a, acc_b, req, q_head, pair,
                     stride_ob, stride_oh, NUM_KV_HEADS, GROUP, G_PAD, HEAD_DIM, SPLIT)  # fmt: skip
 
 
@@ -235,12 +233,12 @@ def decode_attention(
     fmt = plan.fmt
     out, use_asm, interpret = launch_options(q, out, use_asm)
     group = plan.group_size
-    grid = (plan.batch_size * fmt.num_kv_heads * plan.max_splits,)
+    grid = (plan.num_pairs * fmt.num_kv_heads,)
     _decode_kernel[grid](
         q, out, plan.o_partial, plan.lse_partial,
         heap, heap.view(torch.bfloat16), page_loc_layer, page_meta_layer.view(torch.int32),
-        plan.page_ids, plan.page_indptr, plan.kv_lens, plan.num_splits, plan.split_tokens,
-        sm_scale * _LOG2E, q.stride(0), q.stride(1), out.stride(0), out.stride(1), plan.max_splits,
+        plan.page_ids, plan.work,
+        sm_scale * _LOG2E, q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         **kernel_constexprs(
             fmt, group, plan.block_n, plan.max_splits > 1, compressed, use_asm, interpret, plan.prefetch
         ),

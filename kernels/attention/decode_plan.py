@@ -6,11 +6,17 @@ layer's :func:`~zipkv.kernels.attention.decode.decode_attention` call reuses it.
 the device: the grid depends only on the batch size and the model shape, and each request's split count
 and split length are computed on the device from its ``kv_lens``.
 
-Split-KV: one program handles one (request, KV head, split). When batch x KV heads cannot fill the GPU
-(batch 1 at long context), each request's context is cut into up to ``max_splits`` splits, and a second
-small kernel merges the splits' partial outputs by their log-sum-exp. The split count is chosen to fill
-whole waves of the GPU: for ``w = batch * kv_heads`` programs per split and ``slots`` programs resident
-at once, the step time goes as ``ceil(w * s / slots) / s``; the smallest ``s`` that minimises it wins.
+Split-KV over a work list: one program handles one (work item, KV head); a work item is one split of one
+request's context. When batch x KV heads cannot fill the GPU (batch 1 at long context), contexts are cut
+into splits, and a second small kernel merges each request's partial outputs by their log-sum-exp. The
+splits are balanced over the whole batch, as FlashInfer's planner does: every split reads about the same
+number of tiles, the smallest length for which all splits fit ``pair_slots`` work items (whole waves of
+the GPU, ``max_waves`` of them). A request 10x longer than the others gets 10x the splits; with the split
+count per request fixed instead, a batch of the Mooncake trace (one 87k-token request among 2-15k-token
+ones) left the GPU idle behind the long request's few programs (47.7 ms a step where SGLang took 22.6,
+docs/benchmarks.md, "Serving under SLO"). Equal requests get what the wave model gives them:
+for ``w = batch * kv_heads`` programs per split and ``slots`` programs resident at once, the step time goes
+as ``ceil(w * s / slots) / s`` (:func:`choose_max_splits`).
 """
 
 from __future__ import annotations
@@ -30,9 +36,9 @@ from .decode_config import (
     decode_impl,
     kernel_config,
 )
+from .split_plan import balanced_splits, even_split_tiles, work_items
 
 MAX_SPLITS = 128
-MIN_SPLIT_TILES = 2  # a split reads at least this many tiles, so its fixed cost stays small
 CPU_NUM_SMS = 4  # the Triton interpreter: keep grids small
 
 
@@ -46,11 +52,14 @@ class DecodePlan:
     kv_lens: torch.Tensor  # int32 [B]: tokens of context per request (>= 1)
     num_splits: torch.Tensor  # int32 [B]: splits of each request's context (1 .. max_splits)
     split_tokens: torch.Tensor  # int32 [B]: tokens per split, a multiple of block_n
-    o_partial: torch.Tensor  # float32 [B, Hq, max_splits, D]: per-split outputs (scratch)
-    lse_partial: torch.Tensor  # float32 [B, Hq, max_splits]: per-split log2-sum-exp2 (scratch)
+    work: torch.Tensor  # int32 [num_pairs, 4]: each work item's split (split_plan.py); request -1: idle
+    pair_start: torch.Tensor  # int32 [B]: request b's splits are work items pair_start[b] .. + num_splits[b]
+    o_partial: torch.Tensor  # float32 [num_pairs, Hq, D]: per-split outputs (scratch)
+    lse_partial: torch.Tensor  # float32 [num_pairs, Hq]: per-split log2-sum-exp2 (scratch)
     batch_size: int
     num_q_heads: int
-    max_splits: int
+    max_splits: int  # the most splits one request can get (1: no split, no merge)
+    num_pairs: int  # work items: the grid is num_pairs x KV heads programs
     block_n: int
     num_warps: int
     num_stages: int  # compressed kernel
@@ -108,43 +117,50 @@ def _check_batch(
     return batch
 
 
-def _split_sizes(kv_lens: torch.Tensor, block_n: int, max_splits: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Each request's split count and tokens per split (int32 [B]), computed on the device: as even as
-    possible, a whole number of tiles, no empty split."""
-    lens = kv_lens.to(torch.int64)
-    tiles = (lens + block_n - 1) // block_n
-    splits = torch.clamp(torch.minimum(tiles // MIN_SPLIT_TILES, torch.full_like(tiles, max_splits)), min=1)
-    split_tiles = (tiles + splits - 1) // splits
-    splits = (tiles + split_tiles - 1) // split_tiles
-    return splits.to(torch.int32), (split_tiles * block_n).to(torch.int32)
-
-
-def _max_splits(
+def _pair_slots(
     max_splits: int | None,
-    work_items: int,
+    batch: int,
+    kv_heads: int,
     num_sms: int | None,
     ctas_per_sm: int,
     device: torch.device,
     cap: int = MAX_SPLITS,
     max_waves: int = 4,
-) -> int:
-    """``max_splits`` as asked, else the wave model's pick for ``work_items`` programs per split; checked."""
-    if max_splits is None:
-        if num_sms is None:
-            num_sms = (
-                torch.cuda.get_device_properties(device).multi_processor_count
-                if device.type == "cuda"
-                else CPU_NUM_SMS
-            )
-        max_splits = choose_max_splits(work_items, num_sms * ctas_per_sm, cap, max_waves)
-    if not 1 <= max_splits <= MAX_SPLITS:
-        raise ValueError(f"max_splits must be in 1..{MAX_SPLITS}, got {max_splits}")
-    return max_splits
+) -> tuple[int, int]:
+    """(work items of the step, the most splits one request gets). Asked ``max_splits``: every request
+    gets up to that many, as many items as that takes. Else the wave model's split count for equal
+    requests, times the batch: the same programs, shared out by length (the module docstring)."""
+    if max_splits is not None:
+        if not 1 <= max_splits <= MAX_SPLITS:
+            raise ValueError(f"max_splits must be in 1..{MAX_SPLITS}, got {max_splits}")
+        return batch * max_splits, max_splits
+    if num_sms is None:
+        num_sms = (
+            torch.cuda.get_device_properties(device).multi_processor_count
+            if device.type == "cuda"
+            else CPU_NUM_SMS
+        )
+    pairs = batch * choose_max_splits(batch * kv_heads, num_sms * ctas_per_sm, cap, max_waves)
+    return pairs, min(cap, pairs - batch + 1)  # one request takes what the others' one split each leave
+
+
+def _split_work(
+    kv_lens: torch.Tensor, page_indptr: torch.Tensor, block_n: int, num_pairs: int, max_splits: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(splits, split_tokens, work, pair_start): the batch cut into balanced splits (split_plan.py)."""
+    tiles = (kv_lens.to(torch.int64) + block_n - 1) // block_n
+    splits, split_tiles = even_split_tiles(tiles, balanced_splits(tiles, num_pairs, max_splits))
+    split_tokens = split_tiles * block_n
+    work, pair_start = work_items(splits, split_tokens, kv_lens, page_indptr, num_pairs)
+    return splits, split_tokens, work, pair_start
 
 
 def _overridden(base: DecodeKernelConfig, **asked: Any) -> DecodeKernelConfig:
     """``base`` with the fields asked for: None (or 0 for a count) keeps the base's; prefetch any bool."""
-    return replace(base, **{k: v for k, v in asked.items() if v is not None and (v or k == "prefetch")})
+    cfg = replace(base, **{k: v for k, v in asked.items() if v is not None and (v or k == "prefetch")})
+    if cfg.block_n % PAGE_TOKENS != 0 or cfg.block_n & (cfg.block_n - 1):
+        raise ValueError(f"block_n must be a power of two multiple of {PAGE_TOKENS}, got {cfg.block_n}")
+    return cfg
 
 
 def plan_decode(
@@ -178,35 +194,33 @@ def plan_decode(
     cfg = _overridden(base, block_n=block_n, num_warps=num_warps, num_stages=num_stages,
                       twin_num_stages=twin_num_stages, ctas_per_sm=ctas_per_sm,
                       prefetch=prefetch)  # fmt: skip
-    if cfg.block_n % PAGE_TOKENS != 0 or cfg.block_n & (cfg.block_n - 1):
-        raise ValueError(f"block_n must be a power of two multiple of {PAGE_TOKENS}, got {cfg.block_n}")
-    device = kv_lens.device
-    hopper = impl == "hopper"
-    max_splits = _max_splits(
-        max_splits, batch * fmt.num_kv_heads, num_sms, cfg.ctas_per_sm, device,
+    device, hopper = kv_lens.device, impl == "hopper"
+    num_pairs, max_splits = _pair_slots(
+        max_splits, batch, fmt.num_kv_heads, num_sms, cfg.ctas_per_sm, device,
         HOPPER_MAX_SPLITS if hopper else MAX_SPLITS, HOPPER_MAX_WAVES if hopper else 4,
     )  # fmt: skip
-    splits, split_tokens = _split_sizes(kv_lens, cfg.block_n, max_splits)
+    splits, split_tokens, work, pair_start = _split_work(kv_lens, page_indptr, cfg.block_n, num_pairs,
+                                                         max_splits)  # fmt: skip
     hd = fmt.head_dim
     return DecodePlan(
-        fmt=fmt,
-        page_ids=page_ids,
-        page_indptr=page_indptr,
-        kv_lens=kv_lens,
-        num_splits=splits,
-        split_tokens=split_tokens,
-        o_partial=torch.empty(batch, num_q_heads, max_splits, hd, dtype=torch.float32, device=device),
-        lse_partial=torch.empty(batch, num_q_heads, max_splits, dtype=torch.float32, device=device),
+        fmt=fmt, page_ids=page_ids, page_indptr=page_indptr, kv_lens=kv_lens,
+        num_splits=splits.to(torch.int32),
+        split_tokens=split_tokens.to(torch.int32),
+        work=work,
+        pair_start=pair_start,
+        o_partial=torch.empty(num_pairs, num_q_heads, hd, dtype=torch.float32, device=device),
+        lse_partial=torch.empty(num_pairs, num_q_heads, dtype=torch.float32, device=device),
         batch_size=batch,
         num_q_heads=num_q_heads,
         max_splits=max_splits,
+        num_pairs=num_pairs,
         block_n=cfg.block_n,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
         twin_num_stages=cfg.twin_num_stages,
         prefetch=cfg.prefetch,
         impl=impl,
-    )
+    )  # fmt: skip
 
 
 def require_token_major(fmt: PageFormat, reader: str) -> None:

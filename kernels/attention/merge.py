@@ -22,14 +22,15 @@ D_BLOCK = 32  # head-dim columns per program
 
 @triton.jit
 def _merge_kernel(
-    o_part_ptr, lse_part_ptr, out_ptr, num_splits_ptr, stride_ob, stride_oh, max_splits,
+    o_part_ptr, lse_part_ptr, out_ptr, num_splits_ptr, pair_start_ptr, stride_ob, stride_oh,
     NUM_Q_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, CHUNK: tl.constexpr, D_BLOCK: tl.constexpr,
 ):  # fmt: skip
-    """Combine D_BLOCK columns of one (request, query head)'s split outputs by their log2-sum-exp2."""
+    """Combine D_BLOCK columns of one (request, query head)'s split outputs by their log2-sum-exp2; the
+    request's splits are consecutive work items (o_partial [pairs, Hq, D], lse_partial [pairs, Hq])."""
     req = tl.program_id(0)
     q_head = tl.program_id(1)
     n = tl.load(num_splits_ptr + req)
-    base = (req * NUM_Q_HEADS + q_head) * max_splits
+    first = tl.load(pair_start_ptr + req)
     offs = tl.arange(0, CHUNK)
     d = tl.program_id(2) * D_BLOCK + tl.arange(0, D_BLOCK)
     m = tl.max(tl.full([CHUNK], float("-inf"), tl.float32), 0)
@@ -37,10 +38,9 @@ def _merge_kernel(
     acc = tl.zeros([D_BLOCK], tl.float32)
     for s0 in range(0, n, CHUNK):
         live = s0 + offs < n
-        lse = tl.load(lse_part_ptr + base + s0 + offs, mask=live, other=float("-inf"))
-        o = tl.load(
-            o_part_ptr + (base + s0 + offs)[:, None] * HEAD_DIM + d[None, :], mask=live[:, None], other=0.0
-        )
+        part = (first + s0 + offs) * NUM_Q_HEADS + q_head
+        lse = tl.load(lse_part_ptr + part, mask=live, other=float("-inf"))
+        o = tl.load(o_part_ptr + part[:, None] * HEAD_DIM + d[None, :], mask=live[:, None], other=0.0)
         m_new = tl.maximum(m, tl.max(lse, 0))
         # Every split holds tokens, so m_new is finite from the first chunk on; exp2(-inf) = 0 drops the
         # empty carry of the first iteration.
@@ -59,7 +59,7 @@ def merge_splits(plan: DecodePlan, out: torch.Tensor) -> None:
     d_block = min(D_BLOCK, head_dim)
     chunk = max(16, min(MAX_CHUNK_SPLITS, triton.next_power_of_2(plan.max_splits)))
     _merge_kernel[(plan.batch_size, plan.num_q_heads, head_dim // d_block)](
-        plan.o_partial, plan.lse_partial, out, plan.num_splits, out.stride(0), out.stride(1),
-        plan.max_splits, NUM_Q_HEADS=plan.num_q_heads, HEAD_DIM=head_dim, CHUNK=chunk, D_BLOCK=d_block,
+        plan.o_partial, plan.lse_partial, out, plan.num_splits, plan.pair_start, out.stride(0), out.stride(1),
+        NUM_Q_HEADS=plan.num_q_heads, HEAD_DIM=head_dim, CHUNK=chunk, D_BLOCK=d_block,
         num_warps=4,
     )  # fmt: skip

@@ -1,6 +1,6 @@
 """The split-KV merge against a float64 log-sum-exp reference: requests with 1, a few, a chunk's worth and
 more than one chunk of splits (the online rescale across chunks), head dims 64/128/256, and -inf lanes
-of splits a request does not have (stale scratch must never leak into the output)."""
+of splits a request does not own (stale scratch of idle work items must never leak into the output)."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from zipkv.kernels.format.layout import PageFormat
 
 
 def _reference(o_part: torch.Tensor, lse: torch.Tensor, n: list[int]) -> torch.Tensor:
+    """o_part [B, Hq, S, D], lse [B, Hq, S]: request b's first n[b] splits, merged in float64."""
     out = torch.empty(o_part.shape[0], o_part.shape[1], o_part.shape[3], dtype=torch.float64)
     for b, k in enumerate(n):
         x = lse[b, :, :k].double()
@@ -26,20 +27,28 @@ def _reference(o_part: torch.Tensor, lse: torch.Tensor, n: list[int]) -> torch.T
 def test_merge_matches_the_float64_log_sum_exp(head_dim, splits, device) -> None:  # type: ignore[no-untyped-def]
     torch.manual_seed(head_dim)
     batch, heads, max_splits = len(splits), 4, max(splits)
-    o_part = torch.randn(batch, heads, max_splits, head_dim, device=device)
-    lse = torch.randn(batch, heads, max_splits, device=device) * 8  # weights spanning 2^±24
-    for b, k in enumerate(splits):  # what a request does not own is garbage the merge must skip
-        o_part[b, :, k:] = float("nan")
-        lse[b, :, k:] = 1e30
+    o_req = torch.randn(batch, heads, max_splits, head_dim, device=device)
+    lse_req = torch.randn(batch, heads, max_splits, device=device) * 8  # weights spanning 2^±24
+    for b, k in enumerate(splits):
         if k > MAX_CHUNK_SPLITS:  # the largest weight in the last chunk: the earlier chunks must be rescaled
-            lse[b, :, k - 1] = lse[b, :, : k - 1].max(dim=1).values + 3
+            lse_req[b, :, k - 1] = lse_req[b, :, : k - 1].max(dim=1).values + 3
+    # The work items' layout (split_plan.work_items): request b's splits from pair_start[b] on; an idle item
+    # of garbage after each request, which the merge must not read.
+    pairs = sum(splits) + batch
+    o_part = torch.full((pairs, heads, head_dim), float("nan"), device=device)
+    lse = torch.full((pairs, heads), 1e30, device=device)
+    starts = [sum(splits[:b]) + b for b in range(batch)]
+    for b, (k, first) in enumerate(zip(splits, starts, strict=True)):
+        o_part[first : first + k] = o_req[b, :, :k].transpose(0, 1)
+        lse[first : first + k] = lse_req[b, :, :k].transpose(0, 1)
     plan = SimpleNamespace(
         fmt=PageFormat(head_dim, 8), batch_size=batch, num_q_heads=heads, max_splits=max_splits,
         o_partial=o_part, lse_partial=lse, num_splits=torch.tensor(splits, dtype=torch.int32, device=device),
+        pair_start=torch.tensor(starts, dtype=torch.int32, device=device),
     )  # fmt: skip
     out = torch.empty(batch, heads, head_dim, dtype=torch.bfloat16, device=device)
     merge_splits(plan, out)  # type: ignore[arg-type]
-    ref = _reference(o_part.cpu(), lse.cpu(), splits)
+    ref = _reference(o_req.cpu(), lse_req.cpu(), splits)
     assert torch.isfinite(out.float()).all()
     err = (out.double().cpu() - ref).abs().max() / ref.abs().max()
     assert err < 8e-3, err

@@ -1,6 +1,7 @@
 """Hopper (sm_90) fused decode attention over page format v3, in Gluon (Triton 3.6's explicit layer).
 
-One program handles one (request, KV head, split), all ``Hq / H`` query heads of the KV head at once (16
+One program handles one (work item, KV head), a work item being one split of one request's context
+(attention/split_plan.py), all ``Hq / H`` query heads of the KV head at once (16
 MMA rows). Its pages stream from global to shared memory in a ring of ``STAGES`` tiles (``cp.async``, one
 commit group per tile of ``NP`` pages), so the next tiles' bytes are in flight while this one is restored
 and multiplied. Per page the producer copies exactly what is stored (kernels/format/layout_v3.py): a coded
@@ -75,7 +76,7 @@ def _load_q(
 
 
 @gluon.jit
-def _store_out(out_ptr, o_part_ptr, lse_part_ptr, m_i, l_i, acc_a, acc_b, req, head, split, max_splits,
+def _store_out(out_ptr, o_part_ptr, lse_part_ptr, m_i, l_i, acc_a, acc_b, req, head, pair,
                stride_ob, stride_oh, row_l: ttgl.constexpr, col_l: ttgl.constexpr, H: ttgl.constexpr,
                GROUP: ttgl.constexpr, D: ttgl.constexpr, SPLIT: ttgl.constexpr):  # fmt: skip
     """The program's rows: the final bf16 output, or (SPLIT) this split's fp32 partial and log2-sum-exp2."""
@@ -86,7 +87,7 @@ def _store_out(out_ptr, o_part_ptr, lse_part_ptr, m_i, l_i, acc_a, acc_b, req, h
     o_mask = (offs_om < GROUP)[:, None]
     q_head = head * GROUP + offs_om
     if SPLIT:
-        part = (req * H * GROUP + q_head) * max_splits + split
+        part = pair * H * GROUP + q_head  # o_partial [pairs, Hq, D]
         o_rows = o_part_ptr + part[:, None] * D + offs_od[None, :]
         ttgl.store(o_rows, out_a, mask=o_mask)
         ttgl.store(o_rows + D // 2, out_b, mask=o_mask)
@@ -98,19 +99,18 @@ def _store_out(out_ptr, o_part_ptr, lse_part_ptr, m_i, l_i, acc_a, acc_b, req, h
 
 
 @gluon.jit
-def _program_work(pid, max_splits, num_splits_ptr, kv_lens_ptr, split_tokens_ptr, page_indptr_ptr,
-                  H: ttgl.constexpr):  # fmt: skip
-    """Program ``pid``'s (request, KV head, split) and its request's split count, length, split length and
-    first page. The scalars load together, before the split test: a load behind it would wait for it (a
-    round trip to memory that, under a full DRAM, costs microseconds a program pays before its first tile)."""
-    split = pid % max_splits
-    head = (pid // max_splits) % H
-    req = pid // (max_splits * H)
-    num_splits = ttgl.load(num_splits_ptr + req)
-    kv_len = ttgl.load(kv_lens_ptr + req)
-    split_tokens = ttgl.load(split_tokens_ptr + req)
-    page_base = ttgl.load(page_indptr_ptr + req)
-    return req, head, split, num_splits, kv_len, split_tokens, page_base
+def _program_work(pid, work_ptr, H: ttgl.constexpr):
+    """Program ``pid``'s (work item, KV head), heads fastest, and the item's request (-1: idle), first and
+    end token and first page index. The four scalars are one row (attention/split_plan.py) and load
+    together, before the idle test: a load behind it would wait for it (a round trip to memory that, under
+    a full DRAM, costs microseconds a program pays before its first tile)."""
+    pair = pid // H
+    row = work_ptr + pair * 4
+    req = ttgl.load(row)
+    first = ttgl.load(row + 1)
+    end = ttgl.load(row + 2)
+    page_base = ttgl.load(row + 3)
+    return pair, pid % H, req, first, end, page_base
 
 
 @gluon.jit
@@ -187,8 +187,7 @@ def _refill(ring, i, kinds, info_n, ids_nn, heap_ptr, tables, first, H: ttgl.con
 @gluon.jit
 def _decode_hopper_kernel(
     q_ptr, out_ptr, o_part_ptr, lse_part_ptr, heap_ptr, heap16_ptr, page_loc_ptr, meta_ptr,
-    page_ids_ptr, page_indptr_ptr, kv_lens_ptr, num_splits_ptr, split_tokens_ptr,
-    qk_scale, stride_qb, stride_qh, stride_ob, stride_oh, max_splits, timing_ptr,
+    page_ids_ptr, work_ptr, qk_scale, stride_qb, stride_qh, stride_ob, stride_oh, timing_ptr,
     H: ttgl.constexpr, GROUP: ttgl.constexpr, D: ttgl.constexpr, NP: ttgl.constexpr,
     STAGES: ttgl.constexpr, SPLIT: ttgl.constexpr, GATHER_ALL: ttgl.constexpr,
     OP_K: ttgl.constexpr, OP_V: ttgl.constexpr, CW: ttgl.constexpr, HW: ttgl.constexpr, PG1: ttgl.constexpr,
@@ -202,12 +201,8 @@ def _decode_hopper_kernel(
     pid = ttgl.program_id(0)
     if TIMING:
         _stamp(timing_ptr, pid, 0)
-    req, head, split, num_splits, kv_len, split_tokens, page_base = _program_work(
-        pid, max_splits, num_splits_ptr, kv_lens_ptr, split_tokens_ptr, page_indptr_ptr, H
-    )
-    if split < num_splits:
-        first = split * split_tokens
-        end = ttgl.minimum(kv_len, first + split_tokens)
+    pair, head, req, first, end, page_base = _program_work(pid, work_ptr, H)
+    if req >= 0:
         n_tiles = (end - first + N - 1) // N
         tables = (page_ids_ptr, page_loc_ptr, meta_ptr, page_base, end, head)
         glob = (heap_ptr, heap16_ptr)
@@ -235,7 +230,7 @@ def _decode_hopper_kernel(
             state = attend_tile(qa, qb, ops, tok0, end, state, qk_scale, mma, a_l, N, WARP_SOFTMAX)
         async_copy.wait_group(0)
         m_i, l_i, acc_a, acc_b = final_state(state, mma, WARP_SOFTMAX)
-        _store_out(out_ptr, o_part_ptr, lse_part_ptr, m_i, l_i, acc_a, acc_b, req, head, split, max_splits,
+        _store_out(out_ptr, o_part_ptr, lse_part_ptr, m_i, l_i, acc_a, acc_b, req, head, pair,
                    stride_ob, stride_oh, ttgl.SliceLayout(1, o_l), ttgl.SliceLayout(0, o_l), H, GROUP, D,
                    SPLIT)  # fmt: skip
     if TIMING:

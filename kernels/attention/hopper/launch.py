@@ -96,7 +96,7 @@ def decode_attention_hopper(
             f"the per-warp softmax gives each warp one page: block_n {plan.block_n} is {pages} pages for "
             f"{plan.num_warps} warps (set block_n = 16 x warps)"
         )
-    grid = (plan.batch_size * fmt.num_kv_heads * plan.max_splits,)
+    grid = (plan.num_pairs * fmt.num_kv_heads,)
     consts = hopper_constexprs(
         fmt.num_kv_heads, plan.group_size, fmt.head_dim, pages, stages, plan.max_splits > 1, gather_all,
         warp_softmax,
@@ -105,8 +105,8 @@ def decode_attention_hopper(
         page_meta_layer = _raw_meta_like(page_meta_layer)
     _decode_hopper_kernel[grid](
         q, out, plan.o_partial, plan.lse_partial, heap, heap.view(torch.int16), page_loc_layer,
-        page_meta_layer, plan.page_ids, plan.page_indptr, plan.kv_lens, plan.num_splits, plan.split_tokens,
-        sm_scale * LOG2E, q.stride(0), q.stride(1), out.stride(0), out.stride(1), plan.max_splits,
+        page_meta_layer, plan.page_ids, plan.work,
+        sm_scale * LOG2E, q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         plan.kv_lens if timing is None else timing,
         **consts,
         TIMING=timing is not None,

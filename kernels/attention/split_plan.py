@@ -1,0 +1,61 @@
+"""How a decode step's contexts are cut into splits, and the work list the decode kernels walk.
+
+Pure torch on the KV device, no sync (the decode plan is recorded into SGLang's CUDA graph): static shapes,
+and every choice is made by tensor ops on ``kv_lens``. decode_plan.py's docstring says why the splits are
+balanced over the batch rather than counted per request.
+"""
+
+from __future__ import annotations
+
+import torch
+
+MIN_SPLIT_TILES = 2  # a split reads at least this many tiles, so its fixed cost stays small
+SPLIT_LENGTH_STEPS = 8  # candidate split lengths per octave (a split at most 9% longer than balance needs)
+SPLIT_LENGTH_OCTAVES = 20  # candidates from MIN_SPLIT_TILES up to 2^20 times that
+WORK_FIELDS = 4  # a work item: (request or -1, first token, end token, the request's first page index)
+
+
+def balanced_splits(tiles: torch.Tensor, pair_slots: int, max_splits: int) -> torch.Tensor:
+    """int64 [B]: each request's split count for ``tiles`` (int64 [B], its context in tiles).
+
+    One split length for the whole batch, the shortest on a geometric ladder (from MIN_SPLIT_TILES tiles)
+    whose splits, at most ``max_splits`` and at least one per request, number ``pair_slots`` or fewer;
+    when even one split each is too many, one split each."""
+    steps = torch.arange(SPLIT_LENGTH_STEPS * SPLIT_LENGTH_OCTAVES, device=tiles.device)
+    ladder = torch.ceil(MIN_SPLIT_TILES * torch.exp2(steps / SPLIT_LENGTH_STEPS)).to(torch.int64)  # [C]
+    need = ((tiles[:, None] + ladder[None, :] - 1) // ladder[None, :]).clamp(1, max_splits).sum(0)  # [C]
+    fits = (need <= pair_slots).to(torch.int32)
+    first = torch.argmax(fits).view(1)  # the first (shortest) length that fits; 0 when none does
+    # index_select, not a Python index: a 0-dim device index must not become a host sync in a CUDA graph
+    length = torch.where(fits.index_select(0, first) > 0, ladder.index_select(0, first), tiles.max().view(1))
+    return ((tiles + length - 1) // length).clamp(1, max_splits)
+
+
+def even_split_tiles(tiles: torch.Tensor, splits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(splits, tiles per split), int64 [B]: ``splits`` evened out within each request, no empty split."""
+    split_tiles = (tiles + splits - 1) // splits
+    return (tiles + split_tiles - 1) // split_tiles, split_tiles
+
+
+def work_items(
+    splits: torch.Tensor,
+    split_tokens: torch.Tensor,
+    kv_lens: torch.Tensor,
+    page_indptr: torch.Tensor,
+    num_pairs: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(work int32 [num_pairs, WORK_FIELDS], pair_start int32 [B]): request b's splits are the work items
+    pair_start[b] .. pair_start[b] + splits[b] - 1, in token order; items past the last split are idle
+    (request -1). ``splits``/``split_tokens``: int64 [B]; ``kv_lens``, ``page_indptr``: int32 [B], [B + 1];
+    ``num_pairs`` must be at least splits.sum() (the plan's static bound)."""
+    batch = splits.numel()
+    cum = torch.cumsum(splits, 0)
+    start = cum - splits
+    pair = torch.arange(num_pairs, device=splits.device, dtype=torch.int64)
+    req = torch.searchsorted(cum, pair, right=True)  # batch for pairs past the last split
+    live = req < batch
+    r = req.clamp(max=batch - 1)
+    first = (pair - start[r]) * split_tokens[r]
+    end = torch.minimum(kv_lens[r].to(torch.int64), first + split_tokens[r])
+    work = torch.stack([torch.where(live, r, -1), first, end, page_indptr[r].to(torch.int64)], 1)
+    return work.to(torch.int32), start.to(torch.int32)

@@ -1,0 +1,83 @@
+"""How the decode plan cuts a batch into splits (kernels/attention/split_plan.py): balanced over the batch, so
+a long request among short ones gets splits in proportion to its length, within the step's work items;
+and the work list covers every request's tokens once, in order."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+from paged_cases import make_case, rel_err, run_both
+
+from zipkv.kernels.attention.decode_plan import plan_decode
+from zipkv.kernels.attention.split_plan import balanced_splits, even_split_tiles, work_items
+from zipkv.kernels.format.layout import PageFormat
+
+CASES = [  # (tiles per request, work items, most splits a request may have, expected splits)
+    ([256] * 8, 16, 128, [2] * 8),  # equal requests: what the wave model gives each
+    ([256] * 8, 8, 128, [1] * 8),
+    ([300] * 100, 66, 128, [1] * 100),  # more requests than items: one split each
+    ([4000], 66, 128, [63]),  # batch 1, 66 items: the ladder's 64 tiles -> 63 splits (59 would need 68)
+    ([4000], 66, 66, [66]),  # capped at what the items allow: 66 splits of 61 tiles
+    ([4000], 66, 8, [8]),  # the per-request cap
+    ([1, 2, 3], 30, 128, [1, 1, 2]),  # a split reads at least MIN_SPLIT_TILES tiles
+]
+
+
+@pytest.mark.parametrize(("tiles", "slots", "cap", "want"), CASES)
+def test_split_counts(tiles: list[int], slots: int, cap: int, want: list[int]) -> None:
+    got = balanced_splits(torch.tensor(tiles), slots, cap)
+    assert got.tolist() == want
+
+
+def test_a_long_request_among_short_ones_gets_splits_in_proportion() -> None:
+    """The Mooncake batch that was slow: one 87k-token request with 17 of 6.4k (tiles of 32 tokens), 54
+    work items (18 requests x the wave model's 3 splits)."""
+    tiles = torch.tensor([2720] + [200] * 17)
+    splits, split_tiles = even_split_tiles(tiles, balanced_splits(tiles, 54, 37))
+    assert int(splits.sum()) <= 54
+    assert int(splits[0]) >= 15 and splits[1:].max() <= 2  # 3 each before: 907 tiles a split for the long one
+    balance = -(-int(tiles.sum()) // 54)  # tiles per item if the work divided perfectly
+    assert int(split_tiles.max()) <= 2.2 * balance  # before: 907 against 114
+
+
+def test_the_work_list_covers_every_token_once_in_order() -> None:
+    lens = torch.tensor([1, 16, 63, 700, 8192, 33], dtype=torch.int32)
+    tiles = (lens.to(torch.int64) + 31) // 32
+    splits, split_tiles = even_split_tiles(tiles, balanced_splits(tiles, 20, 15))
+    pages = (lens + 15) // 16
+    indptr = torch.cat([torch.zeros(1, dtype=torch.int32), pages.cumsum(0).to(torch.int32)])
+    work, start = work_items(splits, split_tiles * 32, lens, indptr, 24)
+    rows = work.tolist()
+    for b, n in enumerate(lens.tolist()):
+        mine = [r for r in rows if r[0] == b]
+        assert mine == rows[int(start[b]) : int(start[b]) + int(splits[b])]  # consecutive, from pair_start
+        assert mine[0][1] == 0 and mine[-1][2] == n
+        assert all(a[2] == c[1] for a, c in itertools.pairwise(mine))  # no gap, no overlap
+        assert all(r[1] < r[2] and r[3] == int(indptr[b]) for r in mine)  # no empty split; the first page
+    assert all(r[0] == -1 for r in rows[int(splits.sum()) :])  # idle items past the last split
+
+
+def test_the_plan_is_static_in_shape_whatever_the_lengths() -> None:
+    """A CUDA graph replays the plan with new lengths: its grid and scratch depend on the batch size only."""
+    fmt = PageFormat(128, 8)
+    shapes = set()
+    for lens in ([8192] * 4, [87000, 16, 2000, 5], [1, 1, 1, 1]):
+        pages = [-(-n // 16) for n in lens]
+        indptr = torch.tensor([0, *torch.tensor(pages).cumsum(0).tolist()], dtype=torch.int32)
+        plan = plan_decode(torch.arange(sum(pages), dtype=torch.int32), indptr,
+                           torch.tensor(lens, dtype=torch.int32), fmt, 32, num_sms=132)  # fmt: skip
+        shapes.add((plan.num_pairs, plan.max_splits, tuple(plan.o_partial.shape), tuple(plan.work.shape)))
+    assert len(shapes) == 1
+
+
+def test_a_skewed_batch_through_the_kernel(device) -> None:  # type: ignore[no-untyped-def]
+    """One long request among short ones, split by the balanced plan: compressed == twin bit for bit, both
+    match the float64 reference, and the long request is cut into more splits than the others."""
+    case = make_case(128, 2, 4, [600, 20, 33, 17], device, raw_fraction=0.2)
+    plan = case.plan(block_n=32, num_sms=4)
+    assert int(plan.num_splits[0]) > int(plan.num_splits[1:].max())
+    packed, twin = run_both(case, plan)
+    assert torch.equal(packed.view(torch.int16), twin.view(torch.int16))
+    assert rel_err(case, packed) < 1e-2
