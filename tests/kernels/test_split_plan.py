@@ -37,9 +37,9 @@ def test_a_long_request_among_short_ones_gets_splits_in_proportion() -> None:
     tiles = torch.tensor([2720] + [200] * 17)
     splits, split_tiles = even_split_tiles(tiles, balanced_splits(tiles, 54, 37))
     assert int(splits.sum()) <= 54
-    assert int(splits[0]) >= 15 and splits[1:].max() <= 2  # 3 each before: 907 tiles a split for the long one
+    assert int(splits[0]) >= 20 and splits[1:].max() <= 2  # 3 each before: 907 tiles a split for the long one
     balance = -(-int(tiles.sum()) // 54)  # tiles per item if the work divided perfectly
-    assert int(split_tiles.max()) <= 2.2 * balance  # before: 907 against 114
+    assert int(split_tiles.max()) <= 1.25 * balance  # 136 against 114; before: 907
 
 
 def test_the_work_list_covers_every_token_once_in_order() -> None:
