@@ -13,7 +13,8 @@
 # folder and `python -m bench.serving.serving_goodput --in FOLDER --device "..." --command "..."` writes
 # bench/results/serving_goodput.json and .png (and `python -m bench.sim.sim_validation` compares the simulation).
 #
-# Env: MIXED_CHUNK=1 (SGLang's enable_mixed_chunk, for every system alike), SYSTEMS (comma-separated),
+# Env: MIXED_CHUNK=1 (SGLang's enable_mixed_chunk, for every system alike), ZIPKV_PREFILL_KERNEL (and
+# zipkv's other kernel choices, stack/options.py: they reach the replica and the record), SYSTEMS (comma-separated),
 # RATES (req/s, default 0.5,1,2,3), REQUESTS per rate (32, the trace's first 32 from OFFSET 0: mean input
 # 13.8k tokens, 9 s of trace; 32 rather than 48 so the three calls take ~23 of a session's 30 device
 # minutes, leaving room for a failed machine start, which costs 1-2), KV_BUDGET_MIB (48576 = 388,608 raw
@@ -114,11 +115,12 @@ for SYSTEM in "${LIST[@]}"; do
     --ready-s "${READY_S:-400}" --deadline-s "$LEFT" --out-dir "$OUT/serving" || RC=$?
   step "$SYSTEM: done (rc $RC)"
 done
-# Replica logs (zipkv): SGLang's own log lines inside the Ray worker.
-for f in $(grep -l "ServeReplica:zipkv" /tmp/ray/session_latest/logs/worker-*.err 2>/dev/null); do tail -n 300 "$f"; done \
+# Replica logs (zipkv): SGLang's own log lines inside the Ray worker (its decode and prefill lines are what
+# step times are read from afterwards: docs/benchmarks.md, "Serving under SLO ... three systems").
+for f in $(grep -l "ServeReplica:zipkv" /tmp/ray/session_latest/logs/worker-*.err 2>/dev/null); do tail -n 4000 "$f"; done \
   >"$OUT/serving/replica_process.log" 2>/dev/null
 python3 -m bench.serving.serving_goodput --in "$OUT/serving" --device "$(cat "$OUT/device.txt")" \
-  --command "$([ "$ENGINE" = reference ] && echo "ENGINE=reference ")$([ "${MIXED_CHUNK:-0}" = 1 ] && echo "MIXED_CHUNK=1 ")REPLICAS=$REPLICAS SYSTEMS=$SYSTEMS RATES=$RATES REQUESTS=$REQUESTS bash bench/run_serving_gpu.sh" \
+  --command "$([ "$ENGINE" = reference ] && echo "ENGINE=reference ")$([ "${MIXED_CHUNK:-0}" = 1 ] && echo "MIXED_CHUNK=1 ")$([ -n "${ZIPKV_PREFILL_KERNEL:-}" ] && echo "ZIPKV_PREFILL_KERNEL=$ZIPKV_PREFILL_KERNEL ")REPLICAS=$REPLICAS SYSTEMS=$SYSTEMS RATES=$RATES REQUESTS=$REQUESTS bash bench/run_serving_gpu.sh" \
   --out "$OUT/serving_goodput.json" | tail -4
 step "total (rc $RC)"
 exit $RC
