@@ -33,8 +33,8 @@ from typing import Any
 from bench.paths import RESULTS
 from bench.router.router_placement import pct
 from bench.router.router_traffic import _cpu_s, _free_port, bench_latency, bench_throughput
+from bench.router.sglang_gateway import gateway_cmd
 from bench.router.standin_sglang import StandInSGLang
-from bench.serving.serving_systems import gateway_cmd
 
 SITE_ENV = "ZIPKV_SGLANG_ROUTER_SITE"
 WARMUP_REQUESTS = 50

@@ -38,10 +38,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bench.router.sglang_gateway import GATEWAY_CHOICES, gateway_cmd
 from bench.serving.sglang_processes import (
-    GATEWAY_CHOICES,
     MODEL_NAME,
-    gateway_cmd,
     server_envs,
     sglang_server_cmd,
     spawn,

@@ -20,7 +20,6 @@ from typing import Any
 from zipkv.stack.local_http import http_get
 
 MODEL_NAME = "llama"  # the name every system serves the model under (the client asks for it)
-GATEWAY_CHOICES = ("random", "round_robin", "cache_aware", "power_of_two", "manual")  # sglang-router 0.3.2
 
 
 def sglang_server_cmd(opts: dict[str, Any], port: int) -> list[str]:
@@ -62,18 +61,6 @@ def sglang_server_cmd(opts: dict[str, Any], port: int) -> list[str]:
 def server_envs(replicas: int, base: dict[str, str]) -> list[dict[str, str]]:
     """The environment of SGLang's server k of `replicas`: device k only, so each owns one GPU."""
     return [{**base, "CUDA_VISIBLE_DEVICES": str(k)} for k in range(replicas)]
-
-
-def gateway_cmd(policy: str, worker_urls: list[str], port: int, metrics_port: int) -> list[str]:
-    """sglang-router 0.3.2 in front of the servers; its retries and circuit breaker stay at their defaults
-    (what a deployment of the gateway gets); its Prometheus metrics on `metrics_port`."""
-    if policy not in GATEWAY_CHOICES:
-        raise ValueError(f"sglang-router 0.3.2 has no policy {policy!r} (it has {GATEWAY_CHOICES})")
-    if not worker_urls:
-        raise ValueError("the gateway needs at least one worker URL")
-    cmd = [sys.executable, "-m", "sglang_router.launch_router", "--host", "127.0.0.1", "--port", str(port)]
-    cmd += ["--prometheus-host", "127.0.0.1", "--prometheus-port", str(metrics_port)]
-    return [*cmd, "--policy", policy, "--worker-urls", *worker_urls]
 
 
 def spawn(cmd: list[str], log: Path, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
