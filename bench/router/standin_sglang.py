@@ -1,6 +1,6 @@
 """A stand-in SGLang server for gateway benchmarks (no model, named as such): what sglang-router 0.3.2 asks of
 a worker (health, server and model info, /generate streaming ``max_new_tokens`` chunks at once), and the
-time each /generate arrived, on this process's clock.
+time each /generate arrived (on this process's clock) with its body.
 
     python -m bench.router.standin_sglang --port P       (a separate process, for throughput)
 """
@@ -18,6 +18,7 @@ from typing import Any
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     arrived_s: list[float]  # set per server class: perf_counter() at each /generate
+    seen: list[dict[str, Any]]  # and each /generate's body
 
     def _send(self, body: bytes, ctype: str) -> None:
         self.send_response(200)
@@ -36,6 +37,7 @@ class _Handler(BaseHTTPRequestHandler):
             self.send_error(404, f"no {self.path} here: the stand-in serves /generate")
             return
         self.arrived_s.append(arrived)
+        self.seen.append(body)
         n = int(body.get("sampling_params", {}).get("max_new_tokens", 1))
         chunks = (
             json.dumps({"text": " t" * (i + 1), "meta_info": {"completion_tokens": i + 1}}) for i in range(n)
@@ -53,7 +55,8 @@ class StandInSGLang:
 
     def __init__(self, port: int = 0) -> None:
         self.arrived_s: list[float] = []
-        handler = type("Handler", (_Handler,), {"arrived_s": self.arrived_s})
+        self.seen: list[dict[str, Any]] = []
+        handler = type("Handler", (_Handler,), {"arrived_s": self.arrived_s, "seen": self.seen})
         self.server = ThreadingHTTPServer(("127.0.0.1", port), handler)
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
         self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)

@@ -1,6 +1,7 @@
-"""sglang-router 0.3.2 in front of two stand-in SGLang workers (plain HTTP servers on this machine): what
-the two-GPU sweep relies on. It forwards /generate's `input_ids` to a worker, refuses a token-id `prompt` on
-/v1/completions, and counts each worker's answers in `smg_worker_cb_outcomes_total`.
+"""sglang-router 0.3.2 in front of two stand-in SGLang workers (bench/router/standin_sglang.py, plain HTTP
+servers on this machine): what the two-GPU sweep relies on. It forwards /generate's `input_ids` to a
+worker, refuses a token-id `prompt` on /v1/completions, and counts each worker's answers in
+`smg_worker_cb_outcomes_total`.
 
 Needs the gateway's wheel installed in a folder (as bench/run_serving_gpu.sh installs it into
 /tmp/routersite: `python -m pip install --no-deps --target DIR sglang_router-0.3.2-*.whl`, plus setproctitle
@@ -12,50 +13,20 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import threading
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from bench.router.standin_sglang import StandInSGLang
 from bench.serving.serving_systems import GATEWAY_PLACEMENTS, gateway_cmd, placements
 from zipkv.stack.local_http import free_port
 
 SITE = os.environ.get("ZIPKV_SGLANG_ROUTER_SITE", "")
-
-
-class _Worker(BaseHTTPRequestHandler):
-    """Answers what the gateway asks of an SGLang server: health, server and model info, /generate."""
-
-    protocol_version = "HTTP/1.1"
-    seen: list[dict[str, Any]]
-
-    def _send(self, body: str, ctype: str = "application/json") -> None:
-        data = body.encode()
-        self.send_response(200)
-        self.send_header("Content-Type", ctype)
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def do_GET(self) -> None:
-        self._send(json.dumps({"model_path": "llama", "is_generation": True}))
-
-    def do_POST(self) -> None:
-        body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))))
-        self.seen.append({"path": self.path, **body})
-        chunks = [{"text": " t1" * (i + 1), "meta_info": {"completion_tokens": i + 1}} for i in range(3)]
-        self._send(
-            "".join(f"data: {json.dumps(c)}\n\n" for c in chunks) + "data: [DONE]\n\n", "text/event-stream"
-        )
-
-    def log_message(self, *args: Any) -> None:
-        pass
 
 
 def _post(url: str, payload: dict[str, Any]) -> tuple[int, str]:
@@ -71,38 +42,28 @@ def _post(url: str, payload: dict[str, Any]) -> tuple[int, str]:
 def gateway() -> Iterator[tuple[str, str, list[list[dict[str, Any]]]]]:
     if not SITE or not (Path(SITE) / "sglang_router").is_dir():
         pytest.skip("set ZIPKV_SGLANG_ROUTER_SITE to a folder with sglang-router 0.3.2 installed")
-    servers, seen = [], []
-    for _ in range(2):
-        log: list[dict[str, Any]] = []
-        handler = type("Worker", (_Worker,), {"seen": log})
-        server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-        threading.Thread(target=server.serve_forever, daemon=True).start()
-        servers.append(server)
-        seen.append(log)
-    urls = [f"http://127.0.0.1:{s.server_address[1]}" for s in servers]
-    port, metrics_port = free_port(), free_port()
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([SITE, os.environ.get("PYTHONPATH", "")])}
-    proc = subprocess.Popen(gateway_cmd("cache_aware", urls, port, metrics_port), env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)  # fmt: skip
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                with urllib.request.urlopen(f"{base}/health", timeout=2) as resp:
-                    if resp.status == 200:
-                        break
-            except OSError:
-                pass
-            assert proc.poll() is None, "the gateway exited"
-            assert time.monotonic() < deadline, "the gateway did not answer /health in 60 s"
-            time.sleep(0.5)
-        yield base, f"http://127.0.0.1:{metrics_port}/metrics", seen
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
-        for s in servers:
-            s.shutdown()
+    with StandInSGLang() as one, StandInSGLang() as two:
+        port, metrics_port = free_port(), free_port()
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([SITE, os.environ.get("PYTHONPATH", "")])}
+        proc = subprocess.Popen(gateway_cmd("cache_aware", [one.url, two.url], port, metrics_port), env=env,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)  # fmt: skip
+        base = f"http://127.0.0.1:{port}"
+        try:
+            deadline = time.monotonic() + 60
+            while True:
+                try:
+                    with urllib.request.urlopen(f"{base}/health", timeout=2) as resp:
+                        if resp.status == 200:
+                            break
+                except OSError:
+                    pass
+                assert proc.poll() is None, "the gateway exited"
+                assert time.monotonic() < deadline, "the gateway did not answer /health in 60 s"
+                time.sleep(0.5)
+            yield base, f"http://127.0.0.1:{metrics_port}/metrics", [one.seen, two.seen]
+        finally:
+            proc.terminate()
+            proc.wait(timeout=10)
 
 
 def test_the_gateway_forwards_input_ids_and_counts_per_worker(
@@ -113,7 +74,7 @@ def test_the_gateway_forwards_input_ids_and_counts_per_worker(
     code, body = _post(f"{base}/generate", {"input_ids": ids, "sampling_params": {"max_new_tokens": 3},
                                             "stream": True})  # fmt: skip
     assert code == 200 and '"completion_tokens": 3' in body
-    got = [r for log in seen for r in log if r["path"] == "/generate"]
+    got = [r for log in seen for r in log]  # the stand-ins keep /generate bodies only
     assert len(got) == 1 and got[0]["input_ids"] == ids
     code, body = _post(f"{base}/v1/completions", {"model": "llama", "prompt": ids, "max_tokens": 3})
     assert code == 422 and "StringOrArray" in body  # why the sweep talks /generate to the gateway
