@@ -32,7 +32,7 @@ from typing import Any
 
 from bench.paths import RESULTS
 from bench.router.router_placement import pct
-from bench.router.router_traffic import _cpu_s, _free_port, bench_latency, bench_throughput
+from bench.router.router_traffic import bench_latency, bench_throughput, free_port, measured_streams
 from bench.router.sglang_gateway import gateway_cmd
 from bench.router.standin_sglang import StandInSGLang
 
@@ -52,9 +52,9 @@ def _body(tokens: int) -> dict[str, Any]:
 
 
 def _start_gateway(site: str, worker_urls: list[str]) -> tuple[subprocess.Popen[Any], str]:
-    port = _free_port()
+    port = free_port()
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([site, os.environ.get("PYTHONPATH", "")])}
-    proc = subprocess.Popen(gateway_cmd(POLICY, worker_urls, port, _free_port()), env=env,
+    proc = subprocess.Popen(gateway_cmd(POLICY, worker_urls, port, free_port()), env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)  # fmt: skip
     return proc, f"http://127.0.0.1:{port}"
 
@@ -109,46 +109,15 @@ def gateway_latency(site: str, n: int) -> dict[str, Any]:
             "added_by_gateway_p50_ms": p50_v - p50_d}  # fmt: skip
 
 
-async def _drive(url: str, concurrency: int, tokens: int, duration_s: float) -> dict[str, Any]:
-    import httpx
-
-    ok = errors = 0
-    stop_at = time.monotonic() + duration_s
-
-    async def one_client(c: httpx.AsyncClient) -> None:
-        nonlocal ok, errors
-        while time.monotonic() < stop_at:
-            try:
-                async with c.stream("POST", url + "/generate", json=_body(tokens)) as resp:
-                    lines = [ln async for ln in resp.aiter_lines() if ln]
-                good = resp.status_code == 200 and lines[-1:] == ["data: [DONE]"] and len(lines) == tokens + 1
-                ok, errors = ok + good, errors + (not good)
-            except httpx.HTTPError:
-                errors += 1
-
-    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
-    async with httpx.AsyncClient(limits=limits, timeout=30) as c:
-        t0 = time.monotonic()
-        await asyncio.gather(*(one_client(c) for _ in range(concurrency)))
-        wall = time.monotonic() - t0
-    return {"concurrency": concurrency, "tokens_per_request": tokens, "seconds": wall, "requests_ok": ok,
-            "errors": errors, "requests_per_s": ok / wall,
-            "streamed_tokens_per_s": ok * tokens / wall}  # fmt: skip
-
-
 def gateway_throughput(site: str, concurrency: int, tokens: int, duration_s: float) -> dict[str, Any]:
-    port = _free_port()
+    port = free_port()
     worker = subprocess.Popen([sys.executable, "-m", "bench.router.standin_sglang", "--port", str(port)])
     proc, url = _start_gateway(site, [f"http://127.0.0.1:{port}"])
     try:
         _wait_healthy(proc, url)
-        asyncio.run(_drive(url, concurrency, tokens, 2.0))  # warm-up
-        cpu0 = _cpu_s(proc.pid)
-        out = asyncio.run(_drive(url, concurrency, tokens, duration_s))
-        cpu = _cpu_s(proc.pid) - cpu0
-        out.update(gateway_cpu_s=cpu, gateway_cpu_share=cpu / out["seconds"],
-                   requests_per_gateway_cpu_s=out["requests_ok"] / cpu if cpu else None)  # fmt: skip
-        return out
+        # SGLang's /generate stream: one chunk per token, then [DONE]
+        return asyncio.run(measured_streams(url + "/generate", _body(tokens), tokens + 1, tokens, concurrency,
+                                            duration_s, proc.pid, "gateway"))  # fmt: skip
     finally:
         for p in (proc, worker):
             p.terminate()

@@ -48,7 +48,7 @@ def _router_config(tmp: Path, http_port: int, grpc_port: int) -> Path:
     return path
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
@@ -172,26 +172,26 @@ async def bench_latency(n: int) -> dict[str, Any]:
     }
 
 
-async def _drive(url: str, concurrency: int, tokens: int, duration_s: float) -> dict[str, Any]:
+async def drive_streams(
+    url: str, body: dict[str, Any], good_lines: int, tokens: int, concurrency: int, duration_s: float
+) -> dict[str, Any]:
+    """`concurrency` clients POST `body` to `url` back to back for `duration_s`, each stream read whole: a
+    request is good when it answers 200 with `good_lines` non-empty lines, the last `data: [DONE]`; any other
+    answer, or a transport error, is an error. Shared by zipkv's router and SGLang's gateway benches."""
     import httpx
 
-    body = {"model": MODEL, "prompt": "hello", "max_tokens": tokens, "stream": True}
-    ok = errors = streamed = 0
+    ok = errors = 0
     stop_at = time.monotonic() + duration_s
     limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
 
     async def one_client(c: httpx.AsyncClient) -> None:
-        nonlocal ok, errors, streamed
+        nonlocal ok, errors
         while time.monotonic() < stop_at:
             try:
-                async with c.stream("POST", url + "/v1/completions", json=body) as resp:
+                async with c.stream("POST", url, json=body) as resp:
                     lines = [ln async for ln in resp.aiter_lines() if ln]
-                n_tok = len(lines) - 2  # minus the finish chunk and [DONE]
-                if resp.status_code == 200 and lines[-1] == "data: [DONE]" and n_tok == tokens:
-                    ok += 1
-                    streamed += n_tok
-                else:
-                    errors += 1
+                good = resp.status_code == 200 and lines[-1:] == ["data: [DONE]"] and len(lines) == good_lines
+                ok, errors = ok + good, errors + (not good)
             except httpx.HTTPError:
                 errors += 1
 
@@ -206,11 +206,28 @@ async def _drive(url: str, concurrency: int, tokens: int, duration_s: float) -> 
         "requests_ok": ok,
         "errors": errors,
         "requests_per_s": ok / wall,
-        "streamed_tokens_per_s": streamed / wall,
+        "streamed_tokens_per_s": ok * tokens / wall,
     }
 
 
-def _cpu_s(pid: int) -> float:
+async def measured_streams(
+    url: str, body: dict[str, Any], good_lines: int, tokens: int, concurrency: int, duration_s: float,
+    pid: int, label: str,
+) -> dict[str, Any]:  # fmt: skip
+    """`drive_streams` after a warm-up, with the CPU seconds process `pid` (the `label`: router, gateway)
+    spent. The machine is shared: requests per CPU-second of that process does not depend on how much of a
+    core the other tenants left it."""
+    await drive_streams(url, body, good_lines, tokens, concurrency, THROUGHPUT_WARMUP_S)
+    cpu0_s = cpu_s(pid)
+    out = await drive_streams(url, body, good_lines, tokens, concurrency, duration_s)
+    used_s = cpu_s(pid) - cpu0_s
+    out[f"{label}_cpu_s"] = used_s
+    out[f"{label}_cpu_share"] = used_s / out["seconds"]
+    out[f"requests_per_{label}_cpu_s"] = out["requests_ok"] / used_s if used_s else None
+    return out
+
+
+def cpu_s(pid: int) -> float:
     """User + system CPU seconds of a process (Linux /proc)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
@@ -236,22 +253,15 @@ def _start_processes(http_port: int, grpc_port: int) -> tuple[subprocess.Popen[A
 
 
 async def bench_throughput(concurrency: int, tokens: int, duration_s: float) -> dict[str, Any]:
-    http_port, grpc_port = _free_port(), _free_port()
+    http_port, grpc_port = free_port(), free_port()
     router, worker = _start_processes(http_port, grpc_port)
     try:
         url = f"http://127.0.0.1:{http_port}"
         await _wait_ready(url)
-        await _drive(url, concurrency, tokens, THROUGHPUT_WARMUP_S)
-        cpu0_s = _cpu_s(router.pid)
-        out = await _drive(url, concurrency, tokens, duration_s)
-        cpu_s = _cpu_s(router.pid) - cpu0_s
-        # The machine is shared: requests per CPU-second of the router process does not depend on how
-        # much of a core the other tenants left it.
-        out.update(
-            router_cpu_s=cpu_s,
-            router_cpu_share=cpu_s / out["seconds"],
-            requests_per_router_cpu_s=out["requests_ok"] / cpu_s,
-        )
+        # the OpenAI stream: one chunk per token, the finish chunk, then [DONE]
+        body = {"model": MODEL, "prompt": "hello", "max_tokens": tokens, "stream": True}
+        out = await measured_streams(url + "/v1/completions", body, tokens + 2, tokens, concurrency,
+                                     duration_s, router.pid, "router")  # fmt: skip
         return out
     finally:
         for p in (router, worker):

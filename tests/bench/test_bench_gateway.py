@@ -1,6 +1,6 @@
 """bench/router/bench_gateway.py's parts that run without the gateway's wheel: the stand-in SGLang server
-streams what was asked and stamps arrivals; the load driver counts whole streams as good and short ones as
-errors."""
+streams what was asked and stamps arrivals; the load driver (router_traffic.drive_streams, shared with
+zipkv's router bench) counts whole streams as good and anything else as errors."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ import asyncio
 
 import httpx
 
-from bench.router.bench_gateway import _body, _drive, _sequential_ms
+from bench.router.bench_gateway import _body, _sequential_ms
+from bench.router.router_traffic import drive_streams
 from bench.router.standin_sglang import StandInSGLang
 
 
@@ -23,8 +24,13 @@ def test_the_standin_streams_the_tokens_asked_and_stamps_arrivals() -> None:
 
 def test_the_driver_counts_whole_streams() -> None:
     with StandInSGLang() as worker:
-        got = asyncio.run(_drive(worker.url, concurrency=2, tokens=4, duration_s=0.5))
+        url = worker.url + "/generate"
+        got = asyncio.run(drive_streams(url, _body(4), 5, 4, concurrency=2, duration_s=0.5))
         assert got["requests_ok"] > 0 and got["errors"] == 0
         assert got["requests_ok"] == len(worker.arrived_s)
-        bad = asyncio.run(_drive(worker.url + "/nowhere", concurrency=1, tokens=4, duration_s=0.2))
+        short = asyncio.run(drive_streams(url, _body(4), 6, 4, concurrency=1, duration_s=0.2))  # a line short
+        assert short["requests_ok"] == 0 and short["errors"] > 0
+        bad = asyncio.run(
+            drive_streams(worker.url + "/nowhere", _body(4), 5, 4, concurrency=1, duration_s=0.2)
+        )
         assert bad["requests_ok"] == 0 and bad["errors"] > 0
