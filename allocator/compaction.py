@@ -67,10 +67,26 @@ def layer_order(table: ChunkTable, cands: np.ndarray, max_layers: int) -> list[i
     return np.argsort(-per_layer, kind="stable")[:top].tolist()  # type: ignore[no-any-return]
 
 
-def _select(table: ChunkTable, layer: int, chunks: np.ndarray) -> tuple[np.ndarray, int]:
-    """The prefix of ``chunks`` (fewest live first) that frees the most chunks; and new chunks it needs."""
+def _select(
+    table: ChunkTable,
+    layer: int,
+    chunks: np.ndarray,
+    chunk_pages: np.ndarray,
+    max_pages: int,
+    max_new_chunks: int,
+) -> tuple[np.ndarray, int]:
+    """The prefix of ``chunks`` (fewest live first) that frees the most chunks while moving at most
+    ``max_pages`` pages (``chunk_pages``: live pages of each of ``chunks``) into at most ``max_new_chunks``
+    new chunks; and the new chunks it needs. Both bounds cut the prefix rather than drop the layer: on a
+    full pool whose dead bytes are spread over every chunk, the best move may need more new chunks than
+    are free or more pages than a pass moves, while a shorter one frees a chunk and makes room for the
+    next (before, nothing moved, and a reclaim under pressure found no room however much it evicted)."""
     live = table.chunk_live[chunks]
     order = np.argsort(live, kind="stable")
+    within = int(np.searchsorted(np.cumsum(chunk_pages[order]), max_pages, side="right"))
+    order = order[:within]
+    if order.size == 0:
+        return chunks[:0], 0
     chunks, total = chunks[order], np.cumsum(live[order])
     # A page never straddles chunks, so a tail of r units takes at least r - raw + 1 units of moved pages
     # and a new chunk at least cu - raw + 1: an upper bound on the new chunks the move takes. Tails of
@@ -79,7 +95,7 @@ def _select(table: ChunkTable, layer: int, chunks: np.ndarray) -> tuple[np.ndarr
     rooms = np.array([c for c in table.log_rooms[layer] if c not in emptied], dtype=I64)
     tails = int(np.maximum(table.cu - table.chunk_bump[rooms] - table.raw + 1, 0).sum())
     need = -(-np.maximum(total - tails, 0) // (table.cu - table.raw + 1))
-    gain = np.arange(1, chunks.size + 1) - need
+    gain = np.where(need <= max_new_chunks, np.arange(1, chunks.size + 1) - need, 0)
     best = int(np.argmax(gain))
     if gain[best] <= 0:
         return chunks[:0], 0
@@ -93,15 +109,22 @@ def plan_layer(
     page_chunk: np.ndarray,
     page_units: np.ndarray,
     page_state: np.ndarray,
+    max_pages: int,
 ) -> LayerMove | None:
-    """The move that empties the most of ``layer``'s candidate chunks (None: none pays or is affordable).
-    ``page_chunk`` and ``page_units`` are the layer's rows of the ledger's tables."""
-    chunks, new_chunks = _select(table, layer, cands[table.chunk_owner[cands] == layer])
-    if chunks.size == 0:
+    """The move of at most ``max_pages`` pages that empties the most of ``layer``'s candidate chunks (None:
+    none pays or is affordable). ``page_chunk`` and ``page_units`` are the layer's rows of the ledger's
+    tables."""
+    mine = cands[table.chunk_owner[cands] == layer]
+    if mine.size == 0:
         return None
+    # pages of each chunk (page_chunk is -1 for a page not placed in this layer's chunks)
+    per_chunk = np.bincount(page_chunk[page_chunk >= 0], minlength=table.cfg.num_chunks)[mine]
+    chunks, new_chunks = _select(table, layer, mine, per_chunk, max_pages, table.cfg.num_chunks)
     need = np.zeros(table.cfg.num_layers, dtype=I64)
     need[layer] = new_chunks
-    if not chunks_affordable(table, need):
+    if chunks.size and not chunks_affordable(table, need):  # the best move does not fit: the best that does
+        chunks, _ = _select(table, layer, mine, per_chunk, max_pages, _affordable_new_chunks(table, layer))
+    if chunks.size == 0:
         return None
     selected = np.zeros(table.cfg.num_chunks + 1, dtype=bool)  # the extra entry answers page_chunk == -1
     selected[chunks] = True
@@ -109,6 +132,20 @@ def plan_layer(
     if np.any(page_state[pages] != PageState.COMPRESSED):
         raise AssertionError("compaction picked a page whose size is not known (internal)")
     return _pack(table, layer, pages, chunks, page_units[pages])
+
+
+def _affordable_new_chunks(table: ChunkTable, layer: int) -> int:
+    """Most new chunks ``layer`` can take now and still honour every reservation (monotone: bisected)."""
+    need = np.zeros(table.cfg.num_layers, dtype=I64)
+    lo, hi = 0, table.cfg.num_chunks
+    while lo < hi:
+        need[layer] = mid = (lo + hi + 1) // 2
+        if chunks_affordable(table, need):
+            lo = mid
+        else:
+            hi = mid - 1
+    need[layer] = lo
+    return lo if chunks_affordable(table, need) else -1
 
 
 def _pack(

@@ -35,6 +35,9 @@ from zipkv.allocator.plans import (
 )
 
 I64 = np.int64
+# (layer, page) pairs one compaction pass moves at most: bounds a pass's device copy and host planning.
+# Read at call time, so a test can make it bind on a small pool.
+COMPACTION_MAX_PAGES = 2048
 
 __all__ = ["Ledger", "LedgerConfig"]
 
@@ -92,7 +95,7 @@ class Ledger(PageTable):
         self._fit = None
 
     def plan_compaction(
-        self, max_pages: int = 2048, max_layers: int = 1, live_fraction: float | None = None
+        self, max_pages: int | None = None, max_layers: int = 1, live_fraction: float | None = None
     ) -> MovePlan | None:
         """Plan moves for at most ``max_pages`` (layer, page) pairs in at most ``max_layers`` layers (those
         with the most candidate chunks first); updates the host tables at once.
@@ -103,17 +106,17 @@ class Ledger(PageTable):
         cands = compaction.candidates(self, live_fraction)
         if cands.size == 0:
             return None
-        parts, budget = [], max_pages
+        parts, budget = [], COMPACTION_MAX_PAGES if max_pages is None else max_pages
         for layer in compaction.layer_order(self, cands, max_layers):
             move = compaction.plan_layer(
-                self, layer, cands, self.page_chunk[layer], self.page_units[layer], self.page_state
+                self, layer, cands, self.page_chunk[layer], self.page_units[layer], self.page_state, budget
             )
             if move is None:
                 continue
-            if move.pages.size > budget:
-                break
             budget -= move.pages.size
             parts.append(self._apply_move(move))
+            if budget <= 0:
+                break
         return compaction.move_plan(parts) if parts else None
 
     def _apply_move(self, move: LayerMove) -> tuple[LayerMove, np.ndarray, np.ndarray, np.ndarray]:

@@ -12,6 +12,7 @@ import pytest
 from alloc_helpers import FenceLog, ManualFence, encode_with, ledger
 
 from zipkv.allocator.audit import check
+from zipkv.allocator.ledger import Ledger
 from zipkv.allocator.plans import ChunkKind, CompletedFence, OutOfPages, PageState
 
 RAW = 16  # units of a raw page in these tests; 4 raw pages per 64-unit chunk
@@ -164,6 +165,43 @@ def test_compaction_moves_live_pages_and_frees_chunks() -> None:
     assert led.headroom_pages() > fit_before
     moved = led.page_unit[plan.layers, plan.pages]
     assert (moved == plan.dst_units).all() and (before != led.page_unit[:, keep]).any()
+
+
+def _two_in_three_dead() -> tuple[Ledger, np.ndarray]:
+    """Two layers of compressed pages of 12 units (5 to a 64-unit chunk), two in three then freed."""
+    led = ledger(layers=2, chunks=24, max_pages=128)
+    ids, _ = led.allocate(32)
+    led.mark_full(ids)
+    while led.full_queue:
+        encode_with(led, lambda p: np.full(p.size, 12))
+        led.poll()
+    led.free(ids[::3].tolist() + ids[1::3].tolist())
+    return led, ids[2::3]
+
+
+def test_compaction_within_a_page_budget_moves_part_of_a_larger_move() -> None:
+    """A pass's page budget smaller than a layer's best move: the pass moves the part that fits and frees
+    chunks with it, and passes repeated within the budget free as many chunks as one unbounded pass.
+    (The budget once dropped such a layer whole: nothing moved, and a reclaim under pressure found no room
+    however much of the prefix cache it evicted.)"""
+    whole, _ = _two_in_three_dead()
+    plan = whole.plan_compaction()
+    assert plan is not None and plan.pages.size > 3, "the case needs a move larger than the budget"
+    whole.moved(plan)
+    whole.poll()
+    led, _ = _two_in_three_dead()
+    log_chunks = int((led.chunk_kind == ChunkKind.LOG).sum())
+    passes = 0
+    while (move := led.plan_compaction(max_pages=3, max_layers=2)) is not None:
+        assert move.pages.size <= 3
+        led.moved(move)
+        led.poll()
+        check(led)
+        passes += 1
+    after = int((led.chunk_kind == ChunkKind.LOG).sum())
+    assert passes > 1 and after < log_chunks
+    assert after <= int((whole.chunk_kind == ChunkKind.LOG).sum())
+    assert led.headroom_pages() >= whole.headroom_pages()
 
 
 def test_reservations_are_honoured() -> None:

@@ -14,6 +14,7 @@ import pytest
 import torch
 from test_sglang_pool import FMT, FMT_V3, fill, make
 
+from zipkv.allocator import ledger as ledger_module
 from zipkv.kernels.format.layout import PAGE_TOKENS, PageFormat
 from zipkv.worker.engines.sglang.allocator import ZipkvAllocator
 from zipkv.worker.engines.sglang.reclaim import PrefixCache, overcount_tokens
@@ -216,5 +217,48 @@ def test_random_arrivals_within_the_admission_promise_always_allocate(seed: int,
         else:
             alloc.free(out)  # finished, not cached
     assert admitted > 30 and cache.evicted_tokens > 0
+    leak, msg = alloc.idle_check(cache.evictable_tokens(), 0, 0, 0)
+    assert not leak, msg
+
+
+def interleaved_pool(fmt: PageFormat = FMT) -> tuple[ZipkvAllocator, LruPrefixCache, list[torch.Tensor]]:
+    """Two requests prefilled a page at a time, turn about, so their compressed pages share chunks: one
+    finishes into the prefix cache, the other stays running. Until the next page no longer fits."""
+    alloc = make(raw_tokens=96 * PAGE_TOKENS, fmt=fmt)
+    cache = LruPrefixCache(alloc)
+    live: list[torch.Tensor] = []
+    for i in range(1000):
+        out = prefill(alloc, PAGE_TOKENS, seed=i)
+        if out is None:
+            break
+        if i % 2 == 0:
+            cache.entries.append(out)
+        else:
+            live.append(out)
+    assert len(cache.entries) >= 8 and len(live) >= 8
+    return alloc, cache, live
+
+
+@pytest.mark.parametrize("pass_pages", [4, None], ids=["pass-bound-binds", "default-pass-bound"])
+def test_reclaim_makes_room_when_evicted_pages_share_chunks_with_running_ones(
+    pass_pages: int | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Evicting frees no chunk by itself here: every chunk keeps running pages, so the room has to come from
+    # compaction, on a pool whose free chunks are fewer than the best move needs, and (first case) with a
+    # pass bound below a layer's best move (as 2,048 pages is on a full 8B pool). Before, such a layer
+    # moved nothing and SGLang's scheduler died with "Prefill out of memory" (the H100 trace sweep).
+    if pass_pages is not None:
+        monkeypatch.setattr(ledger_module, "COMPACTION_MAX_PAGES", pass_pages)
+    alloc, cache, live = interleaved_pool()
+    alloc.prefix_cache = cache.hooks()
+    cached_pages = cache.evictable_tokens() // PAGE_TOKENS
+    want = (alloc.headroom_pages() + cached_pages // 3) * PAGE_TOKENS  # well within evicting it all
+    out = sglang_alloc(alloc, cache, want)
+    assert out is not None and out.numel() == want
+    assert alloc.pool.compacted_pages > 0, "the room must have come through compaction"
+    assert cache.evictable_tokens() > 0, "it should not have had to evict the whole cache"
+    alloc.free(out)
+    for slots in live:
+        alloc.free(slots)
     leak, msg = alloc.idle_check(cache.evictable_tokens(), 0, 0, 0)
     assert not leak, msg

@@ -12,8 +12,9 @@ Two parts, both active only while a radix cache is wired in (`PrefixCache`):
 - `overcount_tokens`: what ``available_size()`` holds back so that SGLang's available + evictable never
   promises more than evicting can give (a quarter of the evictable tokens, whole pages), except the pages
   the next decode step needs (allocator.py: SGLang's decode check evicts only its shortfall);
-- `reclaim`: when an allocation finds no room, evict more of the cache, let the pool apply the frees and
-  compact, wait for the device, and look again; a few rounds, then give up (the allocation fails as before).
+- `reclaim`: when an allocation finds no room, evict more of the cache (doubling each round), let the pool
+  apply the frees and compact, wait for the device, and look again; a few rounds, then give up (the
+  allocation fails as before).
 No sglang import: seams.py wires a `PrefixCache` over the scheduler's tree cache.
 """
 
@@ -26,7 +27,8 @@ from typing import Protocol
 from zipkv.allocator import PagePool
 from zipkv.kernels.format.layout import PAGE_TOKENS, PageFormat
 
-RECLAIM_ROUNDS = 6
+RECLAIM_ROUNDS = 8  # evicting up to 255x the first round's shortfall
+RECLAIM_COMPACTION_PASSES = 64  # per round; each pass moves at most ledger.COMPACTION_MAX_PAGES pages
 RECLAIM_LIVE_FRACTION = 0.99  # under pressure, compact any chunk whose dead bytes could make room
 
 
@@ -64,28 +66,37 @@ def overcount_tokens(evictable_tokens: int, fmt: PageFormat) -> int:
 
 
 def reclaim(alloc: Reclaimer, cache: PrefixCache, need_pages: int) -> bool:
-    """Make room for ``need_pages`` new pages from the prefix cache; True once they fit."""
+    """Make room for ``need_pages`` new pages from the prefix cache; True once they fit.
+
+    Each round evicts twice what the round before did: evicted pages that share chunks with live ones give
+    their bytes back only through compaction, so the shortfall alone can leave the pool short round after
+    round (seen on the H100 trace sweep: "Prefill out of memory" with 340k evictable tokens left)."""
     share_num, share_den = min_stored_share(alloc.pool.fmt)
+    scale = 1
     for _ in range(RECLAIM_ROUNDS):
         fit = alloc.headroom_pages()
         if fit >= need_pages:
             return True
-        # evict enough that even fully compressed pages cover the shortfall
-        want_tokens = -(-(need_pages - fit) * share_den // share_num) * PAGE_TOKENS
+        # evict enough that even fully compressed pages cover the shortfall, times the round's scale
+        want_tokens = -(-(need_pages - fit) * share_den // share_num) * PAGE_TOKENS * scale
         evicted = cache.evict_tokens(want_tokens) if cache.evictable_tokens() > 0 else 0
         alloc.drain(block=True)  # the evicted pages' frees land in the pool
-        moved = _compact(alloc)  # waits for the device: drained chunks and moves are taken in
+        moved = _compact(alloc, need_pages)  # waits for the device: drained chunks and moves are taken in
         if evicted == 0 and moved == 0:
             break
+        scale *= 2
     return alloc.headroom_pages() >= need_pages
 
 
-def _compact(alloc: Reclaimer) -> int:
-    """Compact all layers until a pass moves nothing (a pass moves a bounded number of pages), waiting
-    for the device after each pass; returns the pages moved."""
+def _compact(alloc: Reclaimer, need_pages: int) -> int:
+    """Compact all layers until ``need_pages`` fit or a pass moves nothing (a pass moves a bounded number
+    of pages, ledger.COMPACTION_MAX_PAGES), waiting for the device after each pass; returns the pages
+    moved."""
     layers = alloc.pool.num_layers
     total = 0
-    for _ in range(4):
+    for _ in range(RECLAIM_COMPACTION_PASSES):
+        if alloc.headroom_pages() >= need_pages:
+            break
         moved = alloc.pool.compact(max_layers=layers, live_fraction=RECLAIM_LIVE_FRACTION)
         alloc.pool.settle()
         total += moved
