@@ -21,13 +21,17 @@ from zipkv.worker.engines.sglang.flashinfer_prefill import (
     PrefixPages,
     merge_lse,
     prefill_kernel_choice,
+    resolve_prefill_kernel,
 )
 
 
 def test_the_choice_is_validated() -> None:
-    assert prefill_kernel_choice({}) == "triton"
+    assert prefill_kernel_choice({}) == "auto"
+    assert prefill_kernel_choice({PREFILL_KERNEL_ENV: "triton"}) == "triton"
     assert prefill_kernel_choice({PREFILL_KERNEL_ENV: " FlashInfer "}) == "flashinfer"
-    with pytest.raises(ValueError, match="ZIPKV_PREFILL_KERNEL='fast': expected one of triton, flashinfer"):
+    with pytest.raises(
+        ValueError, match="ZIPKV_PREFILL_KERNEL='fast': expected one of auto, triton, flashinfer"
+    ):
         prefill_kernel_choice({PREFILL_KERNEL_ENV: "fast"})
 
 
@@ -45,6 +49,18 @@ def test_the_backend_refuses_a_malformed_choice_at_start(monkeypatch: pytest.Mon
     monkeypatch.setenv(PREFILL_KERNEL_ENV, "fast")
     with pytest.raises(ValueError, match="ZIPKV_PREFILL_KERNEL='fast'"):
         ZipkvAttention(kv, alloc, r2t, HQ, True, extend_twin)
+
+
+def test_auto_takes_flashinfer_only_on_a_cuda_device_that_has_it() -> None:
+    table = [
+        ("auto", "cuda", True, "flashinfer"),
+        ("auto", "cuda", False, "triton"),
+        ("auto", "cpu", True, "triton"),
+        ("triton", "cuda", True, "triton"),
+        ("flashinfer", "cpu", False, "flashinfer"),  # explicit: kept, and fails loudly if it cannot run
+    ]
+    for choice, device_type, have, want in table:
+        assert resolve_prefill_kernel(choice, device_type, have) == want, (choice, device_type, have)
 
 
 def test_flashinfer_missing_says_what_to_do(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -8,17 +8,20 @@ No sglang import here: `seams` subclasses SGLang's ``AttentionBackend`` and ``KV
   ``req_to_token`` in a padded layout (``max_pages`` per request, ``page_indptr = b * max_pages``) so that its
   shape is static and the whole plan is recorded into SGLang's decode CUDA graph. ``compressed=False`` is the
   uncompressed twin: the same kernel source reading every page as raw.
-- **Extend** (prefill, chunked prefill, prefix hits): attention for the new tokens with SGLang's Triton extend
-  kernel, or with ``ZIPKV_PREFILL_KERNEL=flashinfer`` FlashInfer's ragged and paged prefill
-  (flashinfer_prefill.py); a prefix (chunked prefill, radix hit) is restored from its pages into a scratch
-  buffer first, or, with ``ZIPKV_EXTEND_KERNEL=fused``, read from its pages inside zipkv's extend kernel
-  (kernels/attention/extend.py: compressed tiles restored in registers, no scratch copy).
+- **Extend** (prefill, chunked prefill, prefix hits): attention for the new tokens with FlashInfer's ragged
+  and paged prefill (flashinfer_prefill.py; the default on a CUDA device with flashinfer installed), or with
+  ``ZIPKV_PREFILL_KERNEL=triton`` SGLang's Triton extend kernel; a prefix (chunked prefill, radix hit) is
+  restored from its pages into a scratch buffer first, or, with ``ZIPKV_EXTEND_KERNEL=fused``, read from its
+  pages inside zipkv's extend kernel (kernels/attention/extend.py: compressed tiles restored in registers,
+  no scratch copy).
 - **Compression**: at the start of every forward step, `ZipkvAllocator.compress_step` marks the pages the
   previous step filled and runs the pool's step (one encode launch for all of them, all layers).
 """
 
 from __future__ import annotations
 
+import importlib.util
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -31,12 +34,24 @@ from zipkv.worker.engines.sglang.flashinfer_prefill import (
     FlashInferPrefill,
     PrefixPages,
     prefill_kernel_choice,
+    resolve_prefill_kernel,
 )
 from zipkv.worker.engines.sglang.kvstore import ZipkvKV
 from zipkv.worker.engines.sglang.slots import to_device
 
 if TYPE_CHECKING:  # the kernels import Triton: loaded on first use
     from zipkv.kernels.attention.extend import ExtendPlan
+
+
+def _have_module(name: str) -> bool:
+    """Whether ``import name`` would find the module, without importing it (one already imported counts;
+    a module set to None in sys.modules, as tests do to hide one, does not)."""
+    if name in sys.modules:
+        return sys.modules[name] is not None
+    try:
+        return importlib.util.find_spec(name) is not None
+    except ValueError:
+        return False
 
 
 @dataclass(frozen=True)
@@ -119,8 +134,10 @@ class ZipkvAttention:
     def _flashinfer_prefill(
         num_q_heads: int, fmt: PageFormat, device: torch.device
     ) -> FlashInferPrefill | None:
-        """FlashInfer's prefill for every extend when $ZIPKV_PREFILL_KERNEL asks for it."""
-        if prefill_kernel_choice() != "flashinfer":
+        """FlashInfer's prefill for every extend, unless $ZIPKV_PREFILL_KERNEL says ``triton`` or ``auto``
+        finds no CUDA device or no flashinfer package (flashinfer_prefill.resolve_prefill_kernel)."""
+        have = _have_module("flashinfer")
+        if resolve_prefill_kernel(prefill_kernel_choice(), device.type, have) != "flashinfer":
             return None
         return FlashInferPrefill(num_q_heads, fmt.num_kv_heads, fmt.head_dim, device)
 
