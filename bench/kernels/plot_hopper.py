@@ -13,6 +13,7 @@ from matplotlib.figure import Figure
 # (row field, label, colour): the times each benchmark row holds
 SERIES = (
     ("zipkv_us", "zipkv Hopper kernel, v3 pages", "#d62728"),
+    ("zipkv_32_2_4_us", "zipkv Hopper kernel, v3 pages, one split count per request (max 4)", "#9467bd"),
     ("zipkv_raw_pages_us", "zipkv Hopper kernel, raw pages", "#ff9896"),
     ("read_floor_stored_us", "read floor of the stored bytes", "#7f7f7f"),
 )
@@ -28,16 +29,25 @@ def speed_rows(rows: list[dict[str, Any]]) -> list[tuple[str, dict[str, float]]]
         if not base:
             continue
         speeds = {label: base / r[key] for key, label, _ in SERIES if r.get(key)}
-        out.append((f"{r['batch']} x {r['ctx']}", speeds))
+        out.append((shape_label(r), speeds))
     return out
+
+
+def shape_label(row: dict[str, Any]) -> str:
+    """``batch x context`` for a uniform batch; a skewed one (``1x87040+17x6400``: ``ctx`` is the longest)
+    by its requests, longest request and total KV tokens."""
+    if row["batch"] * row["ctx"] == row.get("kv_tokens", row["batch"] * row["ctx"]):
+        return f"{row['batch']} x {row['ctx']}"
+    return f"{row['batch']} reqs, longest {row['ctx'] // 1000}k,\n{row['kv_tokens'] // 1000}k tokens"
 
 
 def hopper_figure(data: dict[str, Any]) -> Figure:
     shapes = speed_rows(data["rows"])
-    fig, ax = plt.subplots(figsize=(10, 4.2))
-    width = 0.8 / len(SERIES)
-    for i, (_, label, color) in enumerate(SERIES):
-        xs = [j + (i - (len(SERIES) - 1) / 2) * width for j in range(len(shapes))]
+    series = [s for s in SERIES if any(s[1] in speeds for _, speeds in shapes)]  # those this run timed
+    fig, ax = plt.subplots(figsize=(11, 4.8))
+    width = 0.8 / len(series)
+    for i, (_, label, color) in enumerate(series):
+        xs = [j + (i - (len(series) - 1) / 2) * width for j in range(len(shapes))]
         speeds = [s.get(label, 0.0) for _, s in shapes]
         ax.bar(xs, [min(v, SPEED_CAP) for v in speeds], width, label=label, color=color)
         for x, v in zip(xs, speeds, strict=True):
@@ -45,11 +55,11 @@ def hopper_figure(data: dict[str, Any]) -> Figure:
                 ax.annotate(f"{v:.1f}x", (x, SPEED_CAP), ha="center", va="bottom", fontsize=7, rotation=90)
     ax.axhline(1.0, color="#1f77b4", lw=1.5, label="FlashInfer (tensor cores), raw pages")
     ax.set_ylim(0, SPEED_CAP * 1.15)
-    ax.set_xticks(range(len(shapes)), [name for name, _ in shapes])
+    ax.set_xticks(range(len(shapes)), [name for name, _ in shapes], fontsize=8)
     ax.set_xlabel("batch x context (tokens)")
     ax.set_ylabel("speed relative to FlashInfer")
     ax.set_title(f"Decode attention on page format v3: {data.get('device', '')}, {data.get('date', '')[:10]}")
-    ax.legend(fontsize=8, loc="upper left")
+    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2)
     ax.grid(axis="y", alpha=0.3)
     fig.tight_layout()
     return fig

@@ -30,6 +30,7 @@ def test_one_command_renders_every_picture_from_the_committed_results(tmp_path: 
         "trace_timeline.png",
         "decode_hopper.png",
         "decode_hopper_h100.png",
+        "decode_hopper_h100_skewed.png",
         "decode_hopper_timeline.png",
     }
     for path in tmp_path.glob("*.png"):
@@ -43,6 +44,7 @@ def test_one_command_renders_every_picture_from_the_committed_results(tmp_path: 
         "trace_timeline.png",
         "decode_hopper.png",
         "decode_hopper_h100.png",
+        "decode_hopper_h100_skewed.png",
         "decode_hopper_timeline.png",
     ):
         assert (REPO / "docs" / "img" / name).is_file(), name
