@@ -143,7 +143,9 @@ def test_refund_rolls_the_bump_pointer_back_and_tails_are_reused() -> None:
     check(led)
 
 
-def test_compaction_moves_live_pages_and_frees_chunks() -> None:
+def _two_in_three_dead() -> tuple[Ledger, np.ndarray]:
+    """Two layers of compressed pages of 12 units (5 to a 64-unit chunk), two in three then freed; returns
+    the ledger and the pages still live."""
     led = ledger(layers=2, chunks=24, max_pages=128)
     ids, _ = led.allocate(32)
     led.mark_full(ids)
@@ -151,10 +153,14 @@ def test_compaction_moves_live_pages_and_frees_chunks() -> None:
         encode_with(led, lambda p: np.full(p.size, 12))
         led.poll()
     led.free(ids[::3].tolist() + ids[1::3].tolist())  # two pages in three die
+    return led, ids[2::3]
+
+
+def test_compaction_moves_live_pages_and_frees_chunks() -> None:
+    led, keep = _two_in_three_dead()
     check(led)
     log_chunks = int((led.chunk_kind == ChunkKind.LOG).sum())
     fit_before = led.headroom_pages()
-    keep = ids[2::3]
     before = led.page_unit[:, keep].copy()
     plan = led.plan_compaction()
     assert plan is not None and plan.pages.size > 0
@@ -165,18 +171,6 @@ def test_compaction_moves_live_pages_and_frees_chunks() -> None:
     assert led.headroom_pages() > fit_before
     moved = led.page_unit[plan.layers, plan.pages]
     assert (moved == plan.dst_units).all() and (before != led.page_unit[:, keep]).any()
-
-
-def _two_in_three_dead() -> tuple[Ledger, np.ndarray]:
-    """Two layers of compressed pages of 12 units (5 to a 64-unit chunk), two in three then freed."""
-    led = ledger(layers=2, chunks=24, max_pages=128)
-    ids, _ = led.allocate(32)
-    led.mark_full(ids)
-    while led.full_queue:
-        encode_with(led, lambda p: np.full(p.size, 12))
-        led.poll()
-    led.free(ids[::3].tolist() + ids[1::3].tolist())
-    return led, ids[2::3]
 
 
 def test_compaction_within_a_page_budget_moves_part_of_a_larger_move() -> None:
