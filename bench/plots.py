@@ -11,8 +11,9 @@
 - admission.png: bench/results/admission.json (the allocator at Llama-3.1-8B shapes) and
   admission_e2e.json (the reference engine's admission against its KV budget).
 - decode_hopper.png, decode_hopper_h100.png: bench/results/decode_hopper.json (H200) and
-  decode_hopper_h100.json (H100), the Hopper kernel's speed against FlashInfer's; decode_hopper_h100_skewed.png:
-  decode_hopper_h100_skewed.json, skewed batches, balanced splits against one split count per request.
+  decode_hopper_h100.json (H100), the Hopper kernel's speed against FlashInfer's;
+  decode_hopper_h100_skewed.png: decode_hopper_h100_skewed.json, skewed batches, balanced splits against one
+  split count per request.
 - decode_hopper_timeline.png: bench/results/decode_hopper_timing.json, one launch's programs per SM.
 - trace_timeline.png: bench/results/trace_cpu.json, one request's spans (bench/serving/trace_capture.py).
 """
