@@ -25,17 +25,19 @@ ZIPKV_RATIO = "compression_ratio_at_peak"
 
 
 def compression_ratio(system: str) -> float:
-    if system != "zipkv":
+    if system != "zipkv" and not system.startswith("zipkv_triton"):  # zipkv's variants compress alike
         return 1.0
     return float(measured("zipkv", OFFLINE[0])[ZIPKV_RATIO])  # type: ignore[arg-type]
 
 
-def spec_for(system: str, step: StepModel, chunk_tokens: int = 8192, max_running: int = 64) -> WorkerSpec:
+def spec_for(
+    system: str, step: StepModel, chunk_tokens: int = 8192, max_running: int = 64, budget: int | None = None
+) -> WorkerSpec:
     return WorkerSpec(
         name=system,
         system=system,
         step=step,
-        budget_tokens=budget_tokens(),
+        budget_tokens=budget_tokens() if budget is None else budget,
         compression_ratio=compression_ratio(system),
         max_running=max_running,
         chunk_tokens=chunk_tokens,

@@ -137,7 +137,7 @@ class SimWorker:
             batch = self._prefill_batch()
             if batch:
                 work = sum(n for _, n in batch)
-                dt = sum(self.spec.step.prefill_ms(n, r.prefilled) for r, n in batch) / 1000.0
+                dt = self.spec.step.prefill_batch_ms([(n, r.prefilled) for r, n in batch]) / 1000.0
                 yield self.env.timeout(dt)
                 self._smooth_rate(work, dt)
                 self._after_prefill(batch)

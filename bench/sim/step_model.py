@@ -16,6 +16,12 @@ of their FLOPs (Llama-3.1-8B: 524,288 attention FLOPs per context token against 
 token: 3.26e-5; derived, not measured: every measured prompt was <= 8,192 tokens). `prefill_tokens_per_s`
 is fitted per system by replaying the offline measurement (64 x 8192 -> 256 at once) through the simulated
 engine and matching its mean TTFT (bench/sim/sim_calibrate.py).
+
+A model may instead carry a measured per-batch prefill cost (`prefill_ms_per_1k_tokens` set; the H100
+calibration, bench/sim/h100_calibration.py): one batch of sequences (new, start) takes
+    fixed_ms + prefill_ms_per_1k_tokens * sum(new) / 1e3 + prefill_ms_per_1m_pairs * pairs / 1e6,
+    pairs = sum(new * (start + new / 2))
+with the attention slope measured per system (it differs between SGLang's and zipkv's prefill kernels).
 """
 
 from __future__ import annotations
@@ -49,6 +55,8 @@ class StepModel:
     fixed_ms: float
     ms_per_kv_gb: float
     prefill_tokens_per_s: float = 38000.0  # replaced by the calibrated value
+    prefill_ms_per_1k_tokens: float | None = None  # set: the measured per-batch prefill cost (above)
+    prefill_ms_per_1m_pairs: float = 0.0
 
     def decode_ms(self, context_tokens: int) -> float:
         return self.fixed_ms + self.ms_per_kv_gb * context_tokens * KV_BYTES_PER_TOKEN / 1e9
@@ -56,6 +64,18 @@ class StepModel:
     def prefill_ms(self, new_tokens: int, start_tokens: int) -> float:
         work = new_tokens * (1.0 + ATTENTION_PER_CONTEXT_TOKEN * (start_tokens + new_tokens / 2))
         return self.fixed_ms + 1000.0 * work / self.prefill_tokens_per_s
+
+    def prefill_batch_ms(self, seqs: list[tuple[int, int]]) -> float:
+        """One prefill batch of (new tokens, context start) sequences."""
+        if self.prefill_ms_per_1k_tokens is None:
+            return sum(self.prefill_ms(n, s) for n, s in seqs)
+        new = sum(n for n, _ in seqs)
+        pairs = sum(n * (s + n / 2) for n, s in seqs)
+        return (
+            self.fixed_ms
+            + self.prefill_ms_per_1k_tokens * new / 1e3
+            + self.prefill_ms_per_1m_pairs * pairs / 1e6
+        )
 
     def with_prefill(self, tokens_per_s: float) -> StepModel:
         return replace(self, prefill_tokens_per_s=tokens_per_s)

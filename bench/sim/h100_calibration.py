@@ -1,0 +1,149 @@
+"""Calibration source `h100_serving_logs`: worker step models fitted to the H100 serving sweep's own logs.
+
+    python -m bench.sim.h100_calibration      # -> bench/results/sim_calibration_h100_serving_logs.json
+
+The H200 calibration (step_model.py + sim_calibrate.py, `h200_e2e`) fits uniform-batch runs on another
+GPU; this one reads what the H100 runs of bench/results/serving_goodput.json logged while serving the trace
+(one H100, Llama-3.1-8B shape, SGLang 0.5.17), per system:
+
+Decode: bench/results/serving_decode_steps.json's decode-only intervals (SGLang's "Decode batch" lines,
+bench/serving/log_steps.py), refitted as step_ms = fixed_ms + slope x kv_tokens. Under zipkv with compression
+on, SGLang's used-token count reads low by the compression ratio (the same first burst of 9 requests logs
+80,224 tokens under zipkv and 102,896 under SGLang: 0.78), so the slope per raw context token is the fitted
+one x KV_COUNT_FACTOR (the measured ratio, 0.7618).
+
+Prefill: the servers' "Prefill batch" lines (bench/sim/prefill_log.py) from the sweep's record archives:
+the attention slope per (new, context) token pair from consecutive chunks of one prompt, then the per-token
+cost with the decode fit's fixed part as a batch's floor. SGLang's own server (its default attention
+backend), zipkv with FlashInfer prefill and zipkv with Triton extend are fitted separately: their attention
+over a cached prefix differs up to 4x.
+
+The sweep's systems map to these models by name (sglang_gateway -> sglang). The fitted numbers, with the
+decode and prefill residuals, go to bench/results/sim_calibration_h100_serving_logs.json, which the
+simulation reads; rerun this after new logs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tarfile
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from bench.paths import RESULTS
+from bench.serving.trace_workload import KV_BYTES_PER_TOKEN
+from bench.sim.prefill_log import PrefillFit, fit_prefill, parse_lines, rebuild_batches
+from bench.sim.step_model import StepModel
+
+NAME = "h100_serving_logs"
+RECORD = RESULTS / "sim_calibration_h100_serving_logs.json"
+DECODE_STEPS = RESULTS / "serving_decode_steps.json"
+CHUNK_TOKENS = 8192  # the sweep's chunked_prefill_size
+ZIPKV_RATIO = 0.7618  # compressed / raw bytes (bench/results/sglang_e2e.json's compression_ratio_at_peak)
+
+
+@dataclass(frozen=True, slots=True)
+class LogSource:
+    archive: str  # under bench/results/
+    member: str  # the server log inside it
+    decode_key: str  # its system in serving_decode_steps.json
+    kv_count_factor: float  # logged KV tokens / raw context tokens
+
+
+SOURCES = {
+    "sglang": LogSource(
+        "serving_goodput_records.tgz", "def/serving/sglang_gateway/sglang_server.log", "sglang_server", 1.0
+    ),
+    "zipkv": LogSource(
+        "serving_goodput_balanced_records.tgz",
+        "./zipkv/replica_process.log",
+        "zipkv_balanced_splits",
+        ZIPKV_RATIO,
+    ),
+    "zipkv_triton_prefill": LogSource(
+        "serving_goodput_balanced_records.tgz",
+        "./zipkv_triton_prefill/replica_process.log",
+        "zipkv_balanced_splits_triton_prefill",
+        ZIPKV_RATIO,
+    ),
+}
+
+
+def fit_decode_line(points: list[tuple[int, float]], kv_count_factor: float = 1.0) -> tuple[float, float]:
+    """(fixed_ms, ms per raw context token) by least squares over (logged KV tokens, step ms); the logged
+    count is raw x kv_count_factor, so the raw slope is the logged one x kv_count_factor."""
+    if len(points) < 2:
+        raise ValueError("a line needs at least two points")
+    x = np.array([[1.0, float(t)] for t, _ in points])
+    y = np.array([ms for _, ms in points])
+    fixed, slope = np.linalg.lstsq(x, y, rcond=None)[0]
+    return float(fixed), float(slope) * kv_count_factor
+
+
+def step_model(system: str, fixed_ms: float, ms_per_raw_token: float, prefill: PrefillFit) -> StepModel:
+    """The simulation's step model: decode per GB of raw KV, prefill per batch."""
+    return StepModel(
+        system=system,
+        fixed_ms=round(fixed_ms, 3),
+        ms_per_kv_gb=round(ms_per_raw_token * 1e9 / KV_BYTES_PER_TOKEN, 4),
+        prefill_tokens_per_s=round(1e6 / prefill.ms_per_1k_tokens, 1),
+        prefill_ms_per_1k_tokens=prefill.ms_per_1k_tokens,
+        prefill_ms_per_1m_pairs=prefill.ms_per_1m_pairs,
+    )
+
+
+def _log_lines(src: LogSource) -> list[str]:
+    with tarfile.open(RESULTS / src.archive) as tar:
+        f = tar.extractfile(src.member)
+        if f is None:
+            raise FileNotFoundError(f"{src.member} in {src.archive}")
+        return f.read().decode(errors="replace").splitlines()
+
+
+def fit_all() -> dict[str, Any]:
+    """Every system's fit from the logs, as the record holds it."""
+    steps = json.loads(DECODE_STEPS.read_text())["systems"]
+    systems: dict[str, Any] = {}
+    for name, src in SOURCES.items():
+        pts = [(int(p["kv_tokens"]), float(p["step_ms"])) for p in steps[src.decode_key]["points"]]
+        fixed, per_tok = fit_decode_line(pts, src.kv_count_factor)
+        prefill = fit_prefill(rebuild_batches(parse_lines(_log_lines(src)), CHUNK_TOKENS), round(fixed, 3))
+        model = step_model(name, fixed, per_tok, prefill)
+        systems[name] = {
+            "source": asdict(src),
+            "decode": {"points": len(pts), "fixed_ms": model.fixed_ms,
+                       "ms_per_100k_raw_tokens": round(per_tok * 1e5, 3), "ms_per_kv_gb": model.ms_per_kv_gb},
+            "prefill": asdict(prefill),
+            "model": asdict(model),
+        }  # fmt: skip
+    return {"calibration": NAME, "device": "1 x NVIDIA H100 80GB HBM3", "chunk_tokens": CHUNK_TOKENS,
+            "decode_steps": DECODE_STEPS.name, "systems": systems}  # fmt: skip
+
+
+def models(record: Path = RECORD) -> dict[str, StepModel]:
+    """The recorded models (fitted from the logs when there is no record yet)."""
+    data = json.loads(record.read_text()) if record.is_file() else fit_all()
+    return {name: StepModel(**s["model"]) for name, s in data["systems"].items()}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(
+        prog="python -m bench.sim.h100_calibration", description=__doc__.split("\n")[0]
+    )
+    p.add_argument("--out", type=Path, default=RECORD)
+    args = p.parse_args(argv)
+    record = fit_all()
+    args.out.write_text(json.dumps(record, indent=1) + "\n")
+    for name, s in record["systems"].items():
+        print(name, json.dumps({"decode": s["decode"], "prefill": s["prefill"]}))
+    print(f"-> {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
