@@ -20,8 +20,6 @@ No sglang import here: `seams` subclasses SGLang's ``AttentionBackend`` and ``KV
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -31,27 +29,14 @@ import torch
 from zipkv.kernels.format.layout import PAGE_TOKENS, PageFormat
 from zipkv.worker.engines.sglang.allocator import ZipkvAllocator
 from zipkv.worker.engines.sglang.flashinfer_prefill import (
-    FlashInferPrefill,
     PrefixPages,
-    prefill_kernel_choice,
-    resolve_prefill_kernel,
+    flashinfer_prefill_for,
 )
 from zipkv.worker.engines.sglang.kvstore import ZipkvKV
 from zipkv.worker.engines.sglang.slots import to_device
 
 if TYPE_CHECKING:  # the kernels import Triton: loaded on first use
     from zipkv.kernels.attention.extend import ExtendPlan
-
-
-def _have_module(name: str) -> bool:
-    """Whether ``import name`` would find the module, without importing it (one already imported counts;
-    a module set to None in sys.modules, as tests do to hide one, does not)."""
-    if name in sys.modules:
-        return sys.modules[name] is not None
-    try:
-        return importlib.util.find_spec(name) is not None
-    except ValueError:
-        return False
 
 
 @dataclass(frozen=True)
@@ -125,21 +110,10 @@ class ZipkvAttention:
         hopper_warp_softmax()
         self.kernel_config = step_kernel_config(kv.fmt, req_to_token.device)
         self.fused_extend = extend_kernel_choice() == "fused"
-        self.flashinfer = self._flashinfer_prefill(num_q_heads, kv.fmt, req_to_token.device)
+        self.flashinfer = flashinfer_prefill_for(num_q_heads, kv.fmt, req_to_token.device)
         self.plan: Any = None
         self.extend_meta: _Extend | None = None
         self._graph: dict[str, torch.Tensor] = {}
-
-    @staticmethod
-    def _flashinfer_prefill(
-        num_q_heads: int, fmt: PageFormat, device: torch.device
-    ) -> FlashInferPrefill | None:
-        """FlashInfer's prefill for every extend, unless $ZIPKV_PREFILL_KERNEL says ``triton`` or ``auto``
-        finds no CUDA device or no flashinfer package (flashinfer_prefill.resolve_prefill_kernel)."""
-        have = _have_module("flashinfer")
-        if resolve_prefill_kernel(prefill_kernel_choice(), device.type, have) != "flashinfer":
-            return None
-        return FlashInferPrefill(num_q_heads, fmt.num_kv_heads, fmt.head_dim, device)
 
     # ---- per-step metadata --------------------------------------------------------------------------
     def begin_step(self, view: BatchView, capturing: bool = False) -> None:

@@ -18,13 +18,15 @@ stay identical.
 
 from __future__ import annotations
 
+import importlib.util
 import os
+import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
 
-from zipkv.kernels.format.layout import PAGE_TOKENS
+from zipkv.kernels.format.layout import PAGE_TOKENS, PageFormat
 
 PREFILL_KERNEL_ENV = "ZIPKV_PREFILL_KERNEL"
 PREFILL_KERNELS = ("auto", "triton", "flashinfer")
@@ -136,3 +138,26 @@ class FlashInferPrefill:
         if self._merge is not None:
             return self._merge(o_pre, lse_pre, o_new, lse_new)[0]
         return merge_lse(o_pre, lse_pre, o_new, lse_new)
+
+
+def have_module(name: str) -> bool:
+    """Whether ``import name`` would find the module, without importing it (one already imported counts;
+    a module set to None in sys.modules, as tests do to hide one, does not)."""
+    if name in sys.modules:
+        return sys.modules[name] is not None
+    try:
+        return importlib.util.find_spec(name) is not None
+    except ValueError:
+        return False
+
+
+def flashinfer_prefill_for(
+    num_q_heads: int, fmt: PageFormat, device: torch.device
+) -> FlashInferPrefill | None:
+    """FlashInfer's prefill for every extend of an engine, unless $ZIPKV_PREFILL_KERNEL says ``triton`` or
+    ``auto`` finds no CUDA device or no flashinfer package (resolve_prefill_kernel); None: SGLang's Triton
+    extend. A malformed choice fails here, at start-up."""
+    choice = resolve_prefill_kernel(prefill_kernel_choice(), device.type, have_module("flashinfer"))
+    if choice != "flashinfer":
+        return None
+    return FlashInferPrefill(num_q_heads, fmt.num_kv_heads, fmt.head_dim, device)
