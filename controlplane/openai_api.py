@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import time
+import uuid
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -143,6 +145,10 @@ def error_body(message: str, type_: str, code: int | str, param: str | None = No
     return {"error": {"message": message, "type": type_, "param": param, "code": code}}
 
 
+def _compact(body: dict[str, Any]) -> bytes:
+    return json.dumps(body, separators=(",", ":")).encode()
+
+
 def usage_body(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
     return {
         "prompt_tokens": prompt_tokens,
@@ -159,6 +165,7 @@ class ResponseShape:
         self.id = f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{request_id}"
         self.created = int(time.time())
         self._role_sent = False
+        self._delta_frame: tuple[bytes, bytes] | None = None  # delta_json's bytes before and after the text
 
     def _base(self, obj: str) -> dict[str, Any]:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model}
@@ -175,6 +182,19 @@ class ResponseShape:
         body = self._base("chat.completion.chunk")
         body["choices"] = [{"index": 0, "delta": delta, "finish_reason": finish_reason, "logprobs": None}]
         return body
+
+    def delta_json(self, text: str) -> bytes:
+        """`chunk(text, None)` as compact JSON bytes. Every delta chunk after the first differs only in its
+        text, so its bytes around the text are built once, from `chunk` itself, and each token encodes only
+        its text: the same bytes as json.dumps of the whole body (ensure_ascii), without a dict per token."""
+        if self.kind == "chat" and not self._role_sent:
+            return _compact(self.chunk(text, None))  # the first chat chunk also carries the role
+        if self._delta_frame is None:
+            marker = f"<text {uuid.uuid4().hex}>"
+            head, tail = _compact(self.chunk(marker, None)).split(json.dumps(marker).encode())
+            self._delta_frame = (head, tail)
+        head, tail = self._delta_frame
+        return head + json.dumps(text).encode() + tail
 
     def usage_chunk(self, prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:
         body = self._base("chat.completion.chunk" if self.kind == "chat" else "text_completion")

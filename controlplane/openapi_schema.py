@@ -32,6 +32,13 @@ ERROR_SCHEMA = {
         }
     },
 }
+# The completion routes (path -> the kind router.py serves there). They are plain ASGI routes (app.py), which
+# FastAPI's generator does not list, so their operations are written here, named as it named them.
+COMPLETION_ROUTES = {"/v1/chat/completions": "chat", "/v1/completions": "text"}
+_OPERATIONS = {
+    "/v1/chat/completions": ("Chat", "chat_v1_chat_completions_post", ChatRequest),
+    "/v1/completions": ("Completions", "completions_v1_completions_post", CompletionRequest),
+}
 COMPLETION_ERRORS = ("400", "401", "404", "405", "413", "415", "429", "499", "500", "502", "503", "504")
 
 
@@ -60,11 +67,13 @@ def install(app: FastAPI, served: list[str]) -> None:
         if app.openapi_schema:
             return app.openapi_schema
         doc = get_openapi(title=app.title, version="1", routes=app.routes)
+        doc["paths"] = {path: {"post": {}} for path in COMPLETION_ROUTES} | doc.get("paths", {})
         components = doc.setdefault("components", {}).setdefault("schemas", {})
         components["Error"] = ERROR_SCHEMA
         ok = {"type": "object"}
-        for path, model in (("/v1/completions", CompletionRequest), ("/v1/chat/completions", ChatRequest)):
+        for path, (summary, operation_id, model) in _OPERATIONS.items():
             op = doc["paths"][path]["post"]
+            op["summary"], op["operationId"] = summary, operation_id
             op["requestBody"] = _body(model, components, served)
             op["responses"] = {
                 "200": {
