@@ -38,7 +38,7 @@ def _zipkv_fns(
     configs: list[tuple[int, ...]],  # type: ignore[type-arg]
     sms: int,
 ) -> tuple[dict[str, Callable[[], object]], dict[str, Callable[[], object]], dict[str, int]]:
-    """zipkv's calls per config (block_n:stages[:ctas_per_sm[:maxnreg[:warps[:warp_softmax]]]]): on the
+    """zipkv's calls per config (block_n:stages[:ctas_per_sm[:maxnreg[:warps[:warp_softmax[:lazy]]]]]): on the
     v3 pages (timed) and on raw pages holding the same values (timed for the first config, the uncompressed
     run; checked bit for bit against the v3 run for every config); the split count each used."""
     batch = q.shape[0]
@@ -51,7 +51,7 @@ def _zipkv_fns(
     for cfg in configs:
         # Without ctas_per_sm / maxnreg / warps a config runs the plan's own split choice, the launch's
         # registers and the default warps per program.
-        block_n, stages, ctas, maxnreg, warps, ws = (*cfg, None, None, None, None)[:6]
+        block_n, stages, ctas, maxnreg, warps, ws, lazy = (*cfg, None, None, None, None, None)[:7]
         plan = plan_decode(
             case["page_ids"],
             case["indptr"],
@@ -66,7 +66,7 @@ def _zipkv_fns(
         splits[tag] = int(plan.num_splits.max())  # the longest request's
         run = partial(
             decode_attention_hopper, plan, q, sm_scale=scale, out=o, stages=stages, maxnreg=maxnreg,
-            warp_softmax=None if ws is None else bool(ws),
+            warp_softmax=None if ws is None else bool(ws), lazy_rescale=None if lazy is None else bool(lazy),
         )  # fmt: skip
         fns[tag] = partial(run, case["heap"], case["loc"], case["meta"])
         raw_fns[tag] = partial(run, case["raw_heap"], raw_loc, case["raw_meta"], compressed=False)
@@ -115,6 +115,8 @@ def bench(out: dict, shapes: list[list[int]], target_s: float, configs: list[tup
             raw_bytes=case["raw_heap"].numel(),
             splits=splits,
             raw_pages_bit_identical={tag: _same_bits(fns[tag], raw_fns[tag], o) for tag in raw_fns},
+            # a variant meant to change no bit (the lazy rescale) must match the first config exactly
+            bit_identical_to_first={tag: _same_bits(fns["zipkv"], fns[tag], o) for tag in raw_fns},
         )
         for name, fn in fns.items():
             try:
@@ -189,7 +191,8 @@ def main() -> None:
     ap.add_argument(
         "--configs",
         default="32:2",
-        help="block_n:stages[:ctas_per_sm[:maxnreg[:warps[:warp_softmax]]]], first is the default",
+        help="block_n:stages[:ctas_per_sm[:maxnreg[:warps[:warp_softmax[:lazy_rescale]]]]], first is the"
+        " baseline (ctas_per_sm 0: the plan's splits; maxnreg 0: the compiler's registers)",
     )
     ap.add_argument("--graph", action="store_true", help="time CUDA-graph replays (no host launch time)")
     ap.add_argument("--timing", default=None, help="BxT,...: per-program timeline (the TIMING build)")

@@ -57,13 +57,14 @@ def compile_hopper(
     maxnreg: int | None = None,
     num_warps: int = NUM_WARPS,
     warp_softmax: bool = False,
+    lazy_rescale: bool = False,
 ):  # type: ignore[no-untyped-def]
     from triton.experimental.gluon._runtime import GluonASTSource
 
     fn = dh._decode_hopper_kernel
     del compressed  # one kernel reads coded and raw pages
     const = launch.hopper_constexprs(
-        kv_heads, group, head_dim, pages, stages, split, warp_softmax=warp_softmax
+        kv_heads, group, head_dim, pages, stages, split, warp_softmax=warp_softmax, lazy_rescale=lazy_rescale
     )
     signature = {n: ARG_TYPES.get(n, "constexpr") for n in fn.arg_names}
     constexprs = {(i,): const[n] for i, n in enumerate(fn.arg_names) if n in const}
@@ -130,10 +131,11 @@ def report(
     maxnreg: int | None = None,
     num_warps: int = NUM_WARPS,
     warp_softmax: bool = False,
+    lazy_rescale: bool = False,
 ) -> dict[str, object]:
     kernel = compile_hopper(
         head_dim, pages, stages, compressed=compressed, maxnreg=maxnreg, num_warps=num_warps,
-        warp_softmax=warp_softmax,
+        warp_softmax=warp_softmax, lazy_rescale=lazy_rescale,
     )  # fmt: skip
     sass = sass_of(kernel.asm["cubin"])
     ptx = kernel.asm["ptx"]
@@ -143,6 +145,7 @@ def report(
         "stages": stages,
         "num_warps": num_warps,
         "warp_softmax": warp_softmax,
+        "lazy_rescale": lazy_rescale,
         "compressed": compressed,
         "shared_bytes": kernel.metadata.shared,
         **usage(kernel.asm["cubin"]),
@@ -169,6 +172,9 @@ def main() -> None:
     )
     ap.add_argument("--warps", default=str(NUM_WARPS), help="warps per program, e.g. 1,2,4")
     ap.add_argument("--warp-softmax", action="store_true", help="one softmax per warp (warp_softmax.py)")
+    ap.add_argument(
+        "--lazy-rescale", action="store_true", help="skip the rescale of tiles where no row max grew"
+    )
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--dump", default=None, help="folder for .ptx/.sass/.ttgir of each variant")
     a = ap.parse_args()
@@ -178,11 +184,14 @@ def main() -> None:
         for p in (int(x) for x in a.pages.split(",")):
             for s in (int(x) for x in a.stages.split(",")):
                 for comp, w in itertools.product((True, False) if a.twin else (True,), warp_counts):
-                    r = report(d, p, s, comp, a.maxnreg, w, a.warp_softmax)
+                    r = report(d, p, s, comp, a.maxnreg, w, a.warp_softmax, a.lazy_rescale)
                     rows.append(r)
                     if a.dump:
                         os.makedirs(a.dump, exist_ok=True)
-                        k = compile_hopper(d, p, s, compressed=comp, num_warps=w, warp_softmax=a.warp_softmax)
+                        k = compile_hopper(
+                            d, p, s, compressed=comp, num_warps=w, warp_softmax=a.warp_softmax,
+                            lazy_rescale=a.lazy_rescale,
+                        )  # fmt: skip
                         tag = f"d{d}_p{p}_s{s}_w{w}_{'c' if comp else 't'}"
                         for ext in ("ptx", "ttgir"):
                             with open(os.path.join(a.dump, f"{tag}.{ext}"), "w") as f:

@@ -88,13 +88,33 @@ HOPPER_MAX_SPLITS = 128
 HOPPER_WARP_SOFTMAX_ENV = "ZIPKV_HOPPER_WARP_SOFTMAX"
 
 
+# The Hopper kernel's rescale of its running output: "0" (the default) every tile multiplies the output and
+# the sums by alpha = exp2(m_old - m_new); "1" a tile skips those multiplies when alpha is exactly 1 in every
+# row (no row max grew: most tiles once the first few have set the max), which changes no bit (x * 1.0 == x,
+# fma(l, 1.0, p) == l + p). The H200 profile (docs/benchmarks.md) has the kernel bound by the consumer warps'
+# instruction issue, and the rescale is 32 of its ~270 attend instructions per warp and tile. Off until the
+# GPU measures it (shared softmax only: the per-warp softmax has no program-wide scalar to branch on).
+HOPPER_LAZY_RESCALE_ENV = "ZIPKV_HOPPER_LAZY_RESCALE"
+
+
+def _flag(env: Mapping[str, str] | None, name: str, off: str) -> bool:
+    """A 0/1 environment switch, checked: ValueError names the variable and what 0 means (``off``)."""
+    env = os.environ if env is None else env
+    asked = env.get(name, "0")
+    if asked not in ("0", "1"):
+        raise ValueError(f"{name}={asked!r}: choose 0 ({off}) or 1")
+    return asked == "1"
+
+
 def hopper_warp_softmax(env: Mapping[str, str] | None = None) -> bool:
     """Whether the Hopper kernel runs one softmax per warp (``$ZIPKV_HOPPER_WARP_SOFTMAX``, see above)."""
-    env = os.environ if env is None else env
-    asked = env.get(HOPPER_WARP_SOFTMAX_ENV, "0")
-    if asked not in ("0", "1"):
-        raise ValueError(f"{HOPPER_WARP_SOFTMAX_ENV}={asked!r}: choose 0 (one softmax per program) or 1")
-    return asked == "1"
+    return _flag(env, HOPPER_WARP_SOFTMAX_ENV, "one softmax per program")
+
+
+def hopper_lazy_rescale(env: Mapping[str, str] | None = None) -> bool:
+    """Whether the Hopper kernel skips the output rescale of tiles where no row max grew
+    (``$ZIPKV_HOPPER_LAZY_RESCALE``, see above)."""
+    return _flag(env, HOPPER_LAZY_RESCALE_ENV, "rescale every tile")
 
 
 def is_sm90(device: torch.device) -> bool:

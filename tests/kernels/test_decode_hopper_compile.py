@@ -110,3 +110,21 @@ def test_the_per_warp_softmax_compiles_for_sm90_with_four_programs_per_sm() -> N
         assert r["ptx_cp_async"] > 0 and r["ptx_ldmatrix"] > 0 and r["ptx_mma"] > 0, r
         if head_dim <= 128:
             assert r["loop_local_accesses"] == 0 and r["registers"] * 64 * 4 <= 65536, r
+
+
+def test_the_lazy_rescale_compiles_for_sm90_with_four_programs_per_sm() -> None:
+    """The tile that skips its output rescale when no row max grew (restore._lazy_rescale), at the default
+    shape (2 pages, 2 warps): the skip test is a shuffle reduction inside the warp (no more CTA barriers or
+    shared accesses than the default), and the loop neither spills nor loses the fourth program per SM."""
+    shape = ("--pages", "2", "--warps", "2", "--stages", "2")
+    base = _compile_rows("--head-dims", "64,128,256", *shape)
+    lazy = _compile_rows("--head-dims", "64,128,256", *shape, "--lazy-rescale")
+    for head_dim, r in lazy.items():
+        b = base[head_dim]
+        assert r["lazy_rescale"] is True and b["lazy_rescale"] is False
+        ops, b_ops = r["sass_ops"], b["sass_ops"]
+        assert isinstance(ops, dict) and isinstance(b_ops, dict)
+        assert ops.get("BAR", 0) == b_ops.get("BAR", 0) and ops.get("STS", 0) == b_ops.get("STS", 0), head_dim
+        assert ops.get("SHFL", 0) > b_ops.get("SHFL", 0), head_dim  # the warp's vote
+        if head_dim <= 128:
+            assert r["loop_local_accesses"] == 0 and r["registers"] * 64 * 4 <= 65536, r

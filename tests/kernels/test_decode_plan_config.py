@@ -142,3 +142,22 @@ def test_the_per_warp_softmax_is_asked_for_by_0_or_1_and_needs_one_page_per_warp
     with pytest.raises(ValueError, match="one page: block_n 64 is 4 pages for 2 warps"):
         decode_attention_hopper(plan, q, torch.zeros(1, dtype=torch.uint8), ids.long(), ids.byte(), 0.1,
                                 warp_softmax=True)  # fmt: skip
+
+
+def test_the_lazy_rescale_is_asked_for_by_0_or_1_and_needs_the_shared_softmax() -> None:
+    from zipkv.kernels.attention import decode_config as dc
+    from zipkv.kernels.attention.hopper.launch import decode_attention_hopper
+
+    assert dc.hopper_lazy_rescale({}) is False  # the default: every tile rescales
+    assert dc.hopper_lazy_rescale({dc.HOPPER_LAZY_RESCALE_ENV: "1"}) is True
+    assert dc.hopper_lazy_rescale({dc.HOPPER_LAZY_RESCALE_ENV: "0"}) is False
+    with pytest.raises(ValueError, match=f"{dc.HOPPER_LAZY_RESCALE_ENV}='on': choose 0"):
+        dc.hopper_lazy_rescale({dc.HOPPER_LAZY_RESCALE_ENV: "on"})
+    # Asked for together with the per-warp softmax (no program-wide row max): refused before any launch.
+    v3 = PageFormat(head_dim=128, num_kv_heads=2, version=3)
+    ids, indptr, lens = (torch.tensor(x, dtype=torch.int32) for x in (range(2), [0, 2], [30]))
+    plan = plan_decode(ids, indptr, lens, v3, 8, block_n=32, num_warps=2)
+    q = torch.zeros(1, 16, 128, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="lazy rescale needs the shared softmax"):
+        decode_attention_hopper(plan, q, torch.zeros(1, dtype=torch.uint8), ids.long(), ids.byte(), 0.1,
+                                warp_softmax=True, lazy_rescale=True)  # fmt: skip

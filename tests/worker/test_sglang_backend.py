@@ -170,6 +170,15 @@ def test_a_malformed_extend_kernel_choice_fails_at_start(monkeypatch: pytest.Mon
         ZipkvAttention(kv, alloc, r2t, HQ, True, extend_twin)
 
 
+def test_a_malformed_hopper_switch_fails_at_start(monkeypatch: pytest.MonkeyPatch) -> None:
+    alloc, kv, r2t = setup()
+    for name in ("ZIPKV_HOPPER_WARP_SOFTMAX", "ZIPKV_HOPPER_LAZY_RESCALE"):
+        monkeypatch.setenv(name, "yes")
+        with pytest.raises(ValueError, match=f"{name}='yes'"):
+            ZipkvAttention(kv, alloc, r2t, HQ, True, extend_twin)
+        monkeypatch.delenv(name)
+
+
 def test_extend_metadata_needs_cpu_lengths() -> None:
     alloc, kv, r2t = setup()
     attn = ZipkvAttention(kv, alloc, r2t, HQ, True, extend_twin)

@@ -192,6 +192,7 @@ def _decode_hopper_kernel(
     STAGES: ttgl.constexpr, SPLIT: ttgl.constexpr, GATHER_ALL: ttgl.constexpr,
     OP_K: ttgl.constexpr, OP_V: ttgl.constexpr, CW: ttgl.constexpr, HW: ttgl.constexpr, PG1: ttgl.constexpr,
     WARP_SOFTMAX: ttgl.constexpr = False, TIMING: ttgl.constexpr = False,
+    LAZY_RESCALE: ttgl.constexpr = False,
 ):  # fmt: skip
     N: ttgl.constexpr = NP * _PT
     mma: ttgl.constexpr = kernel_mma_layout(ttgl.num_warps(), WARP_SOFTMAX)
@@ -227,7 +228,8 @@ def _decode_hopper_kernel(
                 kinds & 7, _slot(ring, i % STAGES), glob, tables, tok0, OP_K, OP_V, CW, HW, PG1, H, D, NP, mma
             )  # fmt: skip
             kinds = kinds >> KIND_BITS
-            state = attend_tile(qa, qb, ops, tok0, end, state, qk_scale, mma, a_l, N, WARP_SOFTMAX)
+            state = attend_tile(qa, qb, ops, tok0, end, state, qk_scale, mma, a_l, N, WARP_SOFTMAX,
+                                LAZY_RESCALE)  # fmt: skip
         async_copy.wait_group(0)
         m_i, l_i, acc_a, acc_b = final_state(state, mma, WARP_SOFTMAX)
         _store_out(out_ptr, o_part_ptr, lse_part_ptr, m_i, l_i, acc_a, acc_b, req, head, pair,

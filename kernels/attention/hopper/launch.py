@@ -10,7 +10,7 @@ import torch
 from triton.experimental.gluon import language as ttgl
 
 from ...format.layout import PAGE_TOKENS
-from ..decode_config import hopper_warp_softmax
+from ..decode_config import hopper_lazy_rescale, hopper_warp_softmax
 from ..decode_plan import DecodePlan
 from ..merge import merge_splits
 from . import layouts as views
@@ -30,6 +30,12 @@ def _default_warp_softmax() -> bool:
     return hopper_warp_softmax()
 
 
+@lru_cache(maxsize=1)
+def _default_lazy_rescale() -> bool:
+    """``$ZIPKV_HOPPER_LAZY_RESCALE``, read once per process (as the softmax choice above)."""
+    return hopper_lazy_rescale()
+
+
 @lru_cache(maxsize=64)
 def hopper_constexprs(
     num_kv_heads: int,
@@ -40,6 +46,7 @@ def hopper_constexprs(
     split: bool,
     gather_all: bool = False,
     warp_softmax: bool = False,
+    lazy_rescale: bool = False,
 ) -> dict[str, object]:
     """The kernel's compile-time arguments (the launch and the offline compile share them)."""
     np_, shared = pages_per_tile, ttgl.SharedLinearLayout
@@ -58,6 +65,7 @@ def hopper_constexprs(
         HW=shared(views.hi_words_view(np_, head_dim)),
         PG1=shared(views.operand_view(1, 1, head_dim)),
         WARP_SOFTMAX=warp_softmax,
+        LAZY_RESCALE=lazy_rescale,
     )
 
 
@@ -75,6 +83,7 @@ def decode_attention_hopper(
     maxnreg: int | None = None,
     timing: torch.Tensor | None = None,
     warp_softmax: bool | None = None,
+    lazy_rescale: bool | None = None,
 ) -> torch.Tensor:
     """bf16 ``[B, Hq, D]`` attention of ``q`` over one layer's v3 pages (sm_90; see the module docstring).
 
@@ -83,23 +92,20 @@ def decode_attention_hopper(
     (int64 ``[programs, 4]``, profiling only) compiles the variant that stamps each program's start, first
     landed tile, end (global timer, ns) and SM (bench/kernels/bench_decode_hopper.py --timing reads them).
     ``warp_softmax``: one page per warp, each with its own softmax (hopper/warp_softmax.py); None: the
-    default, ``$ZIPKV_HOPPER_WARP_SOFTMAX`` (decode_config.hopper_warp_softmax).
+    default, ``$ZIPKV_HOPPER_WARP_SOFTMAX`` (decode_config.hopper_warp_softmax). ``lazy_rescale``: skip
+    the output rescale of tiles where no row max grew (same bits; shared softmax only); None: the default,
+    ``$ZIPKV_HOPPER_LAZY_RESCALE`` (decode_config.hopper_lazy_rescale).
     """
     fmt = plan.fmt
     _check_plan(plan)
     if out is None:
         out = torch.empty_like(q)
     pages = plan.block_n // PAGE_TOKENS
-    warp_softmax = _default_warp_softmax() if warp_softmax is None else warp_softmax
-    if warp_softmax and pages != plan.num_warps:
-        raise ValueError(
-            f"the per-warp softmax gives each warp one page: block_n {plan.block_n} is {pages} pages for "
-            f"{plan.num_warps} warps (set block_n = 16 x warps)"
-        )
+    warp_softmax, lazy_rescale = _softmax_choice(plan, warp_softmax, lazy_rescale)
     grid = (plan.num_pairs * fmt.num_kv_heads,)
     consts = hopper_constexprs(
         fmt.num_kv_heads, plan.group_size, fmt.head_dim, pages, stages, plan.max_splits > 1, gather_all,
-        warp_softmax,
+        warp_softmax, lazy_rescale,
     )  # fmt: skip
     if not compressed:  # every page read as raw: what an uncompressed pool's metadata says anyway
         page_meta_layer = _raw_meta_like(page_meta_layer)
@@ -116,6 +122,22 @@ def decode_attention_hopper(
     if plan.max_splits > 1:
         merge_splits(plan, out)
     return out
+
+
+def _softmax_choice(plan: DecodePlan, warp_softmax: bool | None, lazy: bool | None) -> tuple[bool, bool]:
+    """(per-warp softmax, lazy rescale) as asked, else the environment's, checked against the plan."""
+    pages = plan.block_n // PAGE_TOKENS
+    warp_softmax = _default_warp_softmax() if warp_softmax is None else warp_softmax
+    if lazy is None:  # the environment's switch applies where it can: the shared softmax
+        lazy = _default_lazy_rescale() and not warp_softmax
+    elif lazy and warp_softmax:
+        raise ValueError("the lazy rescale needs the shared softmax (one row max per program)")
+    if warp_softmax and pages != plan.num_warps:
+        raise ValueError(
+            f"the per-warp softmax gives each warp one page: block_n {plan.block_n} is {pages} pages for "
+            f"{plan.num_warps} warps (set block_n = 16 x warps)"
+        )
+    return warp_softmax, lazy
 
 
 def _check_plan(plan: DecodePlan) -> None:

@@ -189,6 +189,7 @@ def attend(
     a_l: ttgl.constexpr,
     M: ttgl.constexpr,
     N: ttgl.constexpr,
+    LAZY: ttgl.constexpr = False,
 ):
     s = mma_v2(qa, ka, ttgl.zeros([M, N], ttgl.float32, layout=mma))
     s = mma_v2(qb, kb, s) * qk_scale
@@ -196,11 +197,33 @@ def attend(
     m_new = ttgl.maximum(m_i, ttgl.max(s, axis=1))
     alpha = ttgl.exp2(m_i - m_new)
     p = ttgl.exp2(s - m_new[:, None])
-    l_acc = l_acc * alpha[:, None] + p
+    if LAZY:  # the default's steps below, in its order, so that its compiled code stays as it was
+        l_acc, acc_a, acc_b = _lazy_rescale(alpha, p, l_acc, acc_a, acc_b)
+        alpha = ttgl.full_like(alpha, 1.0)  # acc * 1.0 below: folded away by the compiler
+    else:
+        l_acc = l_acc * alpha[:, None] + p
     p_dot = ttgl.convert_layout(p.to(ttgl.bfloat16), a_l)
     acc_a = mma_v2(p_dot, va, acc_a * alpha[:, None])
     acc_b = mma_v2(p_dot, vb, acc_b * alpha[:, None])
     return m_new, l_acc, acc_a, acc_b
+
+
+@gluon.jit
+def _lazy_rescale(alpha, p, l_acc, acc_a, acc_b):
+    """:func:`attend`'s rescale, skipped when ``alpha`` is exactly 1 in every row (no row max grew): the
+    same bits either way (x * 1.0 == x, fma(l, 1.0, p) == l + p), 32 multiplies fewer per thread and tile.
+    Every warp holds every row's alpha (the row max is shared), so the test is a shuffle reduction inside
+    the warp, no shared memory, and the branch is uniform."""
+    grown = ttgl.max((alpha != 1.0).to(ttgl.int32), axis=0)
+    if grown != 0:
+        # fma spelled out: written as l * alpha + p, the compiler sinks the "+ p" common to both branches
+        # below the join and splits the fma the default contracts into a multiply and an add
+        l_acc = ttgl.fma(l_acc, alpha[:, None], p)
+        acc_a = acc_a * alpha[:, None]
+        acc_b = acc_b * alpha[:, None]
+    else:
+        l_acc = l_acc + p
+    return l_acc, acc_a, acc_b
 
 
 @gluon.jit

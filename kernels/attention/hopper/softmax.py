@@ -52,8 +52,9 @@ def init_state(mma: ttgl.constexpr, N: ttgl.constexpr, D: ttgl.constexpr, WARP_S
 
 @gluon.jit
 def attend_tile(qa, qb, ops, tok0, end, state, qk_scale, mma: ttgl.constexpr, a_l: ttgl.constexpr,
-                 N: ttgl.constexpr, WARP_SOFTMAX: ttgl.constexpr):  # fmt: skip
-    """The softmax state after the tile at ``tok0`` (``ops``: its K_a, K_b, V_a, V_b operands)."""
+                 N: ttgl.constexpr, WARP_SOFTMAX: ttgl.constexpr, LAZY: ttgl.constexpr = False):  # fmt: skip
+    """The softmax state after the tile at ``tok0`` (``ops``: its K_a, K_b, V_a, V_b operands). ``LAZY``
+    (shared softmax only): skip the output rescale of a tile where no row max grew (restore.attend)."""
     ka, kb, va, vb = ops
     m_i, l_acc, acc_a, acc_b = state
     if WARP_SOFTMAX:
@@ -64,7 +65,7 @@ def attend_tile(qa, qb, ops, tok0, end, state, qk_scale, mma: ttgl.constexpr, a_
     else:
         valid = tok0 + ttgl.arange(0, N, layout=ttgl.SliceLayout(0, mma)) < end
         m_i, l_acc, acc_a, acc_b = attend(
-            qa, qb, ka, kb, va, vb, valid, m_i, l_acc, acc_a, acc_b, qk_scale, mma, a_l, _M, N
+            qa, qb, ka, kb, va, vb, valid, m_i, l_acc, acc_a, acc_b, qk_scale, mma, a_l, _M, N, LAZY
         )  # fmt: skip
     return m_i, l_acc, acc_a, acc_b
 
