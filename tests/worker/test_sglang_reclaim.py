@@ -1,46 +1,24 @@
 """Room from a compressed prefix cache: admission never over-promises and allocation reclaims (CPU).
 
 Runs over a real PagePool and ZipkvAllocator. SGLang's RadixCache cannot be imported here (no sglang
-package in the test environment), so `LruPrefixCache` stands in for it: cached requests' slots in LRU order,
-evicted whole through the allocator's ``free_segment`` as ``RadixCache.evict`` does.
+package in the test environment), so `LruPrefixCache` (bench/allocator/reclaim_stress.py) stands in for it:
+cached requests' slots in LRU order, evicted whole through the allocator's ``free_segment`` as
+``RadixCache.evict`` does.
 """
 
 from __future__ import annotations
 
 import random
-from collections import deque
 
 import pytest
 import torch
 from test_sglang_pool import FMT, FMT_V3, fill, make
 
+from bench.allocator.reclaim_stress import LruPrefixCache
 from zipkv.allocator import ledger as ledger_module
 from zipkv.kernels.format.layout import PAGE_TOKENS, PageFormat
 from zipkv.worker.engines.sglang.allocator import ZipkvAllocator
-from zipkv.worker.engines.sglang.reclaim import PrefixCache, overcount_tokens
-
-
-class LruPrefixCache:
-    """Stand-in for SGLang's RadixCache (see the module docstring)."""
-
-    def __init__(self, alloc: ZipkvAllocator) -> None:
-        self.alloc, self.entries = alloc, deque[torch.Tensor]()
-        self.evicted_tokens = 0
-
-    def evictable_tokens(self) -> int:
-        return sum(int(e.numel()) for e in self.entries)
-
-    def evict_tokens(self, n: int) -> int:
-        done = 0
-        while done < n and self.entries:
-            slots = self.entries.popleft()
-            self.alloc.free_segment(slots, start_pos=0)
-            done += int(slots.numel())
-        self.evicted_tokens += done
-        return done
-
-    def hooks(self) -> PrefixCache:
-        return PrefixCache(self.evictable_tokens, self.evict_tokens)
+from zipkv.worker.engines.sglang.reclaim import overcount_tokens
 
 
 def prefill(alloc: ZipkvAllocator, tokens: int, seed: int) -> torch.Tensor | None:
