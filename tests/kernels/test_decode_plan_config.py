@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 import torch
 
@@ -125,39 +127,41 @@ def test_auto_picks_the_hopper_kernel_for_v3_pages_on_sm90_and_the_pool_writes_v
         dc.serving_format_version(gpu, {dc.PAGE_FORMAT_ENV: "1"})
 
 
-def test_the_per_warp_softmax_is_asked_for_by_0_or_1_and_needs_one_page_per_warp() -> None:
-    from zipkv.kernels.attention import decode_config as dc
+def _check_switch(read: Callable[[dict[str, str]], bool], name: str) -> None:
+    """A Hopper 0/1 switch: off when unset, on with "1", off with "0", anything else refused."""
+    assert read({}) is False
+    assert read({name: "1"}) is True
+    assert read({name: "0"}) is False
+    with pytest.raises(ValueError, match=f"{name}='on': choose 0"):
+        read({name: "on"})
+
+
+def _refused(pages: int, tokens: int, block_n: int, match: str, **switches: bool) -> None:
+    """A one-request Hopper launch (v3 pages, 2 warps) with ``switches`` is refused before it starts (no GPU
+    here): ``match`` says why."""
     from zipkv.kernels.attention.hopper.launch import decode_attention_hopper
 
-    assert dc.hopper_warp_softmax({}) is False  # the default: one softmax per program
-    assert dc.hopper_warp_softmax({dc.HOPPER_WARP_SOFTMAX_ENV: "1"}) is True
-    assert dc.hopper_warp_softmax({dc.HOPPER_WARP_SOFTMAX_ENV: "0"}) is False
-    with pytest.raises(ValueError, match="choose 0"):
-        dc.hopper_warp_softmax({dc.HOPPER_WARP_SOFTMAX_ENV: "yes"})
-    # 64-token tiles are four pages: two warps cannot each own one. Refused before any launch (no GPU here).
     v3 = PageFormat(head_dim=128, num_kv_heads=2, version=3)
-    ids, indptr, lens = (torch.tensor(x, dtype=torch.int32) for x in (range(4), [0, 4], [60]))
-    plan = plan_decode(ids, indptr, lens, v3, 8, block_n=64, num_warps=2)
+    ids, indptr, lens = (torch.tensor(x, dtype=torch.int32) for x in (range(pages), [0, pages], [tokens]))
+    plan = plan_decode(ids, indptr, lens, v3, 8, block_n=block_n, num_warps=2)
     q = torch.zeros(1, 16, 128, dtype=torch.bfloat16)
-    with pytest.raises(ValueError, match="one page: block_n 64 is 4 pages for 2 warps"):
-        decode_attention_hopper(plan, q, torch.zeros(1, dtype=torch.uint8), ids.long(), ids.byte(), 0.1,
-                                warp_softmax=True)  # fmt: skip
+    with pytest.raises(ValueError, match=match):
+        decode_attention_hopper(
+            plan, q, torch.zeros(1, dtype=torch.uint8), ids.long(), ids.byte(), 0.1, **switches
+        )
+
+
+def test_the_per_warp_softmax_is_asked_for_by_0_or_1_and_needs_one_page_per_warp() -> None:
+    from zipkv.kernels.attention import decode_config as dc
+
+    _check_switch(dc.hopper_warp_softmax, dc.HOPPER_WARP_SOFTMAX_ENV)  # off by default: one softmax a program
+    # 64-token tiles are four pages: two warps cannot each own one. Refused before any launch (no GPU here).
+    _refused(4, 60, 64, "one page: block_n 64 is 4 pages for 2 warps", warp_softmax=True)
 
 
 def test_the_lazy_rescale_is_asked_for_by_0_or_1_and_needs_the_shared_softmax() -> None:
     from zipkv.kernels.attention import decode_config as dc
-    from zipkv.kernels.attention.hopper.launch import decode_attention_hopper
 
-    assert dc.hopper_lazy_rescale({}) is False  # the default: every tile rescales
-    assert dc.hopper_lazy_rescale({dc.HOPPER_LAZY_RESCALE_ENV: "1"}) is True
-    assert dc.hopper_lazy_rescale({dc.HOPPER_LAZY_RESCALE_ENV: "0"}) is False
-    with pytest.raises(ValueError, match=f"{dc.HOPPER_LAZY_RESCALE_ENV}='on': choose 0"):
-        dc.hopper_lazy_rescale({dc.HOPPER_LAZY_RESCALE_ENV: "on"})
+    _check_switch(dc.hopper_lazy_rescale, dc.HOPPER_LAZY_RESCALE_ENV)  # off by default: every tile rescales
     # Asked for together with the per-warp softmax (no program-wide row max): refused before any launch.
-    v3 = PageFormat(head_dim=128, num_kv_heads=2, version=3)
-    ids, indptr, lens = (torch.tensor(x, dtype=torch.int32) for x in (range(2), [0, 2], [30]))
-    plan = plan_decode(ids, indptr, lens, v3, 8, block_n=32, num_warps=2)
-    q = torch.zeros(1, 16, 128, dtype=torch.bfloat16)
-    with pytest.raises(ValueError, match="lazy rescale needs the shared softmax"):
-        decode_attention_hopper(plan, q, torch.zeros(1, dtype=torch.uint8), ids.long(), ids.byte(), 0.1,
-                                warp_softmax=True, lazy_rescale=True)  # fmt: skip
+    _refused(2, 30, 32, "lazy rescale needs the shared softmax", warp_softmax=True, lazy_rescale=True)
