@@ -35,9 +35,27 @@ from zipkv.worker.engines.sglang.allocator import ZipkvAllocator
 from zipkv.worker.engines.sglang.reclaim import PrefixCache
 from zipkv.worker.engines.sglang.slots import budget_bytes_for_tokens, virtual_pages_for_budget
 
-FMT = PageFormat(head_dim=128, num_kv_heads=8, version=3)  # Llama-3.1-8B's KV heads
-CHUNK_PAGES = 32  # 2 MiB chunks of 64 KiB raw pages
-PREFILL_CHUNK_TOKENS = 21 * PAGE_TOKENS
+CHUNK_PAGES = 32  # 2 MiB chunks of Llama-3.1-8B's 64 KiB raw pages: chunks of 32 raw pages at any page size
+
+
+@dataclass(frozen=True)
+class Workload:
+    """The pool's shape and the requests' sizes. Defaults: Llama-3.1-8B's pages (8 KV heads x 128, page
+    format v3) in a pool scaled down to a CPU; smaller heads keep the real pool's chunks per layer
+    (about 760 for 388,608 raw tokens) at a CPU's cost."""
+
+    layers: int = 4
+    raw_tokens: int = 32768
+    steps: int = 400
+    seed: int = 0
+    kv_heads: int = 8
+    head_dim: int = 128
+    prompt_log_mean: float = 6.0  # prompts: lognormal(this, 1) tokens, at most a third of the pool
+    chunk_tokens: int = 21 * PAGE_TOKENS  # a prefill chunk (SGLang's chunked_prefill_size)
+
+    @property
+    def fmt(self) -> PageFormat:
+        return PageFormat(head_dim=self.head_dim, num_kv_heads=self.kv_heads, version=3)
 
 
 class LruPrefixCache:
@@ -74,31 +92,33 @@ class Running:
     tokens: int = 0
 
 
-def make_allocator(layers: int, raw_tokens: int) -> ZipkvAllocator:
-    budget = budget_bytes_for_tokens(raw_tokens, FMT, layers)
+def make_allocator(w: Workload) -> ZipkvAllocator:
+    fmt = w.fmt
+    budget = budget_bytes_for_tokens(w.raw_tokens, fmt, w.layers)
     pool = PagePool(
-        FMT,
-        layers,
+        fmt,
+        w.layers,
         budget,
-        chunk_bytes=CHUNK_PAGES * FMT.raw_page_bytes,
+        chunk_bytes=CHUNK_PAGES * fmt.raw_page_bytes,
         compression=True,
-        max_pages=virtual_pages_for_budget(budget, FMT, layers, True),
+        max_pages=virtual_pages_for_budget(budget, fmt, w.layers, True),
     )
     return ZipkvAllocator(pool, "cpu", True)
 
 
 def fill(alloc: ZipkvAllocator, slots: torch.Tensor, gen: torch.Generator) -> None:
     """Random bf16 K and V written into ``slots`` of every layer (what a forward step stores)."""
-    shape = (slots.numel(), FMT.num_kv_heads, FMT.head_dim)
+    fmt = alloc.pool.fmt
+    shape = (slots.numel(), fmt.num_kv_heads, fmt.head_dim)
     for layer in range(alloc.pool.num_layers):
         k, v = (torch.randn(shape, generator=gen).to(torch.bfloat16) for _ in range(2))
-        reference.store_tokens(alloc.pool.heap, alloc.pool.page_loc[layer], slots, k, v, FMT)
+        reference.store_tokens(alloc.pool.heap, alloc.pool.page_loc[layer], slots, k, v, fmt)
 
 
 def pool_state(alloc: ZipkvAllocator, cache: LruPrefixCache) -> dict[str, Any]:
     """What the pool holds now, and what compression off would fit in the same budget."""
     stats = alloc.pool.stats()
-    raw_slots = stats.budget_bytes // (alloc.pool.num_layers * FMT.raw_page_bytes)
+    raw_slots = stats.budget_bytes // (alloc.pool.num_layers * alloc.pool.fmt.raw_page_bytes)
     return {
         "available_tokens": alloc.available_size(),
         "evictable_tokens": cache.evictable_tokens(),
@@ -108,10 +128,12 @@ def pool_state(alloc: ZipkvAllocator, cache: LruPrefixCache) -> dict[str, Any]:
     }
 
 
-def prefill_chunk(alloc: ZipkvAllocator, cache: LruPrefixCache, r: Running, gen: torch.Generator) -> str:
+def prefill_chunk(
+    alloc: ZipkvAllocator, cache: LruPrefixCache, r: Running, gen: torch.Generator, chunk_tokens: int
+) -> str:
     """One prefill chunk of ``r`` as SGLang's scheduler runs it: "skipped" (admission says no room),
     "ok", or "failed" (admitted, evicted the shortfall, and the allocation still failed)."""
-    n = min(r.prompt_left, PREFILL_CHUNK_TOKENS)
+    n = min(r.prompt_left, chunk_tokens)
     pages = -(-(r.tokens + n) // PAGE_TOKENS) - -(-r.tokens // PAGE_TOKENS)
     if pages * PAGE_TOKENS + PAGE_TOKENS > alloc.available_size() + cache.evictable_tokens():
         return "skipped"
@@ -152,20 +174,20 @@ def decode_step(
     return "ok"
 
 
-def run(layers: int, raw_tokens: int, steps: int, seed: int) -> dict[str, Any]:
-    alloc = make_allocator(layers, raw_tokens)
+def run(w: Workload) -> dict[str, Any]:
+    alloc = make_allocator(w)
     cache = LruPrefixCache(alloc)
     alloc.prefix_cache = cache.hooks()
-    rng, gen = random.Random(seed), torch.Generator().manual_seed(seed)
+    rng, gen = random.Random(w.seed), torch.Generator().manual_seed(w.seed)
     running: list[Running] = []
     counts = {"ok": 0, "skipped": 0, "retracted": 0}
-    for step in range(steps):
+    for step in range(w.steps):
         if rng.random() < 0.35:  # prompts of ~400 tokens (median), a long tail, at most a third of the pool
-            prompt = min(max(PAGE_TOKENS, int(rng.lognormvariate(6.0, 1.0))), raw_tokens // 3)
+            prompt = min(max(PAGE_TOKENS, int(rng.lognormvariate(w.prompt_log_mean, 1.0))), w.raw_tokens // 3)
             running.append(Running(prompt, rng.randint(4, 24)))
         results = []
         if (r := next((r for r in running if r.prompt_left > 0), None)) is not None:
-            results.append(("prefill", prefill_chunk(alloc, cache, r, gen)))
+            results.append(("prefill", prefill_chunk(alloc, cache, r, gen, w.chunk_tokens)))
         if batch := [r for r in running if r.prompt_left == 0]:
             results.append(("decode", decode_step(alloc, cache, batch, gen)))
         for kind, result in results:
@@ -177,7 +199,9 @@ def run(layers: int, raw_tokens: int, steps: int, seed: int) -> dict[str, Any]:
             cache.entries.append(torch.cat(r.slots))  # finished: the prefix cache keeps it
         alloc.compress_step()
         if step % 50 == 0:
-            print(f"[reclaim_stress] step {step}/{steps}: {json.dumps(pool_state(alloc, cache))}", flush=True)
+            print(
+                f"[reclaim_stress] step {step}/{w.steps}: {json.dumps(pool_state(alloc, cache))}", flush=True
+            )
     return {
         "failed": None,
         **counts,
@@ -194,12 +218,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--raw-tokens", type=int, default=32768, help="the KV budget, in raw tokens")
     p.add_argument("--steps", type=int, default=400)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--kv-heads", type=int, default=8)
+    p.add_argument("--head-dim", type=int, default=128)
+    p.add_argument("--prompt-log-mean", type=float, default=6.0, help="prompts: lognormal(this, 1) tokens")
+    p.add_argument("--chunk-tokens", type=int, default=21 * PAGE_TOKENS, help="a prefill chunk")
     p.add_argument("--pass-pages", type=int, default=ledger_module.COMPACTION_MAX_PAGES)
     p.add_argument("--out", type=Path, default=None, help="also write the record here (JSON)")
     a = p.parse_args(argv)
     ledger_module.COMPACTION_MAX_PAGES = a.pass_pages
     t0 = time.monotonic()
-    record = {"args": vars(a) | {"out": str(a.out)}, **run(a.layers, a.raw_tokens, a.steps, a.seed)}
+    w = Workload(
+        a.layers, a.raw_tokens, a.steps, a.seed, a.kv_heads, a.head_dim, a.prompt_log_mean, a.chunk_tokens
+    )
+    record = {"args": vars(a) | {"out": str(a.out)}, **run(w)}
     record["wall_s"] = round(time.monotonic() - t0, 1)
     print(json.dumps(record))
     if a.out is not None:
