@@ -52,6 +52,9 @@ class Workload:
     head_dim: int = 128
     prompt_log_mean: float = 6.0  # prompts: lognormal(this, 1) tokens, at most a third of the pool
     chunk_tokens: int = 21 * PAGE_TOKENS  # a prefill chunk (SGLang's chunked_prefill_size)
+    output_tokens: int = (
+        24  # outputs: uniform from a sixth of this to this (decode pages interleave requests)
+    )
 
     @property
     def fmt(self) -> PageFormat:
@@ -184,7 +187,7 @@ def run(w: Workload) -> dict[str, Any]:
     for step in range(w.steps):
         if rng.random() < 0.35:  # prompts of ~400 tokens (median), a long tail, at most a third of the pool
             prompt = min(max(PAGE_TOKENS, int(rng.lognormvariate(w.prompt_log_mean, 1.0))), w.raw_tokens // 3)
-            running.append(Running(prompt, rng.randint(4, 24)))
+            running.append(Running(prompt, rng.randint(max(1, w.output_tokens // 6), w.output_tokens)))
         results = []
         if (r := next((r for r in running if r.prompt_left > 0), None)) is not None:
             results.append(("prefill", prefill_chunk(alloc, cache, r, gen, w.chunk_tokens)))
@@ -222,13 +225,24 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--head-dim", type=int, default=128)
     p.add_argument("--prompt-log-mean", type=float, default=6.0, help="prompts: lognormal(this, 1) tokens")
     p.add_argument("--chunk-tokens", type=int, default=21 * PAGE_TOKENS, help="a prefill chunk")
+    p.add_argument(
+        "--output-tokens", type=int, default=24, help="outputs: uniform from a sixth of this to this"
+    )
     p.add_argument("--pass-pages", type=int, default=ledger_module.COMPACTION_MAX_PAGES)
     p.add_argument("--out", type=Path, default=None, help="also write the record here (JSON)")
     a = p.parse_args(argv)
     ledger_module.COMPACTION_MAX_PAGES = a.pass_pages
     t0 = time.monotonic()
     w = Workload(
-        a.layers, a.raw_tokens, a.steps, a.seed, a.kv_heads, a.head_dim, a.prompt_log_mean, a.chunk_tokens
+        a.layers,
+        a.raw_tokens,
+        a.steps,
+        a.seed,
+        a.kv_heads,
+        a.head_dim,
+        a.prompt_log_mean,
+        a.chunk_tokens,
+        a.output_tokens,
     )
     record = {"args": vars(a) | {"out": str(a.out)}, **run(w)}
     record["wall_s"] = round(time.monotonic() - t0, 1)
