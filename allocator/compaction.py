@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from zipkv.allocator.chunks import ChunkTable
-from zipkv.allocator.encode import chunks_affordable
+from zipkv.allocator.encode import chunks_affordable, most_affordable
 from zipkv.allocator.plans import ChunkKind, MovePlan, PageState
 
 I64 = np.int64
@@ -135,17 +135,17 @@ def plan_layer(
 
 
 def _affordable_new_chunks(table: ChunkTable, layer: int) -> int:
-    """Most new chunks ``layer`` can take now and still honour every reservation (monotone: bisected)."""
-    need = np.zeros(table.cfg.num_layers, dtype=I64)
-    lo, hi = 0, table.cfg.num_chunks
-    while lo < hi:
-        need[layer] = mid = (lo + hi + 1) // 2
-        if chunks_affordable(table, need):
-            lo = mid
-        else:
-            hi = mid - 1
-    need[layer] = lo
-    return lo if chunks_affordable(table, need) else -1
+    """Most new chunks ``layer`` can take now and still honour every reservation; -1 when not even none
+    can (the reservations already exceed what fits)."""
+
+    def need(n: int) -> np.ndarray:
+        out = np.zeros(table.cfg.num_layers, dtype=I64)
+        out[layer] = n
+        return out
+
+    if not chunks_affordable(table, need(0)):
+        return -1
+    return most_affordable(table, need, table.cfg.num_chunks)
 
 
 def _pack(

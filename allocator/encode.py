@@ -14,6 +14,7 @@ an ``EncodePlan``, a ``Settlement``); ``Ledger`` applies them, so it alone write
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -70,18 +71,24 @@ def chunks_affordable(table: ChunkTable, need: np.ndarray) -> bool:
     return table.fits(table.reserved_pages, free_units=table.free_units() - need * table.cu)
 
 
-def encodable(table: ChunkTable, pages: int) -> int:
-    """Most of ``pages`` whose worst-case places fit without eating into reservations."""
-    if chunks_affordable(table, log_chunks_needed(table, pages)):
-        return pages
-    lo, hi = 0, pages - 1
+def most_affordable(table: ChunkTable, need_for: Callable[[int], np.ndarray], most: int) -> int:
+    """The largest n in 0..``most`` whose chunk needs ``need_for(n)`` (new chunks per layer, growing with
+    n) are affordable, bisected; 0 when no n above 0 is."""
+    if chunks_affordable(table, need_for(most)):
+        return most
+    lo, hi = 0, most - 1
     while lo < hi:
         mid = (lo + hi + 1) // 2
-        if chunks_affordable(table, log_chunks_needed(table, mid)):
+        if chunks_affordable(table, need_for(mid)):
             lo = mid
         else:
             hi = mid - 1
     return lo
+
+
+def encodable(table: ChunkTable, pages: int) -> int:
+    """Most of ``pages`` whose worst-case places fit without eating into reservations."""
+    return most_affordable(table, lambda n: log_chunks_needed(table, n), pages)
 
 
 def region_layout(table: ChunkTable, k: int) -> RegionLayout:
