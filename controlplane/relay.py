@@ -192,13 +192,12 @@ class RelayResponse(StreamingResponse):
         watcher = asyncio.ensure_future(self._cancel_when_gone(receive, task))
         try:
             await self.stream_response(send)
-            self._sent = True
         except asyncio.CancelledError:
             # Our own cancellation (the client left) ends the response; any other one goes on.
             if not self._client_gone or task.uncancel() > 0:
                 raise
         finally:
-            self._sent = True
+            self._sent = True  # no await since the body ended: the watcher cannot have cancelled after it
             watcher.cancel()
             await self._relay.finish(self._on_done)
 
