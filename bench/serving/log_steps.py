@@ -58,12 +58,21 @@ def fit(points: Sequence[StepPoint]) -> dict[str, float] | None:
     """step_ms = fixed_ms + ms_per_100k_tokens x kv_tokens / 1e5, least squares (None below 3 points)."""
     if len(points) < 3:
         return None
-    x = np.array([[1.0, p.kv_tokens / 1e5] for p in points])
-    y = np.array([p.step_ms for p in points])
+    fixed, slope, rms = line_fit([p.kv_tokens for p in points], [p.step_ms for p in points])
+    return {
+        "fixed_ms": round(fixed, 3),
+        "ms_per_100k_tokens": round(slope, 3),
+        "rms_residual_ms": round(rms, 3),
+    }
+
+
+def line_fit(kv_tokens: Sequence[float], step_ms: Sequence[float]) -> tuple[float, float, float]:
+    """(fixed ms, ms per 100k KV tokens, rms residual ms): the least-squares line of step_ms on kv_tokens."""
+    x = np.array([[1.0, t / 1e5] for t in kv_tokens])
+    y = np.array(step_ms, dtype=float)
     (fixed, slope), *_ = np.linalg.lstsq(x, y, rcond=None)
     resid = y - x @ np.array([fixed, slope])
-    return {"fixed_ms": round(float(fixed), 3), "ms_per_100k_tokens": round(float(slope), 3),
-            "rms_residual_ms": round(float(np.sqrt((resid**2).mean())), 3)}  # fmt: skip
+    return float(fixed), float(slope), float(np.sqrt((resid**2).mean()))
 
 
 def summarise(logs: dict[str, Path]) -> dict[str, object]:

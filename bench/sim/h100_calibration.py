@@ -33,18 +33,18 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from bench.paths import RESULTS
+from bench.serving.log_steps import line_fit
 from bench.serving.trace_workload import KV_BYTES_PER_TOKEN
 from bench.sim.prefill_log import PrefillFit, fit_prefill, parse_lines, rebuild_batches
+from bench.sim.sim_calibrate import compression_ratio
 from bench.sim.step_model import StepModel
 
 NAME = "h100_serving_logs"
 RECORD = RESULTS / "sim_calibration_h100_serving_logs.json"
 DECODE_STEPS = RESULTS / "serving_decode_steps.json"
 CHUNK_TOKENS = 8192  # the sweep's chunked_prefill_size
-ZIPKV_RATIO = 0.7618  # compressed / raw bytes (bench/results/sglang_e2e.json's compression_ratio_at_peak)
+ZIPKV_RATIO = compression_ratio("zipkv")  # compressed / raw bytes, measured (sglang_e2e.json)
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,10 +79,8 @@ def fit_decode_line(points: list[tuple[int, float]], kv_count_factor: float = 1.
     count is raw x kv_count_factor, so the raw slope is the logged one x kv_count_factor."""
     if len(points) < 2:
         raise ValueError("a line needs at least two points")
-    x = np.array([[1.0, float(t)] for t, _ in points])
-    y = np.array([ms for _, ms in points])
-    fixed, slope = np.linalg.lstsq(x, y, rcond=None)[0]
-    return float(fixed), float(slope) * kv_count_factor
+    fixed, per_100k, _ = line_fit([t for t, _ in points], [ms for _, ms in points])
+    return fixed, per_100k / 1e5 * kv_count_factor
 
 
 def step_model(system: str, fixed_ms: float, ms_per_raw_token: float, prefill: PrefillFit) -> StepModel:

@@ -29,6 +29,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from bench.sim.step_model import attention_pairs, batch_prefill_ms
+
 PREFILL = re.compile(
     r"Prefill batch, #new-seq: (\d+), #new-token: (\d+), #cached-token: (\d+), .*?#queue-req: (\d+), "
     r"#pending-token: (\d+), .*input throughput \(token/s\): ([\d.]+)"
@@ -61,7 +63,7 @@ class PrefillBatch:
 
     @property
     def attention_pairs(self) -> float:
-        return sum(n * (s + n / 2) for n, s in self.seqs)
+        return attention_pairs(self.seqs)
 
 
 def parse_lines(lines: Iterable[str]) -> list[PrefillLine]:
@@ -141,10 +143,7 @@ class PrefillFit:
     median_abs_error: float  # relative, of batch_ms against the gaps, over the latter
 
     def batch_ms(self, seqs: Iterable[tuple[int, int]]) -> float:
-        seqs = list(seqs)
-        new = sum(n for n, _ in seqs)
-        pairs = sum(n * (s + n / 2) for n, s in seqs)
-        return self.fixed_ms + self.ms_per_1k_tokens * new / 1e3 + self.ms_per_1m_pairs * pairs / 1e6
+        return batch_prefill_ms(self.fixed_ms, self.ms_per_1k_tokens, self.ms_per_1m_pairs, seqs)
 
 
 def chain_slope(batches: Sequence[PrefillBatch]) -> tuple[float, int]:

@@ -27,6 +27,7 @@ with the attention slope measured per system (it differs between SGLang's and zi
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -49,6 +50,21 @@ WORKLOAD_CONTEXT_TOKENS = {
 }
 
 
+def attention_pairs(seqs: Iterable[tuple[int, int]]) -> float:
+    """A prefill batch's attention work: (new token, context token) pairs over its (new tokens, context
+    start) sequences, each new token against its context and the new tokens before it."""
+    return sum(n * (s + n / 2) for n, s in seqs)
+
+
+def batch_prefill_ms(
+    fixed_ms: float, ms_per_1k_tokens: float, ms_per_1m_pairs: float, seqs: Iterable[tuple[int, int]]
+) -> float:
+    """The measured per-batch prefill cost (module docstring) of (new tokens, context start) sequences."""
+    seqs = list(seqs)
+    new = sum(n for n, _ in seqs)
+    return fixed_ms + ms_per_1k_tokens * new / 1e3 + ms_per_1m_pairs * attention_pairs(seqs) / 1e6
+
+
 @dataclass(frozen=True, slots=True)
 class StepModel:
     system: str
@@ -69,12 +85,8 @@ class StepModel:
         """One prefill batch of (new tokens, context start) sequences."""
         if self.prefill_ms_per_1k_tokens is None:
             return sum(self.prefill_ms(n, s) for n, s in seqs)
-        new = sum(n for n, _ in seqs)
-        pairs = sum(n * (s + n / 2) for n, s in seqs)
-        return (
-            self.fixed_ms
-            + self.prefill_ms_per_1k_tokens * new / 1e3
-            + self.prefill_ms_per_1m_pairs * pairs / 1e6
+        return batch_prefill_ms(
+            self.fixed_ms, self.prefill_ms_per_1k_tokens, self.prefill_ms_per_1m_pairs, seqs
         )
 
     def with_prefill(self, tokens_per_s: float) -> StepModel:
