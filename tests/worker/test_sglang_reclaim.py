@@ -8,6 +8,7 @@ cached requests' slots in LRU order, evicted whole through the allocator's ``fre
 
 from __future__ import annotations
 
+import logging
 import random
 
 import pytest
@@ -133,6 +134,24 @@ def test_reclaim_gives_up_when_the_cache_is_empty() -> None:
     assert cache.evictable_tokens() == 0  # it evicted what there was, then stopped
     leak, msg = alloc.idle_check(0, 0, 0, 0)
     assert not leak, msg
+
+
+def test_a_failed_reclaim_says_what_it_did_in_one_warning(caplog: pytest.LogCaptureFixture) -> None:
+    alloc, cache = cached_pool(tokens=8 * PAGE_TOKENS)
+    alloc.prefix_cache = cache.hooks()
+    cached_tokens = cache.evictable_tokens()
+    too_many = torch.tensor([alloc.max_pages * PAGE_TOKENS])
+    with caplog.at_level(logging.WARNING, logger="zipkv.worker.sglang"):
+        zero = torch.tensor([0])
+        out = alloc.alloc_extend(zero, zero, too_many, too_many, torch.tensor([-1]), int(too_many))
+        assert out is None
+    lines = [r.getMessage() for r in caplog.records if "reclaim failed" in r.getMessage()]
+    assert len(lines) == 1, lines
+    fields = dict(kv.split("=") for kv in lines[0].split()[3:])
+    assert int(fields["need_pages"]) == alloc.max_pages
+    assert int(fields["evicted_tokens"]) == cached_tokens > 0  # reclaim evicted the whole cache
+    assert int(fields["evictable_tokens"]) == 0
+    assert int(fields["headroom_pages"]) < alloc.max_pages
 
 
 def steady_stream(

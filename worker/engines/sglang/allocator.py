@@ -38,7 +38,7 @@ from zipkv.worker.engines.sglang.kv_stats_board import PUBLISH_EVERY_STEPS, KVSt
 from zipkv.worker.engines.sglang.readback import ReadbackQueue
 from zipkv.worker.engines.sglang.reclaim import PrefixCache, overcount_tokens, reclaim
 from zipkv.worker.engines.sglang.slots import decode_slots, extend_slots, plan_extend, to_device
-from zipkv.worker.engines.sglang.telemetry import log_pool_step
+from zipkv.worker.engines.sglang.telemetry import log_pool_step, log_reclaim_failure
 
 LOG_EVERY_STEPS = 128  # a pool line in the scheduler's log (INFO) every this many forward steps
 DECODE_RESERVE_PAGES = 64  # until the seams set SGLang's max_running_requests (available_size)
@@ -143,8 +143,12 @@ class ZipkvAllocator:
     # ---- allocation ---------------------------------------------------------------------------------
     def _new_pages(self, n: int) -> list[int] | None:
         ids = self._take_pages(n)
-        if ids is None and self.prefix_cache is not None and reclaim(self, self.prefix_cache, n):
-            ids = self._take_pages(n)
+        if ids is None and self.prefix_cache is not None:
+            outcome = reclaim(self, self.prefix_cache, n)
+            if outcome.fit:
+                ids = self._take_pages(n)
+            if ids is None:
+                log_reclaim_failure(n, outcome, self.pool, self.free_page_ids())
         return ids
 
     def _take_pages(self, n: int) -> list[int] | None:

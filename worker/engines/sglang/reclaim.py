@@ -65,27 +65,50 @@ def overcount_tokens(evictable_tokens: int, fmt: PageFormat) -> int:
     return -(-pages * (share_den - share_num) // share_den) * PAGE_TOKENS
 
 
-def reclaim(alloc: Reclaimer, cache: PrefixCache, need_pages: int) -> bool:
-    """Make room for ``need_pages`` new pages from the prefix cache; True once they fit.
+@dataclass(frozen=True)
+class ReclaimOutcome:
+    """What one reclaim did: enough to tell, from a log line, why an allocation still failed."""
+
+    fit: bool  # need_pages fit afterwards
+    rounds: int  # eviction rounds run
+    evicted_tokens: int  # tokens the prefix cache evicted, all rounds
+    moved_pages: int  # pages compaction moved, all rounds
+    headroom_pages: int  # what fits afterwards
+    evictable_tokens: int  # what the prefix cache still holds evictable afterwards
+
+
+def reclaim(alloc: Reclaimer, cache: PrefixCache, need_pages: int) -> ReclaimOutcome:
+    """Make room for ``need_pages`` new pages from the prefix cache; ``fit`` once they fit.
 
     Each round evicts twice what the round before did: evicted pages that share chunks with live ones give
     their bytes back only through compaction, so the shortfall alone can leave the pool short round after
     round (seen on the H100 trace sweep: "Prefill out of memory" with 340k evictable tokens left)."""
     share_num, share_den = min_stored_share(alloc.pool.fmt)
-    scale = 1
+    scale, rounds, evicted_total, moved_total = 1, 0, 0, 0
     for _ in range(RECLAIM_ROUNDS):
         fit = alloc.headroom_pages()
         if fit >= need_pages:
-            return True
+            break
+        rounds += 1
         # evict enough that even fully compressed pages cover the shortfall, times the round's scale
         want_tokens = -(-(need_pages - fit) * share_den // share_num) * PAGE_TOKENS * scale
         evicted = cache.evict_tokens(want_tokens) if cache.evictable_tokens() > 0 else 0
         alloc.drain(block=True)  # the evicted pages' frees land in the pool
         moved = _compact(alloc, need_pages)  # waits for the device: drained chunks and moves are taken in
+        evicted_total += evicted
+        moved_total += moved
         if evicted == 0 and moved == 0:
             break
         scale *= 2
-    return alloc.headroom_pages() >= need_pages
+    headroom = alloc.headroom_pages()
+    return ReclaimOutcome(
+        fit=headroom >= need_pages,
+        rounds=rounds,
+        evicted_tokens=evicted_total,
+        moved_pages=moved_total,
+        headroom_pages=headroom,
+        evictable_tokens=cache.evictable_tokens(),
+    )
 
 
 def _compact(alloc: Reclaimer, need_pages: int) -> int:

@@ -24,6 +24,7 @@ from zipkv.worker.otel_env import otlp_endpoint
 
 if TYPE_CHECKING:  # the allocator package loads torch
     from zipkv.allocator import PagePool
+    from zipkv.worker.engines.sglang.reclaim import ReclaimOutcome
 
 log = logging.getLogger("zipkv.worker.sglang")
 TRACE_LEVEL_ENV = "SGLANG_TRACE_LEVEL"
@@ -137,4 +138,30 @@ def log_pool_step(step: int, pool: PagePool, live_pages: int, decode_reqs: int) 
         st.compressed_page_blocks,
         st.compressed_blocks / st.compressed_page_blocks if st.compressed_page_blocks else 0.0,
         decode_reqs,
+    )
+
+
+def log_reclaim_failure(need_pages: int, outcome: ReclaimOutcome, pool: PagePool, free_ids: int) -> None:
+    """One WARNING line when an allocation fails even after reclaiming from the prefix cache (SGLang then
+    stops with "Prefill out of memory"): what was asked, what reclaim did, and where the pool's bytes are,
+    so the line alone says whether page ids, dead bytes in chunks or locked cache pages were short."""
+    st = pool.stats()
+    log.warning(
+        "zipkv reclaim failed need_pages=%d headroom_pages=%d free_page_ids=%d rounds=%d evicted_tokens=%d "
+        "moved_pages=%d evictable_tokens=%d used_pages=%d committed_pages=%d encoding_pages=%d "
+        "pool_chunks=%d free_bytes=%d dead_bytes=%d budget_bytes=%d",
+        need_pages,
+        outcome.headroom_pages,
+        free_ids,
+        outcome.rounds,
+        outcome.evicted_tokens,
+        outcome.moved_pages,
+        outcome.evictable_tokens,
+        st.used_pages,
+        st.committed_pages,
+        st.encoding_pages,
+        st.pool_chunks,
+        st.free_bytes,
+        st.dead_bytes,
+        st.budget_bytes,
     )
