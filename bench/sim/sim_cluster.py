@@ -3,12 +3,13 @@
 `simulate` replays the arrivals, asks the policy for a worker per request (or sheds it), runs every worker's
 engine (sim_worker.py) until the last request is done and returns one `Outcome` per request with the
 inter-token gaps: the inputs of serving_metrics.rate_row, as a GPU run's bench_serving records are.
+Requests sent at the same instant reach the policy in the order their HTTP bodies arrive (http_ingest.py).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -16,6 +17,7 @@ import simpy
 
 from bench.serving.serving_metrics import Outcome, Slo
 from bench.serving.trace_workload import TraceRequest
+from bench.sim.http_ingest import ingest_order
 from bench.sim.sim_policies import BASELINES, Policy
 from bench.sim.sim_worker import GapHistogram, SimRequest, SimWorker, WorkerSpec
 from bench.sim.sim_zipkv_router import ZipkvRouter
@@ -127,7 +129,10 @@ def simulate(
     progress: Callable[[str], None] | None = None,
     decode_ms_per_gib: float | None = None,
     affinity_weight: float | None = None,
+    warm_prompts: Sequence[TraceRequest] = (),
 ) -> SimResult:
+    """One run; `warm_prompts` are prefilled into every worker's prefix cache before the first arrival (as
+    bench_serving's warm-up request leaves the run's first prompt cached)."""
     env = simpy.Environment()
     gaps = GapHistogram()
     sims = [SimRequest(i, tr, t) for i, (tr, t) in enumerate(zip(requests, arrivals_s, strict=True))]
@@ -145,6 +150,10 @@ def simulate(
             all_done.succeed()
 
     workers = [SimWorker(env, i, spec, first_token, done, gaps) for i, spec in enumerate(pool)]
+    for w in workers:
+        for tr in warm_prompts:
+            w.cache.admit(tr)
+            w.cache.release(tr)
     policy = make_policy(
         policy_name, env, workers, slo, prefill_ms_per_token, decode_ms_per_gib, affinity_weight
     )
@@ -161,7 +170,8 @@ def simulate(
             workers[i].submit(r)
 
     def arrivals() -> Any:
-        for k, r in enumerate(sims):
+        for k, i in enumerate(ingest_order(requests, arrivals_s)):
+            r = sims[i]
             if r.arrival_s > env.now:
                 yield env.timeout(r.arrival_s - env.now)
             _arrive(policy, r, env.now, submit)
