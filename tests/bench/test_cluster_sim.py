@@ -226,6 +226,24 @@ def test_the_validation_compares_like_with_like() -> None:
     assert all(r[q]["error"] == 0.0 for r in report["rows"] for q in QUANTITIES)
 
 
+def test_the_validation_skips_a_system_its_calibration_has_no_model_for() -> None:
+    # The H100 logs' calibration fits sglang and zipkv only: a compression-off row is listed as skipped,
+    # with the reason, instead of failing the whole comparison.
+    from bench.sim.sim_validation import QUANTITIES, compare
+
+    row = {"slo": "strict", "rate_rps": 1.0, **{q: 1.0 for q in QUANTITIES}}
+    measured = {
+        "date": "test",
+        "device": "1 x NVIDIA H100 80GB HBM3",
+        "workload": {"max_context_tokens": 131072, "requests": 12, "offset": 0},
+        "systems": {},
+        "rows": [{"system": "zipkv_uncompressed", **row}, {"system": "sglang_gateway", **row}],
+    }
+    report = compare(measured)
+    assert [r["system"] for r in report["rows"]] == ["sglang_gateway"]
+    assert "zipkv_uncompressed" in report["skipped"]["zipkv_uncompressed"]
+
+
 def test_a_router_that_waits_for_headroom_sheds_less_than_one_that_refuses_at_once() -> None:
     # One worker with a quarter of the KV budget, 300 trace requests at 1.5 requests/s: bursts outrun its
     # headroom. Refusing at once sheds them; waiting up to 5 s (the router's default) places most later.
