@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 # The worker's kernel and page-format choices (kernels/, worker/engines/sglang/), read by each replica
 KERNEL_CHOICE_ENV = (
     "ZIPKV_PREFILL_KERNEL", "ZIPKV_EXTEND_KERNEL", "ZIPKV_DECODE_KERNEL", "ZIPKV_DECODE_IMPL",
-    "ZIPKV_PAGE_FORMAT", "ZIPKV_HOPPER_WARP_SOFTMAX", "ZIPKV_HOPPER_LAZY_RESCALE",
+    "ZIPKV_PAGE_FORMAT", "ZIPKV_HOPPER_WARP_SOFTMAX", "ZIPKV_HOPPER_LAZY_RESCALE", "ZIPKV_HOPPER_LEAN",
 )  # fmt: skip
 
 

@@ -38,9 +38,9 @@ def _zipkv_fns(
     configs: list[tuple[int, ...]],  # type: ignore[type-arg]
     sms: int,
 ) -> tuple[dict[str, Callable[[], object]], dict[str, Callable[[], object]], dict[str, int]]:
-    """zipkv's calls per config (block_n:stages[:ctas_per_sm[:maxnreg[:warps[:warp_softmax[:lazy]]]]]): on the
-    v3 pages (timed) and on raw pages holding the same values (timed for the first config, the uncompressed
-    run; checked bit for bit against the v3 run for every config); the split count each used."""
+    """zipkv's calls per config (block_n:stages[:ctas_per_sm[:maxnreg[:warps[:warp_softmax[:lazy[:lean]]]]]]):
+    on the v3 pages (timed) and on raw pages holding the same values (timed for the first config, the
+    uncompressed run; checked bit for bit against the v3 run for every config); the split count each used."""
     batch = q.shape[0]
     raw_loc = (
         torch.arange(case["pages"].shape[0], dtype=torch.int64, device="cuda") * case["fmt"].raw_page_bytes
@@ -51,7 +51,7 @@ def _zipkv_fns(
     for cfg in configs:
         # Without ctas_per_sm / maxnreg / warps a config runs the plan's own split choice, the launch's
         # registers and the default warps per program.
-        block_n, stages, ctas, maxnreg, warps, ws, lazy = (*cfg, None, None, None, None, None)[:7]
+        block_n, stages, ctas, maxnreg, warps, ws, lazy, lean = (*cfg, *[None] * 6)[:8]
         plan = plan_decode(
             case["page_ids"],
             case["indptr"],
@@ -67,6 +67,7 @@ def _zipkv_fns(
         run = partial(
             decode_attention_hopper, plan, q, sm_scale=scale, out=o, stages=stages, maxnreg=maxnreg,
             warp_softmax=None if ws is None else bool(ws), lazy_rescale=None if lazy is None else bool(lazy),
+            lean=None if lean is None else bool(lean),
         )  # fmt: skip
         fns[tag] = partial(run, case["heap"], case["loc"], case["meta"])
         raw_fns[tag] = partial(run, case["raw_heap"], raw_loc, case["raw_meta"], compressed=False)
@@ -191,8 +192,8 @@ def main() -> None:
     ap.add_argument(
         "--configs",
         default="32:2",
-        help="block_n:stages[:ctas_per_sm[:maxnreg[:warps[:warp_softmax[:lazy_rescale]]]]], first is the"
-        " baseline (ctas_per_sm 0: the plan's splits; maxnreg 0: the compiler's registers)",
+        help="block_n:stages[:ctas_per_sm[:maxnreg[:warps[:warp_softmax[:lazy_rescale[:lean]]]]]], first is"
+        " the baseline (ctas_per_sm 0: the plan's splits; maxnreg 0: the compiler's registers)",
     )
     ap.add_argument("--graph", action="store_true", help="time CUDA-graph replays (no host launch time)")
     ap.add_argument("--timing", default=None, help="BxT,...: per-program timeline (the TIMING build)")

@@ -58,14 +58,16 @@ def compile_hopper(
     num_warps: int = NUM_WARPS,
     warp_softmax: bool = False,
     lazy_rescale: bool = False,
+    lean: bool = False,
 ):  # type: ignore[no-untyped-def]
     from triton.experimental.gluon._runtime import GluonASTSource
 
     fn = dh._decode_hopper_kernel
     del compressed  # one kernel reads coded and raw pages
     const = launch.hopper_constexprs(
-        kv_heads, group, head_dim, pages, stages, split, warp_softmax=warp_softmax, lazy_rescale=lazy_rescale
-    )
+        kv_heads, group, head_dim, pages, stages, split, warp_softmax=warp_softmax, lazy_rescale=lazy_rescale,
+        lean=lean,
+    )  # fmt: skip
     signature = {n: ARG_TYPES.get(n, "constexpr") for n in fn.arg_names}
     constexprs = {(i,): const[n] for i, n in enumerate(fn.arg_names) if n in const}
     aligned = {n for n in ARG_TYPES if ARG_TYPES[n].startswith("*") or n.startswith("stride")}
@@ -123,6 +125,76 @@ def loop_local_accesses(sass: str) -> int:
     return sum(1 for addr, txt in insts if loop[0] <= addr <= loop[1] and re.search(r"\b(LDL|STL)", txt))
 
 
+_BRA = re.compile(r"BRA (?:P\d, )?`?\(?0x([0-9a-f]+)")
+
+
+def _loop_blocks(sass: str) -> list[list[str]]:
+    """The main loop's basic blocks (the last backward branch's body), each a list of instructions."""
+    insts = [(int(a, 16), t.strip()) for a, t in re.findall(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);", sass)]
+    head, tail = 0, -1
+    for addr, txt in insts:
+        if (m := _BRA.search(txt)) and int(m.group(1), 16) < addr:
+            head, tail = int(m.group(1), 16), addr
+    body = [(a, t) for a, t in insts if head <= a <= tail]
+    targets = {int(m.group(1), 16) for _, t in body if (m := _BRA.search(t))}
+    blocks: list[list[tuple[int, str]]] = [[]]
+    for addr, txt in body:
+        if addr in targets and blocks[-1]:
+            blocks.append([])
+        blocks[-1].append((addr, txt))
+        if _BRA.search(txt):
+            blocks.append([])
+    return [[f"{a:x} {t}" for a, t in b] for b in blocks if b]
+
+
+def _ops(block: list[str]) -> dict[str, int]:
+    return opcode_counts("".join(f"/*{line.split()[0]:0>4}*/ {line.split(' ', 1)[1]};" for line in block))
+
+
+def coded_tile(sass: str) -> dict[str, object]:
+    """Instructions one warp issues for a tile read the common way (every page coded: the coded copies of
+    a tile ahead, the pre-pass, the attention), over each path through the main loop that takes those
+    blocks and not the gather's: the fewest (a full tile; with the lazy rescale, its rescale skipped) and
+    the most (a split's last tile, or rescaled), and the fewest by opcode."""
+    blocks = _loop_blocks(sass)
+    first = {int(b[0].split()[0], 16): i for i, b in enumerate(blocks)}
+    ops = [_ops(b) for b in blocks]
+    found: list[tuple[int, dict[str, int]]] = []
+
+    def walk(i: int, path: list[int]) -> None:  # the loop's branches all go forward but the last
+        path = [*path, i]
+        last = blocks[i][-1].split(" ", 1)[1]
+        m = _BRA.search(last)
+        if m and int(m.group(1), 16) == int(blocks[0][0].split()[0], 16):
+            # the pre-pass reads and writes shared memory outside the attention (MMAs, softmax exchanges);
+            # the gather writes what it loaded
+            attend = ("HMMA", "MUFU", "FMNMX")
+            shared = [
+                ("LDS" in ops[j], "STS" in ops[j]) for j in path if not any(a in ops[j] for a in attend)
+            ]
+            if (True, True) in shared and (False, True) not in shared:
+                total: dict[str, int] = {}
+                for j in path:
+                    for k, v in ops[j].items():
+                        total[k] = total.get(k, 0) + v
+                found.append((total.get("LDGSTS", 0), total))
+        elif m:
+            walk(first[int(m.group(1), 16)], path)
+        if (not m or last.startswith("@")) and i + 1 < len(blocks):
+            walk(i + 1, path)
+
+    walk(0, [])
+    if not found:
+        return {}
+    most_copies = max(c for c, _ in found)  # the coded copies (the raw copies are fewer)
+    counts = sorted((sum(t.values()), t) for c, t in found if c == most_copies)
+    return {
+        "fewest": counts[0][0],
+        "most": counts[-1][0],
+        "ops": dict(sorted(counts[0][1].items(), key=lambda kv: -kv[1])),
+    }
+
+
 def report(
     head_dim: int,
     pages: int,
@@ -132,10 +204,11 @@ def report(
     num_warps: int = NUM_WARPS,
     warp_softmax: bool = False,
     lazy_rescale: bool = False,
+    lean: bool = False,
 ) -> dict[str, object]:
     kernel = compile_hopper(
         head_dim, pages, stages, compressed=compressed, maxnreg=maxnreg, num_warps=num_warps,
-        warp_softmax=warp_softmax, lazy_rescale=lazy_rescale,
+        warp_softmax=warp_softmax, lazy_rescale=lazy_rescale, lean=lean,
     )  # fmt: skip
     sass = sass_of(kernel.asm["cubin"])
     ptx = kernel.asm["ptx"]
@@ -146,11 +219,13 @@ def report(
         "num_warps": num_warps,
         "warp_softmax": warp_softmax,
         "lazy_rescale": lazy_rescale,
+        "lean": lean,
         "compressed": compressed,
         "shared_bytes": kernel.metadata.shared,
         **usage(kernel.asm["cubin"]),
         "sass_instructions": sum(opcode_counts(sass).values()),
         "loop_local_accesses": loop_local_accesses(sass),
+        "coded_tile": coded_tile(sass),
         "sass_ops": opcode_counts(sass),
         "ptx_cp_async": len(re.findall(r"cp\.async\.c[ag]", ptx)),
         "ptx_ldmatrix": len(re.findall(r"ldmatrix", ptx)),
@@ -175,6 +250,7 @@ def main() -> None:
     ap.add_argument(
         "--lazy-rescale", action="store_true", help="skip the rescale of tiles where no row max grew"
     )
+    ap.add_argument("--lean", action="store_true", help="the lean tile (hopper/lean.py)")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--dump", default=None, help="folder for .ptx/.sass/.ttgir of each variant")
     a = ap.parse_args()
@@ -184,13 +260,13 @@ def main() -> None:
         for p in (int(x) for x in a.pages.split(",")):
             for s in (int(x) for x in a.stages.split(",")):
                 for comp, w in itertools.product((True, False) if a.twin else (True,), warp_counts):
-                    r = report(d, p, s, comp, a.maxnreg, w, a.warp_softmax, a.lazy_rescale)
+                    r = report(d, p, s, comp, a.maxnreg, w, a.warp_softmax, a.lazy_rescale, a.lean)
                     rows.append(r)
                     if a.dump:
                         os.makedirs(a.dump, exist_ok=True)
                         k = compile_hopper(
                             d, p, s, compressed=comp, num_warps=w, warp_softmax=a.warp_softmax,
-                            lazy_rescale=a.lazy_rescale,
+                            lazy_rescale=a.lazy_rescale, lean=a.lean,
                         )  # fmt: skip
                         tag = f"d{d}_p{p}_s{s}_w{w}_{'c' if comp else 't'}"
                         for ext in ("ptx", "ttgir"):

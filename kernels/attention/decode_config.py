@@ -97,6 +97,17 @@ HOPPER_WARP_SOFTMAX_ENV = "ZIPKV_HOPPER_WARP_SOFTMAX"
 HOPPER_LAZY_RESCALE_ENV = "ZIPKV_HOPPER_LAZY_RESCALE"
 
 
+# The Hopper kernel's tile in fewer instructions: "0" (the default) as measured; "1" the lean tile
+# (hopper/lean.py: the row max and P exchanged between warps through buffers of their own, the qk scale
+# folded into one FFMA, the end-of-split mask only in a split's last tile; the pre-pass's twin high byte in
+# one step fewer; the coded copies' V and patch addresses in fewer adds): offline sm_90, 601 SASS
+# instructions per coded tile against 677, 202 registers against 206 (docs/benchmarks.md). The kernel on
+# compressed pages still equals the kernel on raw pages bit for bit; against the default the softmax's
+# exp2 argument rounds once (an fma) where it rounded twice. Off until the GPU measures it (shared softmax
+# only; combines with the lazy rescale).
+HOPPER_LEAN_ENV = "ZIPKV_HOPPER_LEAN"
+
+
 def _flag(env: Mapping[str, str] | None, name: str, off: str) -> bool:
     """A 0/1 environment switch, checked: ValueError names the variable and what 0 means (``off``)."""
     env = os.environ if env is None else env
@@ -115,6 +126,11 @@ def hopper_lazy_rescale(env: Mapping[str, str] | None = None) -> bool:
     """Whether the Hopper kernel skips the output rescale of tiles where no row max grew
     (``$ZIPKV_HOPPER_LAZY_RESCALE``, see above)."""
     return _flag(env, HOPPER_LAZY_RESCALE_ENV, "rescale every tile")
+
+
+def hopper_lean(env: Mapping[str, str] | None = None) -> bool:
+    """Whether the Hopper kernel runs the lean tile (``$ZIPKV_HOPPER_LEAN``, see above)."""
+    return _flag(env, HOPPER_LEAN_ENV, "the measured tile")
 
 
 def is_sm90(device: torch.device) -> bool:

@@ -165,3 +165,11 @@ def test_the_lazy_rescale_is_asked_for_by_0_or_1_and_needs_the_shared_softmax() 
     _check_switch(dc.hopper_lazy_rescale, dc.HOPPER_LAZY_RESCALE_ENV)  # off by default: every tile rescales
     # Asked for together with the per-warp softmax (no program-wide row max): refused before any launch.
     _refused(2, 30, 32, "lazy rescale needs the shared softmax", warp_softmax=True, lazy_rescale=True)
+
+
+def test_the_lean_tile_is_asked_for_by_0_or_1_and_needs_the_shared_softmax() -> None:
+    from zipkv.kernels.attention import decode_config as dc
+
+    _check_switch(dc.hopper_lean, dc.HOPPER_LEAN_ENV)  # off by default: the measured tile
+    # Asked for with the per-warp softmax (whose exchanges it does not have): refused before any launch.
+    _refused(2, 30, 32, "lean tile needs the shared softmax", warp_softmax=True, lean=True)

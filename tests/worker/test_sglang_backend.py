@@ -172,7 +172,7 @@ def test_a_malformed_extend_kernel_choice_fails_at_start(monkeypatch: pytest.Mon
 
 def test_a_malformed_hopper_switch_fails_at_start(monkeypatch: pytest.MonkeyPatch) -> None:
     alloc, kv, r2t = setup()
-    for name in ("ZIPKV_HOPPER_WARP_SOFTMAX", "ZIPKV_HOPPER_LAZY_RESCALE"):
+    for name in ("ZIPKV_HOPPER_WARP_SOFTMAX", "ZIPKV_HOPPER_LAZY_RESCALE", "ZIPKV_HOPPER_LEAN"):
         monkeypatch.setenv(name, "yes")
         with pytest.raises(ValueError, match=f"{name}='yes'"):
             ZipkvAttention(kv, alloc, r2t, HQ, True, extend_twin)

@@ -34,6 +34,7 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as ttgl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy
 
+from .lean import lean_scratch
 from .restore import tile_operands
 from .ring import _PT, KIND_BITS, issue_tile, tile_ids, tile_info
 from .softmax import _M, attend_tile, final_state, init_state, kernel_mma_layout, out_layout
@@ -137,7 +138,7 @@ def _slot(ring, s):
 
 @gluon.jit
 def _fill_ring(ring, heap_ptr, tables, first, H: ttgl.constexpr, D: ttgl.constexpr, NP: ttgl.constexpr,
-               STAGES: ttgl.constexpr, GATHER_ALL: ttgl.constexpr):  # fmt: skip
+               STAGES: ttgl.constexpr, GATHER_ALL: ttgl.constexpr, LEAN: ttgl.constexpr):  # fmt: skip
     """Tiles 0 .. STAGES-2 in flight before the loop. Returns ``kinds`` (each in-flight tile's read path,
     KIND_BITS apiece), the table loads of the loop's first copies and the page ids of the tile after.
 
@@ -159,7 +160,7 @@ def _fill_ring(ring, heap_ptr, tables, first, H: ttgl.constexpr, D: ttgl.constex
             info_s0 = tile_info(tables, tok_s0, tile_ids(tables, tok_s0, D, NP), H, D, NP)
         if s0 == STAGES - 2:  # the loop's first tile's loads go out before this tile's copies wait
             info_n = tile_info(tables, tok_n, ids_n, H, D, NP)
-        kind0 = issue_tile(_slot(ring, s0), heap_ptr, tables, tok_s0, info_s0, H, D, NP, GATHER_ALL)
+        kind0 = issue_tile(_slot(ring, s0), heap_ptr, tables, tok_s0, info_s0, H, D, NP, GATHER_ALL, LEAN)
         kinds = kinds | (kind0 << (KIND_BITS * s0))
         async_copy.commit_group()
     return kinds, info_n, ids_nn
@@ -167,14 +168,15 @@ def _fill_ring(ring, heap_ptr, tables, first, H: ttgl.constexpr, D: ttgl.constex
 
 @gluon.jit
 def _refill(ring, i, kinds, info_n, ids_nn, heap_ptr, tables, first, H: ttgl.constexpr, D: ttgl.constexpr,
-            NP: ttgl.constexpr, STAGES: ttgl.constexpr, GATHER_ALL: ttgl.constexpr):  # fmt: skip
+            NP: ttgl.constexpr, STAGES: ttgl.constexpr, GATHER_ALL: ttgl.constexpr,
+            LEAN: ttgl.constexpr):  # fmt: skip
     """While tile ``i`` is restored and multiplied: tile i + STAGES - 1's copies into the slot tile i - 1
     freed (steered by ``info_n``), the table loads of the tile after it, the page ids of the one after
     that. Returns the three carried the same way."""
     N: ttgl.constexpr = NP * _PT
     nxt = i + STAGES - 1
     kind_n = issue_tile(
-        _slot(ring, nxt % STAGES), heap_ptr, tables, first + nxt * N, info_n, H, D, NP, GATHER_ALL
+        _slot(ring, nxt % STAGES), heap_ptr, tables, first + nxt * N, info_n, H, D, NP, GATHER_ALL, LEAN
     )
     kinds = kinds | (kind_n << (KIND_BITS * (STAGES - 1)))
     async_copy.commit_group()
@@ -192,7 +194,7 @@ def _decode_hopper_kernel(
     STAGES: ttgl.constexpr, SPLIT: ttgl.constexpr, GATHER_ALL: ttgl.constexpr,
     OP_K: ttgl.constexpr, OP_V: ttgl.constexpr, CW: ttgl.constexpr, HW: ttgl.constexpr, PG1: ttgl.constexpr,
     WARP_SOFTMAX: ttgl.constexpr = False, TIMING: ttgl.constexpr = False,
-    LAZY_RESCALE: ttgl.constexpr = False,
+    LAZY_RESCALE: ttgl.constexpr = False, LEAN: ttgl.constexpr = False, PX: ttgl.constexpr = None,
 ):  # fmt: skip
     N: ttgl.constexpr = NP * _PT
     mma: ttgl.constexpr = kernel_mma_layout(ttgl.num_warps(), WARP_SOFTMAX)
@@ -212,8 +214,9 @@ def _decode_hopper_kernel(
         else:
             qa, qb = _load_q(q_ptr, req, head, stride_qb, stride_qh, GROUP, D, a_l)
         ring = _ring(STAGES, NP, D)
-        kinds, info_n, ids_nn = _fill_ring(ring, heap_ptr, tables, first, H, D, NP, STAGES, GATHER_ALL)
+        kinds, info_n, ids_nn = _fill_ring(ring, heap_ptr, tables, first, H, D, NP, STAGES, GATHER_ALL, LEAN)
         state = init_state(mma, N, D, WARP_SOFTMAX)
+        scratch = lean_scratch(_M, N, PX) if LEAN else None
         for i in range(n_tiles):
             async_copy.wait_group(STAGES - 2)
             ttgl.thread_barrier()  # tile i landed for every thread; slot (i - 1) % STAGES is free again
@@ -221,15 +224,16 @@ def _decode_hopper_kernel(
                 if i == 0:
                     _stamp(timing_ptr, pid, 1)
             kinds, info_n, ids_nn = _refill(
-                ring, i, kinds, info_n, ids_nn, heap_ptr, tables, first, H, D, NP, STAGES, GATHER_ALL
+                ring, i, kinds, info_n, ids_nn, heap_ptr, tables, first, H, D, NP, STAGES, GATHER_ALL, LEAN
             )
             tok0 = first + i * N
             ops = tile_operands(
-                kinds & 7, _slot(ring, i % STAGES), glob, tables, tok0, OP_K, OP_V, CW, HW, PG1, H, D, NP, mma
+                kinds & 7, _slot(ring, i % STAGES), glob, tables, tok0, OP_K, OP_V, CW, HW, PG1, H, D, NP,
+                mma, LEAN,
             )  # fmt: skip
             kinds = kinds >> KIND_BITS
             state = attend_tile(qa, qb, ops, tok0, end, state, qk_scale, mma, a_l, N, WARP_SOFTMAX,
-                                LAZY_RESCALE)  # fmt: skip
+                                LAZY_RESCALE, scratch, LEAN)  # fmt: skip
         async_copy.wait_group(0)
         m_i, l_i, acc_a, acc_b = final_state(state, mma, WARP_SOFTMAX)
         _store_out(out_ptr, o_part_ptr, lse_part_ptr, m_i, l_i, acc_a, acc_b, req, head, pair,

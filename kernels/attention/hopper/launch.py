@@ -10,7 +10,7 @@ import torch
 from triton.experimental.gluon import language as ttgl
 
 from ...format.layout import PAGE_TOKENS
-from ..decode_config import hopper_lazy_rescale, hopper_warp_softmax
+from ..decode_config import hopper_lazy_rescale, hopper_lean, hopper_warp_softmax
 from ..decode_plan import DecodePlan
 from ..merge import merge_splits
 from . import layouts as views
@@ -36,6 +36,12 @@ def _default_lazy_rescale() -> bool:
     return hopper_lazy_rescale()
 
 
+@lru_cache(maxsize=1)
+def _default_lean() -> bool:
+    """``$ZIPKV_HOPPER_LEAN``, read once per process (as the softmax choice above)."""
+    return hopper_lean()
+
+
 @lru_cache(maxsize=64)
 def hopper_constexprs(
     num_kv_heads: int,
@@ -47,6 +53,7 @@ def hopper_constexprs(
     gather_all: bool = False,
     warp_softmax: bool = False,
     lazy_rescale: bool = False,
+    lean: bool = False,
 ) -> dict[str, object]:
     """The kernel's compile-time arguments (the launch and the offline compile share them)."""
     np_, shared = pages_per_tile, ttgl.SharedLinearLayout
@@ -66,6 +73,8 @@ def hopper_constexprs(
         PG1=shared(views.operand_view(1, 1, head_dim)),
         WARP_SOFTMAX=warp_softmax,
         LAZY_RESCALE=lazy_rescale,
+        LEAN=lean,
+        **({"PX": shared(views.p_exchange_view(16 * np_))} if lean else {}),  # the lean tile's P buffer
     )
 
 
@@ -84,6 +93,7 @@ def decode_attention_hopper(
     timing: torch.Tensor | None = None,
     warp_softmax: bool | None = None,
     lazy_rescale: bool | None = None,
+    lean: bool | None = None,
 ) -> torch.Tensor:
     """bf16 ``[B, Hq, D]`` attention of ``q`` over one layer's v3 pages (sm_90; see the module docstring).
 
@@ -94,7 +104,8 @@ def decode_attention_hopper(
     ``warp_softmax``: one page per warp, each with its own softmax (hopper/warp_softmax.py); None: the
     default, ``$ZIPKV_HOPPER_WARP_SOFTMAX`` (decode_config.hopper_warp_softmax). ``lazy_rescale``: skip
     the output rescale of tiles where no row max grew (same bits; shared softmax only); None: the default,
-    ``$ZIPKV_HOPPER_LAZY_RESCALE`` (decode_config.hopper_lazy_rescale).
+    ``$ZIPKV_HOPPER_LAZY_RESCALE`` (decode_config.hopper_lazy_rescale). ``lean``: the lean tile
+    (hopper/lean.py; shared softmax only); None: ``$ZIPKV_HOPPER_LEAN`` (decode_config.hopper_lean).
     """
     fmt = plan.fmt
     _check_plan(plan)
@@ -102,10 +113,11 @@ def decode_attention_hopper(
         out = torch.empty_like(q)
     pages = plan.block_n // PAGE_TOKENS
     warp_softmax, lazy_rescale = _softmax_choice(plan, warp_softmax, lazy_rescale)
+    lean = _lean_choice(warp_softmax, lean)
     grid = (plan.num_pairs * fmt.num_kv_heads,)
     consts = hopper_constexprs(
         fmt.num_kv_heads, plan.group_size, fmt.head_dim, pages, stages, plan.max_splits > 1, gather_all,
-        warp_softmax, lazy_rescale,
+        warp_softmax, lazy_rescale, lean,
     )  # fmt: skip
     if not compressed:  # every page read as raw: what an uncompressed pool's metadata says anyway
         page_meta_layer = _raw_meta_like(page_meta_layer)
@@ -138,6 +150,15 @@ def _softmax_choice(plan: DecodePlan, warp_softmax: bool | None, lazy: bool | No
             f"{plan.num_warps} warps (set block_n = 16 x warps)"
         )
     return warp_softmax, lazy
+
+
+def _lean_choice(warp_softmax: bool, lean: bool | None) -> bool:
+    """The lean tile as asked, else the environment's where it applies (the shared softmax)."""
+    if lean is None:
+        return _default_lean() and not warp_softmax
+    if lean and warp_softmax:
+        raise ValueError("the lean tile needs the shared softmax (its exchanges are the shared softmax's)")
+    return lean
 
 
 def _check_plan(plan: DecodePlan) -> None:

@@ -142,3 +142,22 @@ def hi_words_view(pages: int, head_dim: int) -> list[list[int]]:
     """``[NP, D/8 blocks, 16 tokens, 2]`` u32 over B: where the pre-pass writes a block's high-byte pairs."""
     shape = [pages, head_dim // 8, 16, 2]
     return offset_bases(shape, lambda g, b, t, w: hi_word_offset(g, b, t, w, head_dim))
+
+
+def p_exchange_offset(row: int, col: int, n: int) -> int:
+    """u16 offset of P's element (row, token col) of a ``[16, n]`` tile in the lean tile's exchange buffer
+    (hopper/lean.py). Offset bits in the order of the MMA A fragment's registers (col 1, row 8, col 8, 16,
+    ...) then lanes (col 2, 4, row 1, 2, 4): a thread's A fragment is one contiguous run (two 128-bit
+    loads at n = 32) and its share of S's accumulator 8 bytes per register pair. Rows g and g + 1 swap
+    the col-16 half: the stores of lanes 4 apart then land on different banks (2-way, not 4-way)."""
+    kb = log2(n) - 3  # token bits at or above 8: registers in both layouts (and warps in the accumulator's)
+    regs = (col & 1) | (row >> 3 & 1) << 1 | (col >> 3) << 2
+    off = regs | (col >> 1 & 3) << (2 + kb) | (row & 7) << (4 + kb)
+    if kb >= 2:
+        off ^= (row & 1) << 3
+    return off
+
+
+def p_exchange_view(n: int) -> list[list[int]]:
+    """``[16, n]`` u16 over the lean tile's P buffer (:func:`p_exchange_offset`)."""
+    return offset_bases([16, n], lambda r, c: p_exchange_offset(r, c, n))

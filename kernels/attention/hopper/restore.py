@@ -87,9 +87,13 @@ def _load_code_words(
     D: ttgl.constexpr,
     NP: ttgl.constexpr,
     PATCH: ttgl.constexpr,
+    LEAN: ttgl.constexpr = False,
 ):
     """High bytes of every block of a coded tile, from B's code words (and, with PATCH, the raw blocks'
-    code slots and patches): (channels p, channels p + D/2), uint32 [NP, D/8, 16 tokens], 4 pairs a word."""
+    code slots and patches): (channels p, channels p + D/2), uint32 [NP, D/8, 16 tokens], 4 pairs a word.
+    LEAN: the twin's sign bit joins before the marker is added, so the add is the last step and the raw
+    blocks' select predicates it alone (the same bits: no byte's add carries into its bit 7 either way, as
+    hi_a's add already needs; the default's order costs a separate mask and OR after the predicated add)."""
     words = b_buf._reinterpret(ttgl.uint32, [NP, D // 8, 16, 2], CW).load(pre_l)
     h = ttgl.arange(0, 2, layout=ttgl.SliceLayout(0, ttgl.SliceLayout(1, ttgl.SliceLayout(2, pre_l))))
     h = h[None, None, None, :]
@@ -98,7 +102,10 @@ def _load_code_words(
     marks = meta_buf.load(mk_l).to(ttgl.uint32)[:, :, None]
     bw = marks * 0x01010101
     hi_a = (cd & 0x87878787) + bw
-    hi_b = (((cd >> 3) & 0x07070707) + bw) | ((cd << 1) & 0x80808080)
+    if LEAN:
+        hi_b = (((cd >> 3) & 0x07070707) | ((cd << 1) & 0x80808080)) + bw
+    else:
+        hi_b = (((cd >> 3) & 0x07070707) + bw) | ((cd << 1) & 0x80808080)
     if PATCH:
         pt = ttgl.sum(ttgl.where(h == 1, words, 0), axis=3)
         is_raw = marks >= 0x80
@@ -228,11 +235,11 @@ def _lazy_rescale(alpha, p, l_acc, acc_a, acc_b):
 
 @gluon.jit
 def _prepass(b_k, m_k, b_v, m_v, pre_l: ttgl.constexpr, CW: ttgl.constexpr, HW: ttgl.constexpr,
-             D: ttgl.constexpr, NP: ttgl.constexpr, PATCH: ttgl.constexpr):  # fmt: skip
+             D: ttgl.constexpr, NP: ttgl.constexpr, PATCH: ttgl.constexpr, LEAN: ttgl.constexpr):  # fmt: skip
     """Codes -> high-byte pairs in B for K and V (PATCH: the tile has raw blocks, which keep their bytes)."""
     # Read every code word of the tile before any high-byte pair overwrites one.
-    hk_a, hk_b = _load_code_words(b_k, m_k, pre_l, CW, D, NP, PATCH)
-    hv_a, hv_b = _load_code_words(b_v, m_v, pre_l, CW, D, NP, PATCH)
+    hk_a, hk_b = _load_code_words(b_k, m_k, pre_l, CW, D, NP, PATCH, LEAN)
+    hv_a, hv_b = _load_code_words(b_v, m_v, pre_l, CW, D, NP, PATCH, LEAN)
     ttgl.thread_barrier()
     _store_hi_pairs(b_k, hk_a, hk_b, HW, D, NP)
     _store_hi_pairs(b_v, hv_a, hv_b, HW, D, NP)
@@ -242,7 +249,8 @@ def _prepass(b_k, m_k, b_v, m_v, pre_l: ttgl.constexpr, CW: ttgl.constexpr, HW: 
 @gluon.jit
 def tile_operands(kind, slot, glob, tables, tok0, OP_K: ttgl.constexpr, OP_V: ttgl.constexpr,
                   CW: ttgl.constexpr, HW: ttgl.constexpr, PG1: ttgl.constexpr, H: ttgl.constexpr,
-                  D: ttgl.constexpr, NP: ttgl.constexpr, mma: ttgl.constexpr):  # fmt: skip
+                  D: ttgl.constexpr, NP: ttgl.constexpr, mma: ttgl.constexpr,
+                  LEAN: ttgl.constexpr = False):  # fmt: skip
     """(K_a, K_b, V_a, V_b) bf16 operands of a landed tile in the MMA B fragments (``kind``: how it is read;
     ``slot``: its ring buffers; ``glob``: (heap_ptr, heap16_ptr); ``tables``: ring.tile_info's; ``mma``:
     the kernel's MMA layout, 2D ``[M, X]`` or, per-warp softmax, 3D ``[NP, M, X]``, one page per warp)."""
@@ -260,7 +268,7 @@ def tile_operands(kind, slot, glob, tables, tok0, OP_K: ttgl.constexpr, OP_V: tt
         _stage_tile(a_v, b_v, glob, tables, tok0, H + head, st_l, PG1, H, D, NP)
         ttgl.thread_barrier()
     if kind == CODED:  # raw blocks (a sixth of tiles hold none, on real KV) keep their code slot and patch
-        _prepass(b_k, m_k, b_v, m_v, pre_l, CW, HW, D, NP, True)
+        _prepass(b_k, m_k, b_v, m_v, pre_l, CW, HW, D, NP, True, LEAN)
     raw = kind == RAW
     sel = (ttgl.where(raw, RAW_SEL[0], CODED_SEL[0]), ttgl.where(raw, RAW_SEL[1], CODED_SEL[1]))
     if _rank(mma) == 3:  # one page per warp: K [NP, D/2, 16], V [NP, 16, D/2]

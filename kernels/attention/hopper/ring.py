@@ -96,6 +96,43 @@ def _copy_b(dst, page_ptr, ph, marks, cp_l: ttgl.constexpr, H: ttgl.constexpr, D
 
 
 @gluon.jit
+def _opaque(x):
+    """``x``, hidden from LLVM's constant folding: it would pull the constant part of an offset out of the
+    32-bit add into a second 64-bit add of the address (a copy's immediate cannot hold it), two more
+    instructions per copy and tile; computed once, outside the loop."""
+    return ttgl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r", [x], dtype=ttgl.int32, is_pure=True, pack=1)
+
+
+@gluon.jit
+def _copy_coded_lean(a_k, b_k, a_v, b_v, page_ptr, ph, mk, mv, cp_l: ttgl.constexpr, H: ttgl.constexpr,
+                     D: ttgl.constexpr):  # fmt: skip
+    """:func:`_copy_lo` and :func:`_copy_b` of K (page-head ``ph``) and V (``H + ph``), addressed for fewer
+    instructions (decode.py's LEAN): V's sources are K's plus H * 24 D bytes, a constant the copy takes as
+    an immediate instead of a 64-bit add per chunk; a patch chunk's offset is one multiply-add of its raw
+    block's marker (0x80 + patch index: (m - 0x80) * 64 = m * 64 - 0x2000; a coded block's chunk is masked
+    off, its address never read)."""
+    c, b = _chunks(D, cp_l)
+    t = c // (D // 16)
+    lo = ph * (24 * D) + t * D + ((c % (D // 16)) ^ _swz(t, D)) * 16
+    lo_k = ttgl.multiple_of(page_ptr[:, None, None] + lo, [16, 16, 16])
+    async_copy.async_copy_global_to_shared(a_k, lo_k + b)
+    async_copy.async_copy_global_to_shared(a_v, lo_k + (H * 24 * D) + b)
+    patch = c >= D // 2
+    code_k = page_ptr[:, None, None] + (ph * (24 * D) + 16 * D) + c * 16
+    base = _opaque(2 * H * (24 * D) - 0x80 * 64 + (c % 4) * 16)
+    mk3 = mk[:, :, None]
+    mv3 = mv[:, :, None]
+    src_k = ttgl.where(patch, page_ptr[:, None, None] + (mk3 * 64 + base), code_k)
+    src_v = ttgl.where(patch, page_ptr[:, None, None] + (mv3 * 64 + base), code_k + H * (24 * D))
+    async_copy.async_copy_global_to_shared(
+        b_k, ttgl.multiple_of(src_k, [16, 16, 16]) + b, mask=~patch | (mk3 >= 0x80)
+    )
+    async_copy.async_copy_global_to_shared(
+        b_v, ttgl.multiple_of(src_v, [16, 16, 16]) + b, mask=~patch | (mv3 >= 0x80)
+    )
+
+
+@gluon.jit
 def _copy_raw(a_dst, b_dst, page_ptr, ph, cp_l: ttgl.constexpr, D: ttgl.constexpr):
     """A, B [NP, D chunks, 16 B] <- a raw page-head's channels < D/2 and >= D/2, swizzled as the lo plane."""
     c, b = _chunks(D, cp_l)
@@ -173,7 +210,7 @@ def _tile_kind(valid, raw, tok0, end, NP: ttgl.constexpr):
 
 @gluon.jit
 def issue_tile(slot, heap_ptr, tables, tok0, info, H: ttgl.constexpr, D: ttgl.constexpr, NP: ttgl.constexpr,
-               GATHER_ALL: ttgl.constexpr):  # fmt: skip
+               GATHER_ALL: ttgl.constexpr, LEAN: ttgl.constexpr = False):  # fmt: skip
     """Start one tile's copies into its ring ``slot`` (a_k, b_k, a_v, b_v, m_k, m_v; the caller commits
     the group) from ``info`` (:func:`tile_info`'s); returns how the tile will be read. Each way copies only
     what it reads (full tiles only, so no masks but the patches'). GATHER_ALL (a test mode) gathers every
@@ -188,10 +225,13 @@ def issue_tile(slot, heap_ptr, tables, tok0, info, H: ttgl.constexpr, D: ttgl.co
         kind = GATHER
     page_ptr = heap_ptr + loc
     if kind == CODED:
-        _copy_lo(a_k, page_ptr, head, cp_l, D)
-        _copy_lo(a_v, page_ptr, H + head, cp_l, D)
-        _copy_b(b_k, page_ptr, head, mk, cp_l, H, D)
-        _copy_b(b_v, page_ptr, H + head, mv, cp_l, H, D)
+        if LEAN:
+            _copy_coded_lean(a_k, b_k, a_v, b_v, page_ptr, head, mk, mv, cp_l, H, D)
+        else:
+            _copy_lo(a_k, page_ptr, head, cp_l, D)
+            _copy_lo(a_v, page_ptr, H + head, cp_l, D)
+            _copy_b(b_k, page_ptr, head, mk, cp_l, H, D)
+            _copy_b(b_v, page_ptr, H + head, mv, cp_l, H, D)
         b = ttgl.arange(0, D // 8, layout=ttgl.SliceLayout(0, mt_l))[None, :]
         row = pm[:, None] * (2 * H * (D // 8)) + b
         async_copy.async_copy_global_to_shared(m_k, meta_ptr + row + head * (D // 8))

@@ -10,6 +10,7 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as ttgl
 from triton.runtime.jit import constexpr_function
 
+from .lean import attend_lean
 from .restore import attend
 from .ring import _PT
 from .warp_softmax import attend_pages, merge_warps, token_valid, warp_mma_layout
@@ -52,15 +53,21 @@ def init_state(mma: ttgl.constexpr, N: ttgl.constexpr, D: ttgl.constexpr, WARP_S
 
 @gluon.jit
 def attend_tile(qa, qb, ops, tok0, end, state, qk_scale, mma: ttgl.constexpr, a_l: ttgl.constexpr,
-                 N: ttgl.constexpr, WARP_SOFTMAX: ttgl.constexpr, LAZY: ttgl.constexpr = False):  # fmt: skip
+                 N: ttgl.constexpr, WARP_SOFTMAX: ttgl.constexpr, LAZY: ttgl.constexpr = False,
+                 scratch=None, LEAN: ttgl.constexpr = False):  # fmt: skip
     """The softmax state after the tile at ``tok0`` (``ops``: its K_a, K_b, V_a, V_b operands). ``LAZY``
-    (shared softmax only): skip the output rescale of a tile where no row max grew (restore.attend)."""
+    (shared softmax only): skip the output rescale of a tile where no row max grew (restore.attend).
+    ``LEAN`` (shared softmax only): lean.attend_lean, exchanging through ``scratch`` (lean.lean_scratch)."""
     ka, kb, va, vb = ops
     m_i, l_acc, acc_a, acc_b = state
     if WARP_SOFTMAX:
         valid = token_valid(tok0, end, mma)
         m_i, l_acc, acc_a, acc_b = attend_pages(
             qa, qb, ka, kb, va, vb, valid, m_i, l_acc, acc_a, acc_b, qk_scale, mma, a_l, _M
+        )  # fmt: skip
+    elif LEAN:
+        m_i, l_acc, acc_a, acc_b = attend_lean(
+            qa, qb, ops, tok0, end, state, qk_scale, scratch, mma, a_l, _M, N, LAZY
         )  # fmt: skip
     else:
         valid = tok0 + ttgl.arange(0, N, layout=ttgl.SliceLayout(0, mma)) < end

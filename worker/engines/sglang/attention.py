@@ -102,13 +102,18 @@ class ZipkvAttention:
         self.kv, self.allocator, self.req_to_token = kv, allocator, req_to_token
         self.num_q_heads, self.compressed, self.extend_kernel = num_q_heads, compressed, extend_kernel
         self.max_pages_per_req = -(-req_to_token.shape[1] // PAGE_TOKENS)
-        from zipkv.kernels.attention.decode_config import hopper_lazy_rescale, hopper_warp_softmax
+        from zipkv.kernels.attention.decode_config import (
+            hopper_lazy_rescale,
+            hopper_lean,
+            hopper_warp_softmax,
+        )
         from zipkv.kernels.attention.extend import extend_kernel_choice
 
         # the kernels' choices for every step, read at start-up: malformed $ZIPKV_DECODE_KERNEL,
-        # $ZIPKV_EXTEND_KERNEL, $ZIPKV_HOPPER_WARP_SOFTMAX or $ZIPKV_HOPPER_LAZY_RESCALE values fail here
+        # $ZIPKV_EXTEND_KERNEL or $ZIPKV_HOPPER_* values fail here
         hopper_warp_softmax()
         hopper_lazy_rescale()
+        hopper_lean()
         self.kernel_config = step_kernel_config(kv.fmt, req_to_token.device)
         self.fused_extend = extend_kernel_choice() == "fused"
         self.flashinfer = flashinfer_prefill_for(num_q_heads, kv.fmt, req_to_token.device)
