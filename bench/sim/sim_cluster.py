@@ -131,8 +131,7 @@ def simulate(
     affinity_weight: float | None = None,
     warm_prompts: Sequence[TraceRequest] = (),
 ) -> SimResult:
-    """One run; `warm_prompts` are prefilled into every worker's prefix cache before the first arrival (as
-    bench_serving's warm-up request leaves the run's first prompt cached)."""
+    """One run; `warm_prompts` start in every worker's prefix cache (bench_serving's warm-up leaves one)."""
     env = simpy.Environment()
     gaps = GapHistogram()
     sims = [SimRequest(i, tr, t) for i, (tr, t) in enumerate(zip(requests, arrivals_s, strict=True))]
@@ -149,11 +148,7 @@ def simulate(
         if left[0] == 0:
             all_done.succeed()
 
-    workers = [SimWorker(env, i, spec, first_token, done, gaps) for i, spec in enumerate(pool)]
-    for w in workers:
-        for tr in warm_prompts:
-            w.cache.admit(tr)
-            w.cache.release(tr)
+    workers = _workers(env, pool, first_token, done, gaps, warm_prompts)
     policy = make_policy(
         policy_name, env, workers, slo, prefill_ms_per_token, decode_ms_per_gib, affinity_weight
     )
@@ -183,9 +178,24 @@ def simulate(
     env.process(arrivals())
     env.run(until=all_done)
     res = _result(sims, workers, gaps, peak[0], counts)
-    if isinstance(policy, ZipkvRouter):
-        res = replace(res, router=router_stats(policy, sims))
-    return res
+    return replace(res, router=router_stats(policy, sims)) if isinstance(policy, ZipkvRouter) else res
+
+
+def _workers(
+    env: simpy.Environment,
+    pool: list[WorkerSpec],
+    first_token: Callable[[SimRequest], None],
+    done: Callable[[SimRequest], None],
+    gaps: GapHistogram,
+    warm_prompts: Sequence[TraceRequest],
+) -> list[SimWorker]:
+    """The pool's workers, each with `warm_prompts` already in its prefix cache."""
+    workers = [SimWorker(env, i, spec, first_token, done, gaps) for i, spec in enumerate(pool)]
+    for w in workers:
+        for tr in warm_prompts:
+            w.cache.admit(tr)
+            w.cache.release(tr)
+    return workers
 
 
 def router_stats(router: ZipkvRouter, sims: list[SimRequest]) -> dict[str, float]:
