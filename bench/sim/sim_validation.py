@@ -103,9 +103,10 @@ def compare(measured: dict[str, Any], rates_per_system: int = 3, calibration: st
     models = load_models(calibration)
     rows, skipped = [], {}
     for system in sorted({r["system"] for r in measured["rows"]}):
-        if step_system(system, models) not in models:
+        step = step_system(system, models)
+        if step not in models:
             # e.g. the H100 logs' calibration has no compression-off model: say so rather than guess one
-            skipped[system] = f"no step model for {step_system(system, models)} in calibration {calibration}"
+            skipped[system] = f"no step model for {step} in calibration {calibration}"
             continue
         mine = sorted((r for r in measured["rows"] if r["system"] == system and r["slo"] == "strict"),
                       key=lambda r: r["rate_rps"])[:rates_per_system]  # fmt: skip

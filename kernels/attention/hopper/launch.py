@@ -4,6 +4,7 @@ the offline compile (bench/kernels/hopper_resources.py), the checks, the kernel 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import lru_cache
 
 import torch
@@ -112,8 +113,11 @@ def decode_attention_hopper(
     if out is None:
         out = torch.empty_like(q)
     pages = plan.block_n // PAGE_TOKENS
-    warp_softmax, lazy_rescale = _softmax_choice(plan, warp_softmax, lazy_rescale)
-    lean = _lean_choice(warp_softmax, lean)
+    warp_softmax = _warp_softmax_choice(plan, warp_softmax)
+    lazy_rescale = _shared_softmax_option(
+        lazy_rescale, _default_lazy_rescale, warp_softmax, "the lazy rescale"
+    )
+    lean = _shared_softmax_option(lean, _default_lean, warp_softmax, "the lean tile")
     grid = (plan.num_pairs * fmt.num_kv_heads,)
     consts = hopper_constexprs(
         fmt.num_kv_heads, plan.group_size, fmt.head_dim, pages, stages, plan.max_splits > 1, gather_all,
@@ -136,29 +140,28 @@ def decode_attention_hopper(
     return out
 
 
-def _softmax_choice(plan: DecodePlan, warp_softmax: bool | None, lazy: bool | None) -> tuple[bool, bool]:
-    """(per-warp softmax, lazy rescale) as asked, else the environment's, checked against the plan."""
+def _warp_softmax_choice(plan: DecodePlan, warp_softmax: bool | None) -> bool:
+    """The per-warp softmax as asked, else the environment's, checked against the plan."""
     pages = plan.block_n // PAGE_TOKENS
     warp_softmax = _default_warp_softmax() if warp_softmax is None else warp_softmax
-    if lazy is None:  # the environment's switch applies where it can: the shared softmax
-        lazy = _default_lazy_rescale() and not warp_softmax
-    elif lazy and warp_softmax:
-        raise ValueError("the lazy rescale needs the shared softmax (one row max per program)")
     if warp_softmax and pages != plan.num_warps:
         raise ValueError(
             f"the per-warp softmax gives each warp one page: block_n {plan.block_n} is {pages} pages for "
             f"{plan.num_warps} warps (set block_n = 16 x warps)"
         )
-    return warp_softmax, lazy
+    return warp_softmax
 
 
-def _lean_choice(warp_softmax: bool, lean: bool | None) -> bool:
-    """The lean tile as asked, else the environment's where it applies (the shared softmax)."""
-    if lean is None:
-        return _default_lean() and not warp_softmax
-    if lean and warp_softmax:
-        raise ValueError("the lean tile needs the shared softmax (its exchanges are the shared softmax's)")
-    return lean
+def _shared_softmax_option(
+    asked: bool | None, default: Callable[[], bool], warp_softmax: bool, what: str
+) -> bool:
+    """An option of the shared softmax only (one row max per program: the lazy rescale, the lean tile) as
+    asked, refused with the per-warp softmax; unasked, the environment's where it applies."""
+    if asked is None:
+        return default() and not warp_softmax
+    if asked and warp_softmax:
+        raise ValueError(f"{what} needs the shared softmax (one row max per program)")
+    return asked
 
 
 def _check_plan(plan: DecodePlan) -> None:
