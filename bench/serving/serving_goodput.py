@@ -10,7 +10,10 @@ each) and the counts behind them; `in_flight` per system and rate: requests sent
 sampled every second from the client's own start and latency of each request. `headline`: zipkv's goodput at
 its knee over SGLang's at its knee, per SLO: `sglang_gateway` (one GPU: SGLang's server directly) or, on two
 GPUs, the best of the gateway's policies (`sglang_gateway_POLICY`), named in `baseline`. `--in` may be
-given more than once (one folder per device call); a system found in two of them is an error, not a merge.
+given more than once (one folder per device call); a system found in two of them is an error, not a merge,
+unless --pool-windows says each folder is one trace window of every system (OFFSET 0, 32, ...): then each
+system's rate is pooled over the windows (bench/serving/serving_windows.py) and `windows` holds each window's
+own headline.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from typing import Any
 
 from bench.paths import RESULTS
 from bench.serving.serving_metrics import SLOS, Outcome, mean_itl_ms, rate_row, with_knees
+from bench.serving.serving_windows import pool_all, span_s, window_of
 
 
 def outcomes(records: list[dict[str, Any] | None]) -> tuple[list[Outcome], list[float]]:
@@ -48,8 +52,9 @@ def in_flight(records: list[dict[str, Any] | None], step_s: float = 1.0) -> list
 def rows_for(rate_file: dict[str, Any]) -> list[dict[str, object]]:
     outs, gaps = outcomes(rate_file["requests"])
     duration = float(rate_file.get("duration_s") or rate_file["wall_s"])
+    rate, span = float(rate_file["rate_rps"]), span_s(rate_file)
     return [
-        {"system": rate_file["system"], **rate_row(outs, float(rate_file["rate_rps"]), duration, slo, gaps)}
+        {"system": rate_file["system"], **rate_row(outs, rate, duration, slo, gaps, span_s=span)}
         for slo in SLOS
     ]
 
@@ -92,47 +97,72 @@ def rate_files(in_dirs: list[Path]) -> list[Path]:
     return files
 
 
-def build(in_dir: Path | list[Path], device: str, command: str) -> dict[str, Any]:
-    in_dirs = in_dir if isinstance(in_dir, list) else [in_dir]
-    rows: list[dict[str, object]] = []
+def load_records(in_dirs: list[Path], pool_windows: bool) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """The rate records to tabulate (pooled over windows when asked: one folder per window) and the running
+    requests over time per system and rate (per window when pooled: pooled arrivals overlap)."""
+    raw = (
+        [json.loads(p.read_text()) for d in in_dirs for p in rate_files([d])]
+        if pool_windows
+        else [json.loads(p.read_text()) for p in rate_files(in_dirs)]
+    )
     flight: dict[str, dict[str, list[int]]] = {}
+    for rec in raw:
+        key = f"{rec['rate_rps']:g}" + (f"@offset{window_of(rec)[0]}" if pool_windows else "")
+        flight.setdefault(rec["system"], {})[key] = in_flight(rec["requests"])
+    return (pool_all(raw) if pool_windows and raw else raw), flight
+
+
+def system_notes(in_dirs: list[Path]) -> dict[str, Any]:
     systems: dict[str, Any] = {}
-    clients: set[str] = set()
-    workload = None
-    for path in rate_files(in_dirs):
-        rec = json.loads(path.read_text())
-        rows += rows_for(rec)
-        flight.setdefault(rec["system"], {})[f"{rec['rate_rps']:g}"] = in_flight(rec["requests"])
-        clients.add(rec["client"])
-        if workload is not None and rec["workload"] != workload:
-            raise SystemExit(f"{path}: another trace window than the other records ({rec['workload']})")
-        workload = rec["workload"]
     for d in in_dirs:
         for path in sorted(d.glob("*/system.json")):
             rec = json.loads(path.read_text())
-            systems[rec["system"]] = {
-                k: rec.get(k) for k in ("note", "startup_s", "options", "sweep_rc", "wall_s")
-            }
-    if not rows:
+            systems.setdefault(
+                rec["system"], {k: rec.get(k) for k in ("note", "startup_s", "options", "sweep_rc", "wall_s")}
+            )
+    return systems
+
+
+def build(in_dir: Path | list[Path], device: str, command: str, pool_windows: bool = False) -> dict[str, Any]:
+    in_dirs = in_dir if isinstance(in_dir, list) else [in_dir]
+    records, flight = load_records(in_dirs, pool_windows)
+    if not records:
         raise SystemExit(
             f"no rate records under {', '.join(map(str, in_dirs))} (expected SYSTEM/rate_R.json from "
             "serving_sweep.py)"
         )
-    client = " | ".join(sorted(clients))  # the backends differ: /generate through the gateway
+    rows: list[dict[str, object]] = []
+    workload = None
+    for rec in records:
+        rows += rows_for(rec)
+        if workload is not None and rec["workload"] != workload:
+            raise SystemExit(
+                f"{rec['system']}: another trace window than the other records ({rec['workload']})"
+            )
+        workload = rec["workload"]
+    client = " | ".join(
+        sorted({rec["client"] for rec in records})
+    )  # the backends differ: /generate through the gateway
     keyed = with_knees(rows, ("system", "slo"))
     keyed.sort(key=lambda r: (str(r["system"]), str(r["slo"]), float(r["rate_rps"])))  # type: ignore[arg-type]
-    return {
+    report = {
         "device": device,
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "command": command,
         "client": client,
         "workload": workload,
         "slos": [{"name": s.name, "ttft_s": s.ttft_s, "mean_itl_ms": s.mean_itl_ms} for s in SLOS],
-        "systems": systems,
+        "systems": system_notes(in_dirs),
         "headline": headline(keyed),  # type: ignore[arg-type]
         "rows": keyed,
         "in_flight_per_s": flight,
     }
+    if pool_windows:  # each window's own headline beside the pooled one: how far one window's sample moves it
+        report["windows"] = [
+            {"workload": w["workload"], "headline": w["headline"]}
+            for w in (build(d, device, command) for d in in_dirs)
+        ]
+    return report
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -142,12 +172,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--in", dest="in_dir", type=Path, action="append", required=True, help="serving_sweep.py's --out-dir"
     )
+    p.add_argument(
+        "--pool-windows",
+        action="store_true",
+        help="each --in folder is one trace window of every system: pool them (serving_windows.py)",
+    )
     p.add_argument("--device", required=True)
     p.add_argument("--command", required=True)
     p.add_argument("--out", type=Path, default=RESULTS / "serving_goodput.json")
     p.add_argument("--plot", type=Path, default=None, help="default: the --out path with .png")
     args = p.parse_args(argv)
-    report = build(args.in_dir, args.device, args.command)
+    report = build(args.in_dir, args.device, args.command, args.pool_windows)
     args.out.write_text(json.dumps(report, indent=1) + "\n")
     from bench.serving.serving_plots import plot_serving
 

@@ -84,14 +84,17 @@ def rate_row(
     slo: Slo,
     itl_gaps_ms: Sequence[float],
     itl_weights: Sequence[float] | None = None,
+    span_s: float | None = None,
 ) -> dict[str, object]:
-    """The row of one (system or policy, SLO, rate): goodput, percentiles, throughput, shed fraction."""
+    """The row of one (system or policy, SLO, rate): goodput, percentiles, throughput, shed fraction.
+    `span_s`: the arrival span goodput divides by, when it is not one window's (n - 1) / rate_rps (trace
+    windows pooled, bench/serving/serving_windows.py)."""
     n = len(outcomes)
     if n < 2:
         raise ValueError("a rate row needs at least two offered requests")
     done = [o for o in outcomes if o.ok]
     good = sum(meets(o, slo) for o in outcomes)
-    span_s = (n - 1) / rate_rps
+    span_s = (n - 1) / rate_rps if span_s is None else span_s
     ttfts = [o.ttft_s for o in done]
     tokens_per_s = sum(o.output_tokens for o in done) / duration_s if duration_s > 0 else 0.0
     return {

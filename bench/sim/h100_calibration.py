@@ -53,17 +53,21 @@ class LogSource:
     member: str  # the server log inside it
     decode_key: str  # its system in serving_decode_steps.json
     kv_count_factor: float  # logged KV tokens / raw context tokens
+    decode_steps: str = DECODE_STEPS.name  # the file under bench/results/ that holds decode_key
 
 
+ONE_MACHINE = "serving_goodput_one_machine_records.tgz"  # all three systems on one H100, 2026-12-06
+ONE_MACHINE_STEPS = "serving_decode_steps_one_machine.json"  # its decode points, both trace windows
+
+# Prefill lines from window 0's logs (the heavier window: more chained chunks to fit on); decode points from
+# both windows'. zipkv with Triton extend ran only in the balanced-split session, on another machine.
 SOURCES = {
     "sglang": LogSource(
-        "serving_goodput_records.tgz", "def/serving/sglang_gateway/sglang_server.log", "sglang_server", 1.0
+        ONE_MACHINE, "w0/sglang_gateway/sglang_server.log", "sglang_server", 1.0, ONE_MACHINE_STEPS
     ),
-    "zipkv": LogSource(
-        "serving_goodput_balanced_records.tgz",
-        "./zipkv/replica_process.log",
-        "zipkv_balanced_splits",
-        ZIPKV_RATIO,
+    "zipkv": LogSource(ONE_MACHINE, "w0/zipkv/replica_process.log", "zipkv", ZIPKV_RATIO, ONE_MACHINE_STEPS),
+    "zipkv_uncompressed": LogSource(
+        ONE_MACHINE, "w0/zipkv_uncompressed/replica_process.log", "zipkv_uncompressed", 1.0, ONE_MACHINE_STEPS
     ),
     "zipkv_triton_prefill": LogSource(
         "serving_goodput_balanced_records.tgz",
@@ -105,9 +109,9 @@ def _log_lines(src: LogSource) -> list[str]:
 
 def fit_all() -> dict[str, Any]:
     """Every system's fit from the logs, as the record holds it."""
-    steps = json.loads(DECODE_STEPS.read_text())["systems"]
     systems: dict[str, Any] = {}
     for name, src in SOURCES.items():
+        steps = json.loads((RESULTS / src.decode_steps).read_text())["systems"]
         pts = [(int(p["kv_tokens"]), float(p["step_ms"])) for p in steps[src.decode_key]["points"]]
         fixed, per_tok = fit_decode_line(pts, src.kv_count_factor)
         prefill = fit_prefill(rebuild_batches(parse_lines(_log_lines(src)), CHUNK_TOKENS), round(fixed, 3))

@@ -132,6 +132,11 @@ def main(argv: list[str] | None = None) -> int:
     requests, offset, context = args.requests, args.offset, SWEEP_CONTEXT_TOKENS
     if measured:
         w = measured["workload"]
+        if "windows" in w:  # bench/serving/serving_windows.py pooled it
+            p.error(
+                f"{args.measured} pools {len(w['windows'])} trace windows: this predicts one "
+                "(--requests, --offset)"
+            )
         requests, offset, context = int(w["requests"]), int(w["offset"]), int(w["max_context_tokens"])
     rates = [float(x) for x in args.rates.split(",") if x]
     if not rates and measured:

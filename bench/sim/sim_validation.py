@@ -4,9 +4,10 @@
 
 For each system of the GPU sweep (zipkv and zipkv_uncompressed through zipkv's router, so with its
 admission; sglang_gateway as SGLang's FlashInfer worker) and each of its first three rates, the simulation
-replays the sweep's trace window (its offset, request count and context cap, from the file's `workload`)
-at that rate and compares TTFT and ITL p50 / p99 with the measured ones: error = simulated / measured - 1,
-`within_15pct` per quantity. Until the GPU sweep has run there is no file and this says so.
+replays the sweep's trace window (its offset, request count and context cap, from the file's `workload`;
+each window and pooled, where the file pools several: bench/serving/serving_windows.py) at that rate and
+compares TTFT and ITL p50 / p99 with the measured ones: error = simulated / measured - 1, `within_15pct`
+per quantity. Until the GPU sweep has run there is no file and this says so.
 
 Calibrations (--calibration; `auto`, the default, takes the one of the measured file's device):
     h200_e2e            step_model.py + sim_calibrate.py: uniform-batch runs on one H200 (sglang_e2e.json)
@@ -26,7 +27,8 @@ from pathlib import Path
 from typing import Any
 
 from bench.paths import RESULTS
-from bench.serving.serving_metrics import SLOS, rate_row
+from bench.serving.serving_metrics import SLOS, Outcome, rate_row
+from bench.serving.serving_windows import windows
 from bench.serving.trace_workload import arrivals_s, load_trace
 from bench.sim import h100_calibration
 from bench.sim.sim_calibrate import calibrated_models, spec_for
@@ -78,24 +80,35 @@ TOLERANCE = 0.15
 
 
 def _predicted(system: str, rate: float, measured: dict[str, Any], models: dict[str, Any]) -> dict[str, Any]:
-    w = measured["workload"]
-    reqs = load_trace(int(w["max_context_tokens"]), int(w["requests"]), int(w["offset"]))
+    """The simulated row of one system and rate: each trace window of the measured file replayed on its own
+    and pooled as serving_windows.py pools the measured ones."""
     opts = measured["systems"].get(system, {}).get("options", {})
     step = step_system(system, models)
     chunk = int(opts.get("sglang_args", {}).get("chunked_prefill_size", 8192))
     budget = int(opts["budget_tokens"]) if "budget_tokens" in opts else None
     spec = spec_for(step, models[step], chunk, int(opts.get("max_running", 64)), budget)
     policy = ROUTER_POLICY if system.startswith("zipkv") else "round_robin"
-    res = simulate(
-        [spec],
-        policy,
-        reqs,
-        arrivals_s(reqs, rate),
-        SLOS[0],
-        1000.0 / models["zipkv"].prefill_tokens_per_s,
-        warm_prompts=reqs[:BENCH_SERVING_WARMUP_REQUESTS],
-    )
-    return rate_row(res.outcomes, rate, res.duration_s, SLOS[0], res.gap_ms, res.gap_weights)
+    outcomes: list[Outcome] = []
+    gaps: list[float] = []
+    weights: list[float] = []
+    duration_s = span_s = 0.0
+    for w in windows(measured["workload"]):
+        reqs = load_trace(int(w["max_context_tokens"]), int(w["requests"]), int(w["offset"]))
+        res = simulate(
+            [spec],
+            policy,
+            reqs,
+            arrivals_s(reqs, rate),
+            SLOS[0],
+            1000.0 / models["zipkv"].prefill_tokens_per_s,
+            warm_prompts=reqs[:BENCH_SERVING_WARMUP_REQUESTS],
+        )
+        outcomes += res.outcomes
+        gaps += res.gap_ms
+        weights += res.gap_weights
+        duration_s += res.duration_s
+        span_s += (len(reqs) - 1) / rate
+    return rate_row(outcomes, rate, duration_s, SLOS[0], gaps, weights, span_s=span_s)
 
 
 def compare(measured: dict[str, Any], rates_per_system: int = 3, calibration: str = "auto") -> dict[str, Any]:
