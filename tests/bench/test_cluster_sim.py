@@ -285,3 +285,33 @@ def test_a_pooled_file_is_replayed_window_by_window() -> None:
     assert pooled["requests"] == 16
     assert pooled["good"] == alone[0]["good"] + alone[1]["good"]
     assert pooled["goodput_rps"] == pytest.approx(pooled["good"] / (7 / 2.0 + 7 / 2.0), abs=1e-4)
+
+
+def test_the_simulation_past_the_sweep_covers_every_rate_and_names_its_knees() -> None:
+    # The sweep ran 1 and 2 req/s; beyond_sweep adds 4 and simulates goodput at both SLOs for each system,
+    # the same rows _predicted_rows gives, with the knee of each (system, SLO) over all three rates.
+    from bench.sim.sim_validation import _predicted_rows, beyond_sweep
+
+    models, _ = calibrated_models()
+    row = {"slo": "strict", "ttft_p50_s": 1.0}
+    measured: dict[str, Any] = {
+        "workload": {"max_context_tokens": 131072, "requests": 8, "offset": 32},
+        "systems": {},
+        "rows": [
+            {"system": s, "rate_rps": r, **row} for s in ("zipkv", "sglang_gateway") for r in (1.0, 2.0)
+        ],
+    }
+    out = beyond_sweep(measured, models, [4.0])
+    assert out["rates_rps"] == [1.0, 2.0, 4.0]
+    got = {(r["system"], r["slo"], r["rate_rps"]): r for r in out["rows"]}
+    assert len(got) == 2 * 2 * 3
+    direct = _predicted_rows("zipkv", 4.0, measured, models)
+    assert got[("zipkv", "relaxed", 4.0)]["goodput_rps"] == direct["relaxed"]["goodput_rps"]
+    for system in ("zipkv", "sglang_gateway"):
+        for slo in ("strict", "relaxed"):
+            curve = {rate: got[(system, slo, rate)]["goodput_rps"] for rate in (1.0, 2.0, 4.0)}
+            knee = min(curve, key=lambda rate: (-curve[rate], rate))  # the peak, the lowest rate on a tie
+            assert got[(system, slo, 1.0)]["knee_rps"] == knee
+    z = got[("zipkv", "relaxed", 1.0)]["goodput_at_knee_rps"]
+    b = got[("sglang_gateway", "relaxed", 1.0)]["goodput_at_knee_rps"]
+    assert out["zipkv_over_sglang_gateway_at_knee"]["relaxed"] == pytest.approx(z / b, abs=1e-3)
