@@ -315,3 +315,23 @@ def test_the_simulation_past_the_sweep_covers_every_rate_and_names_its_knees() -
     z = got[("zipkv", "relaxed", 1.0)]["goodput_at_knee_rps"]
     b = got[("sglang_gateway", "relaxed", 1.0)]["goodput_at_knee_rps"]
     assert out["zipkv_over_sglang_gateway_at_knee"]["relaxed"] == pytest.approx(z / b, abs=1e-3)
+
+
+def test_the_sustained_simulation_replays_one_long_window_from_the_start() -> None:
+    # Whatever windows the sweep pooled, the sustained run is the trace's first N requests at each rate.
+    from bench.sim.sim_validation import _predicted_rows, sustained_sweep
+
+    models, _ = calibrated_models()
+    parts = [{"max_context_tokens": 131072, "requests": 8, "offset": o} for o in (32, 64)]
+    measured: dict[str, Any] = {
+        "workload": {"windows": parts, "requests": 16, "max_context_tokens": 131072},
+        "systems": {},
+        "rows": [{"system": "zipkv", "slo": "strict", "rate_rps": 1.0}],
+    }
+    out = sustained_sweep(measured, models, [2.0], 40)
+    assert out["requests"] == 40 and out["rates_rps"] == [1.0, 2.0]
+    long_window = {**measured, "workload": {"max_context_tokens": 131072, "requests": 40, "offset": 0}}
+    want = _predicted_rows("zipkv", 2.0, long_window, models)["relaxed"]
+    got = next(r for r in out["rows"] if (r["slo"], r["rate_rps"]) == ("relaxed", 2.0))
+    assert (got["goodput_rps"], got["attainment"]) == (want["goodput_rps"], want["attainment"])
+    assert want["requests"] == 40
