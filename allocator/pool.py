@@ -19,6 +19,7 @@ arrived from earlier launches. Nothing here waits for the device.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -26,12 +27,14 @@ import numpy as np
 import torch
 
 from zipkv.allocator.device import PageEncoder, default_encoder, fence_factory, raw_meta_row, upload
+from zipkv.allocator.device_timer import DeviceTimer
 from zipkv.allocator.ledger import Ledger, LedgerConfig
 from zipkv.allocator.plans import ChunkKind, EncodePlan, MovePlan, PageState, PoolStats
 from zipkv.kernels.format.layout import PageFormat
 
 MiB = 1 << 20
 PACK_TEMP_BYTES = 64 * MiB  # bound on the temporary copy the pack and move steps make per slice
+DEVICE_SPANS = ("encode", "move", "restore")  # restore: a prefix's pages read back for prefill (kvstore)
 
 
 def unit_bytes_for(fmt: PageFormat) -> int:
@@ -118,6 +121,11 @@ class PagePool:
         self._scratch_unit = num_chunks * chunk_units
         self._slice_pages = max(1, PACK_TEMP_BYTES // fmt.raw_page_bytes)
         self._layers = [LayerPages(self.heap, self.page_loc[i], self.page_meta[i]) for i in range(num_layers)]
+        # Device time of the pool's launches and of prefix restores (kvstore.read_pages), and host time of
+        # end_step, for the pool's log line (device_timer.py); read and reset together by take_timings().
+        on_gpu = self.device.type == "cuda"
+        self.device_timers = {name: DeviceTimer(on_gpu) for name in DEVICE_SPANS}
+        self.end_step_host_s = 0.0
 
     @property
     def max_pages(self) -> int:
@@ -170,14 +178,27 @@ class PagePool:
 
     def end_step(self) -> None:
         """Apply finished launches, issue one encode launch for all full pages, maybe compact. No sync."""
+        t0 = time.perf_counter()
         self.ledger.poll()
         plan = self.ledger.plan_encode() if self.compression else None
         if plan is not None:
-            self._launch_encode(plan)
+            with self.device_timers["encode"].span():
+                self._launch_encode(plan)
         self._steps += 1
         if self.compression and self._steps % self.compaction_interval_steps == 0:
             self.compact()
         self.ledger.poll()
+        self.end_step_host_s += time.perf_counter() - t0
+
+    def take_timings(self) -> dict[str, float]:
+        """Since the last take: device ms and span counts per DEVICE_SPANS name (completed spans only), and
+        the host ms spent in end_step."""
+        out = {"end_step_host_ms": 1000.0 * self.end_step_host_s}
+        self.end_step_host_s = 0.0
+        for name, timer in self.device_timers.items():
+            out[f"{name}_gpu_ms"], spans = timer.take()
+            out[f"{name}_spans"] = float(spans)
+        return out
 
     def compact(self, max_layers: int = 1, live_fraction: float | None = None) -> int:
         """Move live pages out of mostly-dead compressed chunks; returns (layer, page) pairs moved.
@@ -186,7 +207,8 @@ class PagePool:
         move = self.ledger.plan_compaction(max_layers=max_layers, live_fraction=live_fraction)
         if move is None:
             return 0
-        self._launch_move(move)
+        with self.device_timers["move"].span():
+            self._launch_move(move)
         self.ledger.moved(move)
         self.compacted_pages += int(move.pages.size)
         return int(move.pages.size)

@@ -62,5 +62,6 @@ class ZipkvKV:
             dtype=torch.bfloat16,
             device=page_ids.device,
         )
-        self._decode_pages(pages.heap, pages.loc[page_ids], pages.meta[page_ids], out, fmt)
+        with self.pool.device_timers["restore"].span():
+            self._decode_pages(pages.heap, pages.loc[page_ids], pages.meta[page_ids], out, fmt)
         return out

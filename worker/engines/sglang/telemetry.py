@@ -119,14 +119,17 @@ def request_timings(
 def log_pool_step(step: int, pool: PagePool, live_pages: int, decode_reqs: int) -> None:
     """The pool line at forward step ``step`` (INFO), from host counters only (no device sync).
     block_fraction: blocks stored compressed over the blocks of compressed pages; decode_reqs: requests of
-    the last decode batch (0 after a prefill)."""
+    the last decode batch (0 after a prefill); the times are sums since the previous line (PagePool.
+    take_timings: device time of the encode, move and prefix-restore launches that have completed, host time
+    of end_step), so a log says how much of the steps between two lines the pool's own work took."""
     if not log.isEnabledFor(logging.INFO):
         return
-    st = pool.stats()
+    st, t = pool.stats(), pool.take_timings()
     log.info(
         "zipkv pool step=%d compressed_pages=%d raw_pages=%d encoding_pages=%d ratio=%.4f "
         "headroom_pages=%d live_pages=%d compressed_blocks=%d compressed_page_blocks=%d "
-        "block_fraction=%.4f decode_reqs=%d",
+        "block_fraction=%.4f decode_reqs=%d end_step_host_ms=%.1f encode_gpu_ms=%.1f move_gpu_ms=%.1f "
+        "restore_gpu_ms=%.1f restores=%d",
         step,
         st.compressed_pages,
         st.raw_pages,
@@ -138,6 +141,11 @@ def log_pool_step(step: int, pool: PagePool, live_pages: int, decode_reqs: int) 
         st.compressed_page_blocks,
         st.compressed_blocks / st.compressed_page_blocks if st.compressed_page_blocks else 0.0,
         decode_reqs,
+        t["end_step_host_ms"],
+        t["encode_gpu_ms"],
+        t["move_gpu_ms"],
+        t["restore_gpu_ms"],
+        int(t["restore_spans"]),
     )
 
 
