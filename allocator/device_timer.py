@@ -76,3 +76,8 @@ class DeviceTimer:
         out = (self._ms, self._spans)
         self._ms, self._spans = 0.0, 0
         return out
+
+
+def timers_for(device: torch.device, names: tuple[str, ...]) -> dict[str, DeviceTimer]:
+    """One timer per name, timing on a CUDA device and off elsewhere."""
+    return {name: DeviceTimer(device.type == "cuda") for name in names}

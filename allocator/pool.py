@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from zipkv.allocator.device import PageEncoder, default_encoder, fence_factory, raw_meta_row, upload
-from zipkv.allocator.device_timer import DeviceTimer
+from zipkv.allocator.device_timer import timers_for
 from zipkv.allocator.ledger import Ledger, LedgerConfig
 from zipkv.allocator.plans import ChunkKind, EncodePlan, MovePlan, PageState, PoolStats
 from zipkv.kernels.format.layout import PageFormat
@@ -121,11 +121,8 @@ class PagePool:
         self._scratch_unit = num_chunks * chunk_units
         self._slice_pages = max(1, PACK_TEMP_BYTES // fmt.raw_page_bytes)
         self._layers = [LayerPages(self.heap, self.page_loc[i], self.page_meta[i]) for i in range(num_layers)]
-        # Device time of the pool's launches and of prefix restores (kvstore.read_pages), and host time of
-        # end_step, for the pool's log line (device_timer.py); read and reset together by take_timings().
-        on_gpu = self.device.type == "cuda"
-        self.device_timers = {name: DeviceTimer(on_gpu) for name in DEVICE_SPANS}
-        self.end_step_host_s = 0.0
+        # For the pool's log line: device time of its launches and prefix restores, host time of end_step
+        self.device_timers, self.end_step_host_s = timers_for(self.device, DEVICE_SPANS), 0.0
 
     @property
     def max_pages(self) -> int:
