@@ -12,6 +12,8 @@
 # (rate_R.json per rate, system.json, server logs); then, here: copy every call's serving/ folder into one
 # folder and `python -m bench.serving.serving_goodput --in FOLDER --device "..." --command "..."` writes
 # bench/results/serving_goodput.json and .png (and `python -m bench.sim.sim_validation` compares the simulation).
+# A second trace window (OFFSET=32 ...: SGLang and Ray stay extracted on the warm machine, so only
+# .carry/llama31_8b needs carrying) pools with the first: serving_goodput --pool-windows --in W0 --in W32.
 #
 # Env: MIXED_CHUNK=1 (SGLang's enable_mixed_chunk, for every system alike), ZIPKV_PREFILL_KERNEL (and
 # zipkv's other kernel choices, stack/options.py: they reach the replica and the record), SYSTEMS (comma-separated),
