@@ -35,18 +35,21 @@ def _capturing() -> bool:
 
 
 class DeviceTimer:
-    """Sums the device time of spans (ms) and counts them; ``take`` returns the totals since the last take."""
+    """Device time of spans, handed back once completed: ``completed_ms`` one by one (the encoder's latency
+    histogram, worker/encode_timer.py), ``take`` as a sum and a count (the pool's log line)."""
 
     def __init__(
         self,
         enabled: bool,
         event: Callable[[], TimingEvent] = _cuda_event,
         capturing: Callable[[], bool] = _capturing,
+        max_pending: int | None = None,
     ) -> None:
         self.enabled = enabled
         self._event, self._capturing = event, capturing
+        self._max_pending = max_pending
         self._pending: deque[tuple[TimingEvent, TimingEvent]] = deque()
-        self._ms, self._spans, self.dropped = 0.0, 0, 0
+        self.dropped = 0
 
     @contextmanager
     def span(self) -> Iterator[None]:
@@ -59,23 +62,23 @@ class DeviceTimer:
         yield
         end.record()
         self._pending.append((start, end))
-        if len(self._pending) > MAX_PENDING:
+        if len(self._pending) > (self._max_pending or MAX_PENDING):
             self._pending.popleft()
             self.dropped += 1
 
-    def collect(self) -> None:
-        """Add the spans that have completed, oldest first (a stream runs them in order), without waiting."""
+    def completed_ms(self) -> list[float]:
+        """The spans that have completed since the last call, oldest first (a stream runs them in order),
+        without waiting; spans still running come with a later call."""
+        done: list[float] = []
         while self._pending and self._pending[0][1].query():
             start, end = self._pending.popleft()
-            self._ms += start.elapsed_time(end)
-            self._spans += 1
+            done.append(float(start.elapsed_time(end)))
+        return done
 
     def take(self) -> tuple[float, int]:
-        """(ms, spans) completed since the last take; spans still running count at the next one."""
-        self.collect()
-        out = (self._ms, self._spans)
-        self._ms, self._spans = 0.0, 0
-        return out
+        """(ms, spans) completed since the last take."""
+        done = self.completed_ms()
+        return sum(done), len(done)
 
 
 def timers_for(device: torch.device, names: tuple[str, ...]) -> dict[str, DeviceTimer]:

@@ -67,12 +67,17 @@ def test_capture_and_the_cpu_record_nothing() -> None:
 def test_pending_spans_are_bounded(monkeypatch: Any) -> None:
     monkeypatch.setattr(device_timer, "MAX_PENDING", 3)
     clock = FakeClock()
-    timer = DeviceTimer(True, clock.event, lambda: False)
+    timer = DeviceTimer(True, clock.event, lambda: False)  # the default bound (MAX_PENDING)
     for _ in range(5):
         with timer.span():
             clock.now_ms += 1.0
     clock.done_up_to = 100.0
     assert timer.dropped == 2 and timer.take() == (3.0, 3)  # the oldest two dropped, the rest counted
+    own = DeviceTimer(True, clock.event, lambda: False, max_pending=1)  # a bound of its own
+    for _ in range(3):
+        with own.span():
+            clock.now_ms += 2.0
+    assert own.dropped == 2 and own.completed_ms() == [2.0]
 
 
 def test_the_pool_times_its_encode_and_move_launches_and_its_end_step() -> None:

@@ -1,6 +1,7 @@
 """The pool's log line in the scheduler's log (telemetry.log_pool_step): the step's counters and, since the
-previous line, the pool's own time (end_step on the host; encode, move and prefix-restore launches on the
-device), in the key=value form bench/serving/sglang_e2e_metrics.py reads back."""
+previous line, the pool's own time (end_step and the allocator's calls on the host; encode, move and
+prefix-restore launches on the device), in the key=value form bench/serving/sglang_e2e_metrics.py reads
+back."""
 
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ def test_the_pool_line_carries_the_pools_own_time_since_the_line_before(
     slots = alloc.alloc_extend(zero, zero, n, n, torch.tensor([-1]), int(n))
     assert slots is not None
     fill(alloc, slots)
+    assert alloc.host_s["alloc_extend"] > 0.0  # the allocator's calls on the scheduling path are timed
     with caplog.at_level(logging.INFO, logger="zipkv.worker.sglang"):
         for _ in range(4):  # lines at steps 2 and 4
             alloc.compress_step()
@@ -32,8 +34,10 @@ def test_the_pool_line_carries_the_pools_own_time_since_the_line_before(
     assert [line["step"] for line in lines] == [2.0, 4.0]
     first, second = lines
     assert first["end_step_host_ms"] > 0.0  # two end_steps, at least one of them encoding four pages
+    assert first["alloc_host_ms"] > 0.0  # alloc_extend and the compress_steps before the line
     # On the CPU no device span is timed: zero, not absent, so a log from any machine parses the same way
     assert first["encode_gpu_ms"] == first["move_gpu_ms"] == first["restore_gpu_ms"] == first["restores"] == 0
     assert second["end_step_host_ms"] >= 0.0
     # Each line took (and so reset) the pool's timings: none are left after the line at the last step
     assert alloc.pool.take_timings()["end_step_host_ms"] == 0.0
+    assert alloc.host_s["alloc_extend"] == 0.0

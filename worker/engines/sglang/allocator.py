@@ -34,6 +34,7 @@ import torch
 
 from zipkv.allocator import OutOfPages, PagePool
 from zipkv.kernels.format.layout import PAGE_TOKENS
+from zipkv.worker.engines.sglang.host_timing import time_host_calls
 from zipkv.worker.engines.sglang.kv_stats_board import PUBLISH_EVERY_STEPS, KVStatsBoard
 from zipkv.worker.engines.sglang.readback import ReadbackQueue
 from zipkv.worker.engines.sglang.reclaim import PrefixCache, overcount_tokens, reclaim
@@ -69,15 +70,14 @@ class ZipkvAllocator:
         self._decode_reqs = 0  # requests of the last decode batch, 0 after a prefill (for the pool line)
         self._in_free_group = False
         self._free_group: list[torch.Tensor] = []
-        self.extend_kernel: ExtendKernel | None = (
-            None  # SGLang's Triton alloc_extend_kernel, set by the seams
-        )
+        self.extend_kernel: ExtendKernel | None = None  # SGLang's Triton alloc_extend_kernel (the seams')
         self.prefix_cache: PrefixCache | None = None  # SGLang's radix cache, when on (set by the seams)
         self.stats_board: KVStatsBoard | None = None  # the replica's /metrics source (set by the seams)
         self.rank_agreed_pages: int | None = None  # set under tensor parallelism (agree_across_ranks)
         # Pages a decode step may need (one per running request): never held back from available_size().
         # SGLang's max_running_requests, set by the seams with the prefix cache; this default until then.
         self.decode_reserve_pages = DECODE_RESERVE_PAGES
+        self.host_s = time_host_calls(self)  # per call on the scheduling path, for the pool line
 
     # ---- capacity -----------------------------------------------------------------------------------
     def free_page_ids(self) -> int:
@@ -294,5 +294,5 @@ class ZipkvAllocator:
         if self.stats_board is not None and self._forward_step % PUBLISH_EVERY_STEPS == 0:
             self.stats_board.publish_pool(self.pool)
         if self._forward_step % LOG_EVERY_STEPS == 0:
-            log_pool_step(self._forward_step, self.pool, self._live_pages, self._decode_reqs)
+            log_pool_step(self._forward_step, self.pool, self._live_pages, self._decode_reqs, self.host_s)
         return len(pages)

@@ -1,0 +1,45 @@
+"""Host time of the allocator's calls on SGLang's scheduling path, for the pool's log line: each call in
+HOST_TIMED is wrapped, on the instance, to add its wall time to a per-name total that the line reads and
+resets (telemetry.log_pool_step). The scheduler runs these between GPU steps, so time here is time the GPU
+may wait (with SGLang's overlap schedule, only what exceeds the step it overlaps). With compression the
+allocator does more per call (readbacks of filled pages, the cache's over-count), and the serving runs
+found zipkv's prefill 9.5% slower per token than with compression off (docs/benchmarks.md): this says
+whether the host is where that goes.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from collections.abc import Callable
+from typing import Any
+
+HOST_TIMED = ("alloc_extend", "alloc_decode", "available_size", "free", "compress_step")
+
+
+def time_host_calls(obj: object, names: tuple[str, ...] = HOST_TIMED) -> dict[str, float]:
+    """Wrap ``obj``'s methods ``names`` so each call adds its seconds to the returned totals (by name)."""
+    totals = dict.fromkeys(names, 0.0)
+    for name in names:
+        setattr(obj, name, _timed(getattr(obj, name), name, totals))
+    return totals
+
+
+def _timed(fn: Callable[..., Any], name: str, totals: dict[str, float]) -> Callable[..., Any]:
+    @functools.wraps(fn)
+    def timed(*args: Any, **kwargs: Any) -> Any:
+        t0 = time.perf_counter()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            totals[name] += time.perf_counter() - t0
+
+    return timed
+
+
+def take_host_ms(totals: dict[str, float]) -> float:
+    """The totals' sum in ms since the last take, and reset them."""
+    ms = 1000.0 * sum(totals.values())
+    for name in totals:
+        totals[name] = 0.0
+    return ms
