@@ -6,6 +6,7 @@ back."""
 from __future__ import annotations
 
 import logging
+import time
 
 import pytest
 import torch
@@ -41,3 +42,23 @@ def test_the_pool_line_carries_the_pools_own_time_since_the_line_before(
     # Each line took (and so reset) the pool's timings: none are left after the line at the last step
     assert alloc.pool.take_timings()["end_step_host_ms"] == 0.0
     assert alloc.host_s["alloc_extend"] == 0.0
+
+
+def test_a_timed_call_inside_another_counts_once() -> None:
+    from zipkv.worker.engines.sglang.host_timing import take_host_ms, time_host_calls
+
+    class Alloc:
+        def alloc_extend(self) -> None:
+            time.sleep(0.02)
+            self.free()  # as a reclaim's eviction does
+
+        def free(self) -> None:
+            time.sleep(0.02)
+
+    a = Alloc()
+    totals = time_host_calls(a, ("alloc_extend", "free"))
+    a.alloc_extend()
+    assert totals["free"] == 0.0 and 0.04 <= totals["alloc_extend"] < 0.2  # the outer call, with the inner
+    a.free()
+    assert 0.02 <= totals["free"] < 0.2
+    assert 60.0 <= take_host_ms(totals) < 400.0 and take_host_ms(totals) == 0.0

@@ -18,21 +18,29 @@ HOST_TIMED = ("alloc_extend", "alloc_decode", "available_size", "free", "compres
 
 
 def time_host_calls(obj: object, names: tuple[str, ...] = HOST_TIMED) -> dict[str, float]:
-    """Wrap ``obj``'s methods ``names`` so each call adds its seconds to the returned totals (by name)."""
+    """Wrap ``obj``'s methods ``names`` so each call adds its seconds to the returned totals (by name). A
+    timed call made inside another (a reclaim's eviction frees pages inside alloc_extend) counts in the
+    outer one only, so the totals add up to wall time."""
     totals = dict.fromkeys(names, 0.0)
+    depth = [0]
     for name in names:
-        setattr(obj, name, _timed(getattr(obj, name), name, totals))
+        setattr(obj, name, _timed(getattr(obj, name), name, totals, depth))
     return totals
 
 
-def _timed(fn: Callable[..., Any], name: str, totals: dict[str, float]) -> Callable[..., Any]:
+def _timed(
+    fn: Callable[..., Any], name: str, totals: dict[str, float], depth: list[int]
+) -> Callable[..., Any]:
     @functools.wraps(fn)
     def timed(*args: Any, **kwargs: Any) -> Any:
+        depth[0] += 1
         t0 = time.perf_counter()
         try:
             return fn(*args, **kwargs)
         finally:
-            totals[name] += time.perf_counter() - t0
+            depth[0] -= 1
+            if depth[0] == 0:
+                totals[name] += time.perf_counter() - t0
 
     return timed
 
