@@ -5,8 +5,14 @@
 #   bash bench/run_decode_hopper_gpu.sh [--shapes 32x8192,...]      (NCU=0 skips the profile)
 # GPU_TESTS="tests/kernels/test_merge.py ..." then runs those tests' GPU cases (-m gpu, or compiled on the
 # GPU where a test has no marker) into $OUT/gpu_tests.txt.
+# REQUIRE_GPU=H200: stop at once (rc 0, "SKIPPED") on any other card, so a call asking for the H200's figures
+# costs seconds, not minutes, when the device tool hands out an H100.
 set -uo pipefail
-source bench/gpu_env.sh
+if [ -n "${REQUIRE_GPU:-}" ]; then
+  CARD=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
+  case "$CARD" in *"$REQUIRE_GPU"*) ;; *) echo "SKIPPED: this card is $CARD, not $REQUIRE_GPU"; exit 0 ;; esac
+fi
+source "${ZIPKV_GPU_ENV:-bench/gpu_env.sh}"  # (ZIPKV_GPU_ENV: for the script's own test)
 warm_flashinfer &
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,power.draw --format=csv | tee "$OUT/gpu.txt"
 timeout "${CHECK_TIMEOUT:-240}" python3 -m bench.kernels.bench_decode_hopper --check --out "$OUT/decode_hopper_check.json" \
