@@ -35,8 +35,10 @@ def _capturing() -> bool:
 
 
 class DeviceTimer:
-    """Device time of spans, handed back once completed: ``completed_ms`` one by one (the encoder's latency
-    histogram, worker/encode_timer.py), ``take`` as a sum and a count (the pool's log line)."""
+    """Device time of spans, taken in as they complete (checked at each new span, so only spans still in
+    flight are held): ``take`` gives their sum and count since the last take (the pool's log line), and with
+    ``keep_spans`` ``completed_ms`` gives them one by one (the encoder's latency histogram, the newest
+    MAX_PENDING kept; worker/encode_timer.py). ``max_pending`` bounds the spans in flight."""
 
     def __init__(
         self,
@@ -44,12 +46,14 @@ class DeviceTimer:
         event: Callable[[], TimingEvent] = _cuda_event,
         capturing: Callable[[], bool] = _capturing,
         max_pending: int | None = None,
+        keep_spans: bool = False,
     ) -> None:
         self.enabled = enabled
         self._event, self._capturing = event, capturing
         self._max_pending = max_pending
         self._pending: deque[tuple[TimingEvent, TimingEvent]] = deque()
-        self.dropped = 0
+        self._kept: deque[float] | None = deque(maxlen=MAX_PENDING) if keep_spans else None
+        self._ms, self._spans, self.dropped = 0.0, 0, 0
 
     @contextmanager
     def span(self) -> Iterator[None]:
@@ -62,23 +66,35 @@ class DeviceTimer:
         yield
         end.record()
         self._pending.append((start, end))
+        self._collect()
         if len(self._pending) > (self._max_pending or MAX_PENDING):
             self._pending.popleft()
             self.dropped += 1
 
-    def completed_ms(self) -> list[float]:
-        """The spans that have completed since the last call, oldest first (a stream runs them in order),
-        without waiting; spans still running come with a later call."""
-        done: list[float] = []
+    def _collect(self) -> None:
+        """Take in the spans that have completed, oldest first (a stream runs them in order), no waiting."""
         while self._pending and self._pending[0][1].query():
             start, end = self._pending.popleft()
-            done.append(float(start.elapsed_time(end)))
-        return done
+            ms = float(start.elapsed_time(end))
+            self._ms, self._spans = self._ms + ms, self._spans + 1
+            if self._kept is not None:
+                self._kept.append(ms)
+
+    def completed_ms(self) -> list[float]:
+        """(keep_spans) Each span completed since the last call, oldest first; later ones come next time."""
+        if self._kept is None:
+            raise RuntimeError("completed_ms needs DeviceTimer(..., keep_spans=True)")
+        self._collect()
+        out = list(self._kept)
+        self._kept.clear()
+        return out
 
     def take(self) -> tuple[float, int]:
         """(ms, spans) completed since the last take."""
-        done = self.completed_ms()
-        return sum(done), len(done)
+        self._collect()
+        out = (self._ms, self._spans)
+        self._ms, self._spans = 0.0, 0
+        return out
 
 
 def timers_for(device: torch.device, names: tuple[str, ...]) -> dict[str, DeviceTimer]:

@@ -26,7 +26,7 @@ class TimedEncoder:
     def __init__(self, encoder: PageEncoder, device: torch.device | str) -> None:
         self._encoder = encoder
         self._cuda = torch.device(device).type == "cuda"
-        self._timer = DeviceTimer(self._cuda, max_pending=MAX_PENDING_LAUNCHES)
+        self._timer = DeviceTimer(self._cuda, max_pending=MAX_PENDING_LAUNCHES, keep_spans=True)
         self._counts = EncodeCounts()
 
     def __call__(

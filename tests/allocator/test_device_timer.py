@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from pool_harness import Harness, make_pool
 
 from zipkv.allocator import device_timer
@@ -51,6 +52,20 @@ def test_spans_count_once_completed_in_launch_order_and_take_resets() -> None:
     assert timer.take() == (5.0, 1)
 
 
+def test_completed_spans_are_taken_in_at_each_new_span_so_only_those_in_flight_are_held() -> None:
+    clock = FakeClock()
+    timer = DeviceTimer(True, clock.event, lambda: False, max_pending=2, keep_spans=True)
+    for _ in range(10):  # a device that keeps up: each span has completed by the next launch
+        with timer.span():
+            clock.now_ms += 1.0
+        clock.done_up_to = clock.now_ms
+    assert timer.dropped == 0  # never more than one in flight, although 10 > max_pending
+    assert timer.completed_ms() == [1.0] * 10 and timer.take() == (10.0, 10)
+    assert timer.completed_ms() == [] and timer.take() == (0.0, 0)
+    with pytest.raises(RuntimeError, match="keep_spans"):
+        DeviceTimer(True, clock.event, lambda: False).completed_ms()
+
+
 def test_capture_and_the_cpu_record_nothing() -> None:
     clock = FakeClock()
     for timer in (
@@ -73,11 +88,13 @@ def test_pending_spans_are_bounded(monkeypatch: Any) -> None:
             clock.now_ms += 1.0
     clock.done_up_to = 100.0
     assert timer.dropped == 2 and timer.take() == (3.0, 3)  # the oldest two dropped, the rest counted
-    own = DeviceTimer(True, clock.event, lambda: False, max_pending=1)  # a bound of its own
+    own = DeviceTimer(True, clock.event, lambda: False, max_pending=1, keep_spans=True)  # a bound of its own
+    clock.done_up_to = -1.0  # a device that falls behind
     for _ in range(3):
         with own.span():
             clock.now_ms += 2.0
-    assert own.dropped == 2 and own.completed_ms() == [2.0]
+    clock.done_up_to = 100.0
+    assert own.dropped == 2 and own.completed_ms() == [2.0]  # the newest one of three in flight
 
 
 def test_the_pool_times_its_encode_and_move_launches_and_its_end_step() -> None:
