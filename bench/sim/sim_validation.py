@@ -212,6 +212,13 @@ def main(argv: list[str] | None = None) -> int:
     measured = json.loads(args.measured.read_text())
     report = compare(measured, calibration=args.calibration, extra_rates=extra, sustained=sustained)
     args.out.write_text(json.dumps(report, indent=1) + "\n")
+    if "sustained" in report:  # drawn like the GPU sweep (serving_plots.plot_serving): a prediction
+        from bench.serving.serving_plots import plot_serving
+
+        title = (
+            f"Simulated, sustained load: the trace's first {report['sustained']['requests']} requests a rate"
+        )
+        plot_serving(report["sustained"]["rows"], args.out.with_name(args.out.stem + "_sustained.png"), title)
     for row in report["rows"]:
         print(row["system"], row["rate_rps"], {q: row[q]["error"] for q in QUANTITIES})
     for block in (
