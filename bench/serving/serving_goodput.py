@@ -140,9 +140,8 @@ def build(in_dir: Path | list[Path], device: str, command: str, pool_windows: bo
                 f"{rec['system']}: another trace window than the other records ({rec['workload']})"
             )
         workload = rec["workload"]
-    client = " | ".join(
-        sorted({rec["client"] for rec in records})
-    )  # the backends differ: /generate through the gateway
+    # the backends differ: /generate through the gateway
+    client = " | ".join(sorted({rec["client"] for rec in records}))
     keyed = with_knees(rows, ("system", "slo"))
     keyed.sort(key=lambda r: (str(r["system"]), str(r["slo"]), float(r["rate_rps"])))  # type: ignore[arg-type]
     report = {

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.paths import RESULTS
+from bench.serving.serving_goodput import headline
 from bench.serving.serving_metrics import SLOS, Outcome, rate_row, with_knees
 from bench.serving.serving_windows import windows
 from bench.serving.trace_workload import arrivals_s, load_trace
@@ -134,11 +135,7 @@ def beyond_sweep(
                 keep = ("rate_rps", "goodput_rps", "attainment", "shed", "ttft_p99_s", "itl_p99_ms")
                 rows.append({"system": system, "slo": slo_name, **{k: row[k] for k in keep}})
     keyed = with_knees(rows, ("system", "slo"))
-    ratio: dict[str, float | None] = {}
-    for slo in SLOS:
-        at = {r["system"]: r["goodput_at_knee_rps"] for r in keyed if r["slo"] == slo.name}
-        z, b = at.get("zipkv"), at.get("sglang_gateway")
-        ratio[slo.name] = round(float(z) / float(b), 3) if z and b else None  # type: ignore[arg-type]
+    ratio = {slo: h["zipkv_over_sglang_gateway"] for slo, h in headline(keyed).items()}  # the sweep's own
     return {"rates_rps": rates, "rows": keyed, "zipkv_over_sglang_gateway_at_knee": ratio}
 
 
@@ -221,10 +218,8 @@ def main(argv: list[str] | None = None) -> int:
         plot_serving(report["sustained"]["rows"], args.out.with_name(args.out.stem + "_sustained.png"), title)
     for row in report["rows"]:
         print(row["system"], row["rate_rps"], {q: row[q]["error"] for q in QUANTITIES})
-    for block in (
-        "beyond_sweep",
-        "sustained",
-    ):  # the simulated knees past the sweep, and under sustained load
+    # the simulated knees past the sweep's rates, and under sustained load
+    for block in ("beyond_sweep", "sustained"):
         if block in report:
             knees = {f"{r['system']}/{r['slo']}": r["knee_rps"] for r in report[block]["rows"]}
             print(f"{block}: simulated knees (req/s) {knees}; zipkv / sglang_gateway at the knee "

@@ -1,6 +1,7 @@
 """Host time of the allocator's calls on SGLang's scheduling path, for the pool's log line: each call in
 HOST_TIMED is wrapped, on the instance, to add its wall time to a per-name total that the line reads and
-resets (telemetry.log_pool_step). The scheduler runs these between GPU steps, so time here is time the GPU
+resets (telemetry.log_pool_step); compress_step is one of them, so the sum includes the pool's end_step
+(its own figure on the same line). The scheduler runs these between GPU steps, so time here is time the GPU
 may wait (with SGLang's overlap schedule, only what exceeds the step it overlaps). With compression the
 allocator does more per call (readbacks of filled pages, the cache's over-count), and the serving runs
 found zipkv's prefill 9.5% slower per token than with compression off (docs/benchmarks.md): this says
