@@ -109,7 +109,12 @@ def load_records(in_dirs: list[Path], pool_windows: bool) -> tuple[list[dict[str
     for rec in raw:
         key = f"{rec['rate_rps']:g}" + (f"@offset{window_of(rec)[0]}" if pool_windows else "")
         flight.setdefault(rec["system"], {})[key] = in_flight(rec["requests"])
-    return (pool_all(raw) if pool_windows and raw else raw), flight
+    if not (pool_windows and raw):
+        return raw, flight
+    try:
+        return pool_all(raw), flight
+    except ValueError as e:  # windows that do not pool (one missing, one twice): say which, no traceback
+        raise SystemExit(f"--pool-windows: {e}") from None
 
 
 def system_notes(in_dirs: list[Path]) -> dict[str, Any]:

@@ -88,3 +88,7 @@ def test_the_pooled_table_divides_good_requests_by_the_summed_span(tmp_path: Pat
     # Without --pool-windows the same folders are two calls measuring one system twice: refused
     with pytest.raises(SystemExit, match="keep one of them"):
         sg.build([w0, w1], "test device", "pytest")
+    # Pooled, a window missing for one system is refused with what ran where
+    (w1 / "zipkv" / "rate_2.json").unlink()
+    with pytest.raises(SystemExit, match=r"--pool-windows: .*pool the same windows for all"):
+        sg.build([w0, w1], "test device", "pytest", pool_windows=True)
