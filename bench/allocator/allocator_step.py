@@ -137,21 +137,79 @@ class Workload:
         return spent + self.end_step_timed()
 
 
+def chunk_step(work: Workload, pages: int, rid: str) -> tuple[int, int, int]:
+    """One prefill chunk of ``pages`` pages per layer (SGLang's chunked prefill: 8192 tokens = 512 pages):
+    CPU ns of reserve + allocate + mark_full, of the end_step that plans their encode, and of the next
+    end_step, which takes the launch's sizes in (exact places, refunds, raw slots freed); then frees them."""
+    led = work.led
+    t0 = time.thread_time_ns()
+    led.reserve(rid, pages)
+    ids, _ = led.allocate(pages, rid)
+    led.mark_full(ids)
+    admit = time.thread_time_ns() - t0
+    plan, settle = work.end_step_timed(), work.end_step_timed()
+    led.free(ids.tolist())
+    led.release(rid)
+    work.end_step_timed()
+    return admit, plan, settle
+
+
+def chunk_main(pages: int, steps: int, out: Path) -> None:
+    """The host cost of prefill chunks of ``pages`` pages, on a pool emptied of the steady-state batch."""
+    work = Workload(study_fractions(load_study(), "minilm", FMT.version, LAYERS).mean)
+    for rid, ids in list(work.pages.items()):
+        work.led.free(ids)
+        work.led.release(rid)
+    work.pages.clear()
+    work.tokens.clear()
+    work.end_step_timed()
+    times = np.array([chunk_step(work, pages, f"c{i}") for i in range(steps)]) / 1e6
+    parts = ("admit_ms", "plan_encode_step_ms", "settle_step_ms")
+    result = {
+        "command": f"python -m bench.allocator.allocator_step --chunk-pages {pages} --steps {steps}",
+        "date": datetime.now(UTC).strftime("%Y-%m-%d"),
+        "machine": f"{cpu_name()} ({os.cpu_count()} cores; load average {os.getloadavg()[0]:.1f}), "
+        f"Python {platform.python_version()}, numpy {np.__version__}",
+        "layers": LAYERS,
+        "chunk_pages": pages,
+        "chunk_tokens": pages * PAGE_TOKENS,
+        "steps": steps,
+        "cpu_ms_p50": {k: round(float(np.median(times[:, i])), 3) for i, k in enumerate(parts)},
+        "cpu_ms_p50_total": round(float(np.median(times.sum(axis=1))), 3),
+    }
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps(result["cpu_ms_p50"]), "total", result["cpu_ms_p50_total"], "ms ->", out)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=2000)
     parser.add_argument("--warmup", type=int, default=300)
-    parser.add_argument("--out", type=Path, default=RESULTS / "allocator_step.json")
+    parser.add_argument("--out", type=Path, default=None, help="default: allocator_step[_chunk].json")
+    parser.add_argument(
+        "--chunk-pages",
+        type=int,
+        default=0,
+        help="instead: the host cost of prefill chunks of this many pages",
+    )
     args = parser.parse_args()
+    if args.chunk_pages > 0:
+        chunk_main(args.chunk_pages, args.steps, args.out or RESULTS / "allocator_step_chunk.json")
+        return
+    steady_main(args.steps, args.warmup, args.out or RESULTS / "allocator_step.json")
+
+
+def steady_main(steps: int, warmup: int, out: Path) -> None:
+    """The steady state of the module doc: decode and prefill steps of a batch of BATCH."""
     # the bookkeeping cost hardly depends on the fraction: MiniLM's mean under v2, as when first measured
     measured = study_fractions(load_study(), "minilm", FMT.version, LAYERS)
     fraction, source = measured.mean, measured.source
     work = Workload(fraction)
-    for _ in range(args.warmup):
+    for _ in range(warmup):
         work.decode_step()
         work.prefill_step()
     decode, prefill = [], []
-    for _ in range(args.steps):
+    for _ in range(steps):
         decode.append(work.decode_step())
         if len(work.tokens) < BATCH:
             prefill.append(work.prefill_step())
@@ -164,7 +222,7 @@ def main() -> None:
         f"{os.getloadavg()[0]:.1f}), Python {platform.python_version()}, numpy {np.__version__}",
         "batch": BATCH,
         "layers": LAYERS,
-        "steps": args.steps,
+        "steps": steps,
         "cpu_us_p50": round(float(np.percentile(decode_us, 50)), 1),
         "cpu_us_p99": round(float(np.percentile(decode_us, 99)), 1),
         "cpu_us_max": round(float(decode_us.max()), 1),
@@ -181,7 +239,7 @@ def main() -> None:
         "running_requests": len(work.tokens),
         "pool_chunks_free": len(stats.pool),
     }
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    out.write_text(json.dumps(result, indent=2) + "\n")
     print("| step | batch | layers | CPU us p50 | CPU us p99 |")
     print("|---|---|---|---|---|")
     print(f"| decode | {BATCH} | {LAYERS} | {result['cpu_us_p50']} | {result['cpu_us_p99']} |")

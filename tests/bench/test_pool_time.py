@@ -1,4 +1,4 @@
-"""bench/serving/pool_time.py: the pool's time and the prefill cost read back from a scheduler log."""
+"""bench/sim/pool_time.py: the pool's time and the prefill cost read back from a scheduler log."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.serving.pool_time import main, pool_time
+from bench.sim.pool_time import main, pool_time
 
 T = "[2026-12-06 00:12:10] "
 

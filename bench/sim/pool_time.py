@@ -1,6 +1,6 @@
 """The page pool's own time in a serving run, read from the replica's log: what compression costs per prefill.
 
-    python -m bench.serving.pool_time --log zipkv=W/zipkv/replica_process.log \
+    python -m bench.sim.pool_time --log zipkv=W/zipkv/replica_process.log \
         --log zipkv_uncompressed=W/zipkv_uncompressed/replica_process.log \
         --out bench/results/serving_pool_time.json
 
