@@ -23,15 +23,15 @@ cost says how much of that gap is the pool's own work, and how much is elsewhere
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from bench.serving.sglang_e2e_metrics import pool_lines
-from bench.sim.prefill_log import parse_lines
+from bench.sim.prefill_log import back_to_back, parse_lines
 
+CHUNK_TOKENS = 8192  # the serving sweep's chunked_prefill_size (how chunked prompts are rebuilt)
 DEVICE_FIELDS = ("encode_gpu_ms", "move_gpu_ms", "restore_gpu_ms")
 HOST_FIELDS = ("end_step_host_ms", "alloc_host_ms")
 
@@ -64,11 +64,7 @@ def pool_time(text: str) -> PoolTime:
     device = {f: round(sum(p.get(f, 0.0) for p in pools), 3) for f in DEVICE_FIELDS}
     host = {f: round(sum(p.get(f, 0.0) for p in pools), 3) for f in HOST_FIELDS}
     new_tokens = sum(p.new_tokens for p in prefills)
-    back = [
-        b
-        for prev, b in itertools.pairwise(prefills)
-        if not b.after_decode and (prev.pending_tokens > 0 or prev.queued > 0)
-    ]
+    back = back_to_back(text.splitlines(), CHUNK_TOKENS)
     back_tokens, back_ms = sum(b.new_tokens for b in back), sum(b.gap_ms for b in back)
     return PoolTime(
         pool_lines=len(pools),

@@ -23,7 +23,7 @@ from typing import Any
 
 from bench.paths import RESULTS
 from bench.sim.h100_calibration import CHUNK_TOKENS, ONE_MACHINE, RECORD
-from bench.sim.prefill_log import PrefillBatch, PrefillFit, parse_lines, rebuild_batches
+from bench.sim.prefill_log import PrefillBatch, PrefillFit, back_to_back
 
 OUT = RESULTS / "serving_prefill_compare.json"
 LOGS = {  # system -> its server's log in a window's folder of the archive
@@ -32,10 +32,6 @@ LOGS = {  # system -> its server's log in a window's folder of the archive
     "zipkv_uncompressed": "zipkv_uncompressed/replica_process.log",
 }
 WINDOWS = ("w0", "w32")
-
-
-def back_to_back(lines: list[str]) -> list[PrefillBatch]:
-    return [b for b in rebuild_batches(parse_lines(lines), CHUNK_TOKENS) if b.back_to_back]
 
 
 def priced(batches: list[PrefillBatch], fits: dict[str, PrefillFit]) -> dict[str, Any]:
@@ -65,7 +61,8 @@ def compare(archive: Path, record: Path) -> dict[str, Any]:
                 if f is None:
                     raise FileNotFoundError(f"{window}/{member} in {archive}")
                 lines = f.read().decode(errors="replace").splitlines()
-                rows.append({"window": window, "batches_of": system} | priced(back_to_back(lines), fits))
+                row = priced(back_to_back(lines, CHUNK_TOKENS), fits)
+                rows.append({"window": window, "batches_of": system} | row)
     return {"archive": archive.name, "fits": record.name, "chunk_tokens": CHUNK_TOKENS, "rows": rows}
 
 

@@ -133,6 +133,11 @@ def rebuild_batches(lines: Sequence[PrefillLine], chunk_tokens: int) -> list[Pre
     return out
 
 
+def back_to_back(lines: Iterable[str], chunk_tokens: int) -> list[PrefillBatch]:
+    """The batches of a log whose gaps are their own forwards (rebuild_batches' back_to_back)."""
+    return [b for b in rebuild_batches(parse_lines(lines), chunk_tokens) if b.back_to_back]
+
+
 @dataclass(frozen=True, slots=True)
 class PrefillFit:
     fixed_ms: float
