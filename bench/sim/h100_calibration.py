@@ -36,14 +36,14 @@ from typing import Any
 from bench.paths import RESULTS
 from bench.serving.log_steps import line_fit
 from bench.serving.trace_workload import KV_BYTES_PER_TOKEN
-from bench.sim.prefill_log import PrefillFit, fit_prefill, parse_lines, rebuild_batches
+from bench.sim.prefill_log import SWEEP_CHUNK_TOKENS, PrefillFit, fit_prefill, parse_lines, rebuild_batches
 from bench.sim.sim_calibrate import compression_ratio
 from bench.sim.step_model import StepModel
 
 NAME = "h100_serving_logs"
 RECORD = RESULTS / "sim_calibration_h100_serving_logs.json"
 DECODE_STEPS = RESULTS / "serving_decode_steps.json"
-CHUNK_TOKENS = 8192  # the sweep's chunked_prefill_size
+CHUNK_TOKENS = SWEEP_CHUNK_TOKENS
 ZIPKV_RATIO = compression_ratio("zipkv")  # compressed / raw bytes, measured (sglang_e2e.json)
 
 

@@ -29,9 +29,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from bench.serving.sglang_e2e_metrics import pool_lines
-from bench.sim.prefill_log import back_to_back, parse_lines
+from bench.sim.prefill_log import SWEEP_CHUNK_TOKENS, back_to_back, parse_lines
 
-CHUNK_TOKENS = 8192  # the serving sweep's chunked_prefill_size (how chunked prompts are rebuilt)
 DEVICE_FIELDS = ("encode_gpu_ms", "move_gpu_ms", "restore_gpu_ms")
 HOST_FIELDS = ("end_step_host_ms", "alloc_host_ms")
 
@@ -64,7 +63,7 @@ def pool_time(text: str) -> PoolTime:
     device = {f: round(sum(p.get(f, 0.0) for p in pools), 3) for f in DEVICE_FIELDS}
     host = {f: round(sum(p.get(f, 0.0) for p in pools), 3) for f in HOST_FIELDS}
     new_tokens = sum(p.new_tokens for p in prefills)
-    back = back_to_back(text.splitlines(), CHUNK_TOKENS)
+    back = back_to_back(prefills, SWEEP_CHUNK_TOKENS)  # chunked prompts rebuilt at the sweep's chunk size
     back_tokens, back_ms = sum(b.new_tokens for b in back), sum(b.gap_ms for b in back)
     return PoolTime(
         pool_lines=len(pools),

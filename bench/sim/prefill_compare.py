@@ -23,7 +23,7 @@ from typing import Any
 
 from bench.paths import RESULTS
 from bench.sim.h100_calibration import CHUNK_TOKENS, ONE_MACHINE, RECORD
-from bench.sim.prefill_log import PrefillBatch, PrefillFit, back_to_back
+from bench.sim.prefill_log import PrefillBatch, PrefillFit, back_to_back, parse_lines
 
 OUT = RESULTS / "serving_prefill_compare.json"
 LOGS = {  # system -> its server's log in a window's folder of the archive
@@ -61,7 +61,7 @@ def compare(archive: Path, record: Path) -> dict[str, Any]:
                 if f is None:
                     raise FileNotFoundError(f"{window}/{member} in {archive}")
                 lines = f.read().decode(errors="replace").splitlines()
-                row = priced(back_to_back(lines, CHUNK_TOKENS), fits)
+                row = priced(back_to_back(parse_lines(lines), CHUNK_TOKENS), fits)
                 rows.append({"window": window, "batches_of": system} | row)
     return {"archive": archive.name, "fits": record.name, "chunk_tokens": CHUNK_TOKENS, "rows": rows}
 

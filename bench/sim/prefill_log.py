@@ -31,6 +31,7 @@ import numpy as np
 
 from bench.sim.step_model import attention_pairs, batch_prefill_ms
 
+SWEEP_CHUNK_TOKENS = 8192  # the serving sweep's chunked_prefill_size (bench/run_serving_gpu.sh's SGLANG_ARGS)
 PREFILL = re.compile(
     r"Prefill batch, #new-seq: (\d+), #new-token: (\d+), #cached-token: (\d+), .*?#queue-req: (\d+), "
     r"#pending-token: (\d+), .*input throughput \(token/s\): ([\d.]+)"
@@ -133,9 +134,10 @@ def rebuild_batches(lines: Sequence[PrefillLine], chunk_tokens: int) -> list[Pre
     return out
 
 
-def back_to_back(lines: Iterable[str], chunk_tokens: int) -> list[PrefillBatch]:
-    """The batches of a log whose gaps are their own forwards (rebuild_batches' back_to_back)."""
-    return [b for b in rebuild_batches(parse_lines(lines), chunk_tokens) if b.back_to_back]
+def back_to_back(lines: Sequence[PrefillLine], chunk_tokens: int) -> list[PrefillBatch]:
+    """The batches of a log's prefill lines whose gaps are their own forwards (rebuild_batches'
+    back_to_back)."""
+    return [b for b in rebuild_batches(lines, chunk_tokens) if b.back_to_back]
 
 
 @dataclass(frozen=True, slots=True)
