@@ -3,9 +3,9 @@ HOST_TIMED is wrapped, on the instance, to add its wall time to a per-name total
 resets (telemetry.log_pool_step); compress_step is one of them, so the sum includes the pool's end_step
 (its own figure on the same line). The scheduler runs these between GPU steps, so time here is time the GPU
 may wait (with SGLang's overlap schedule, only what exceeds the step it overlaps). With compression the
-allocator does more per call (readbacks of filled pages, the cache's over-count), and the serving runs
-found zipkv's prefill 9.5% slower per token than with compression off (docs/benchmarks.md): this says
-whether the host is where that goes.
+allocator does more per call (readbacks of filled pages, the cache's over-count), and on the serving trace
+zipkv's prefill took 5-6% more time than with compression off (docs/benchmarks.md): this says how much of
+that is the host's.
 """
 
 from __future__ import annotations
