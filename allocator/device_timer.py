@@ -4,8 +4,8 @@ pool's step must not sync: pool.py). Off the GPU, or while a stream is being cap
 (an event recorded there belongs to the graph, not to this step), a span records nothing.
 
 The serving runs' logs say how much of a step these take (docs/benchmarks.md, "Serving under SLO ... all
-three systems": zipkv's prefill costs 9.5% more per token than with compression off, and these spans are
-where that time would be).
+three systems": on the trace zipkv's prefill takes 5-6% more time than with compression off, and these
+spans, with the host's, say how much of that the pool's own launches take).
 """
 
 from __future__ import annotations
