@@ -74,6 +74,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--fits", type=Path, default=RECORD)
     p.add_argument("--out", type=Path, default=OUT)
     args = p.parse_args(argv)
+    missing = [str(f) for f in (args.archive, args.fits) if not f.is_file()]
+    if missing:
+        raise SystemExit(
+            f"prefill_compare: no such file: {', '.join(missing)} (--archive: a serving run's record archive "
+            "with w0/ and w32/; --fits: python -m bench.sim.h100_calibration's record)"
+        )
     out = compare(args.archive, args.fits)
     args.out.write_text(json.dumps(out, indent=1) + "\n")
     for r in out["rows"]:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.sim.prefill_compare import LOGS, WINDOWS, compare
+from bench.sim.prefill_compare import LOGS, WINDOWS, compare, main
 
 
 def prefill(new: int, pending: int, tok_s: float) -> str:
@@ -58,3 +58,8 @@ def test_each_model_prices_the_same_batches_and_the_ratio_is_against_sglangs(tmp
     # zipkv's per-token cost is half SGLang's, its attention slope double: which is cheaper is the sum
     assert sglang_row["vs_sglang"]["zipkv"] == pytest.approx(expect["zipkv"] / expect["sglang"], abs=1e-3)
     assert sglang_row["vs_sglang"]["zipkv"] > 1.0 > sglang_row["vs_sglang"]["zipkv_uncompressed"]
+
+
+def test_a_missing_archive_is_named_not_a_traceback(tmp_path: Path) -> None:
+    with pytest.raises(SystemExit, match=r"no such file: .*absent\.tgz"):
+        main(["--archive", str(tmp_path / "absent.tgz"), "--out", str(tmp_path / "out.json")])
