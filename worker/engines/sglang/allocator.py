@@ -37,7 +37,7 @@ from zipkv.kernels.format.layout import PAGE_TOKENS
 from zipkv.worker.engines.sglang.host_timing import time_host_calls
 from zipkv.worker.engines.sglang.kv_stats_board import PUBLISH_EVERY_STEPS, KVStatsBoard
 from zipkv.worker.engines.sglang.readback import ReadbackQueue
-from zipkv.worker.engines.sglang.reclaim import PrefixCache, overcount_tokens, reclaim
+from zipkv.worker.engines.sglang.reclaim import PrefixCache, decode_room, overcount_tokens, reclaim
 from zipkv.worker.engines.sglang.slots import decode_slots, extend_slots, plan_extend, to_device
 from zipkv.worker.engines.sglang.telemetry import log_pool_step, log_reclaim_failure
 
@@ -108,15 +108,17 @@ class ZipkvAllocator:
         tokens = self.headroom_pages() * PAGE_TOKENS
         if self.compression and self.prefix_cache is not None:
             held_back = tokens - overcount_tokens(self.prefix_cache.evictable_tokens(), self.pool.fmt)
-            # SGLang's decode check (check_decode_mem) evicts only `need - available_size()` and then wants
-            # available_size() >= need, at most a page per running request. Evicting a compressed page gives
-            # its bytes back only once its chunk empties, so with a large cache the held-back figure could
-            # stay below that need while the pool has room: SGLang then retracted every request and aborted
-            # the last one as out of memory (seen on the trace sweep, 3,500 pages free). What the next decode
-            # step needs is never held back; admission's promise grows by at most that, and an allocation
-            # beyond the room reclaims from the cache (reclaim.py).
+            # SGLang's decode check wants available_size() >= a page per running request after evicting
+            # only the shortfall; a compressed page's bytes return only with its chunk, so holding that
+            # need back retracted every request with 3,500 pages free (trace sweep). Never held back:
+            # admission's promise grows by at most that, and allocations beyond the room reclaim.
             tokens = max(held_back, min(tokens, self.decode_reserve_pages * PAGE_TOKENS), 0)
         return tokens
+
+    def decode_room(self, need_tokens: int) -> bool:
+        """SGLang's decode check failed: do ``need_tokens`` fit once late room is in (reclaim.decode_room)?"""
+        decode_room(self, self.prefix_cache, -(-need_tokens // PAGE_TOKENS))
+        return self.available_size() >= need_tokens
 
     def held_tokens(self) -> int:
         """Slots of pages SGLang holds (requests and the prefix cache), after every pending free landed."""

@@ -90,7 +90,9 @@ sglang.srt.mem_cache.base_prefix_cache | BasePrefixCache.evictable_size | self |
 sglang.srt.mem_cache.base_prefix_cache | BasePrefixCache.is_chunk_cache | self |
 sglang.srt.mem_cache.base_prefix_cache | EvictParams | | num_tokens
 sglang.srt.mem_cache.base_prefix_cache | EvictResult | | num_tokens_evicted
-sglang.srt.managers.schedule_batch | ScheduleBatch | | batch_is_full
+sglang.srt.managers.schedule_batch | ScheduleBatch | | batch_is_full token_to_kv_pool_allocator
+sglang.srt.managers.schedule_batch | ScheduleBatch.check_decode_mem | self selected_indices |
+sglang.srt.managers.schedule_batch | ScheduleBatch.new_tokens_required_next_decode | self selected_indices |
 sglang.srt.managers.scheduler | run_scheduler_process | server_args port_args gpu_id tp_rank attn_cp_rank \
     moe_dp_rank moe_ep_rank pp_rank dp_rank pipe_writer display_tp_rank display_dp_rank display_moe_ep_rank |
 sglang.srt.model_executor.forward_batch_info | ForwardBatch | | forward_mode batch_size req_pool_indices \

@@ -16,7 +16,9 @@ seam fails a test instead of a GPU run.
 3. makes the idle memory check count zipkv's pool in its own units (page ids held vs. the prefix cache and
    requests, and the PagePool's byte accounting) instead of SGLang's ``available + cached == total``.
 4. before each prefill decision, releases SGLang's ``batch_is_full`` latch when compression freed room
-   (admission_latch.py) and hands the allocator the radix cache to reclaim from (reclaim.py).
+   (admission_latch.py) and hands the allocator the radix cache to reclaim from (reclaim.py);
+5. when SGLang's decode check finds no room, lets the allocator take in late room before SGLang retracts
+   (reclaim.decode_room).
 Nothing changes for other backends.
 """
 
@@ -91,6 +93,7 @@ def install() -> None:
     """Register the backends and patch the pool, allocator and idle-check seams (idempotent)."""
     if _INSTALLED:
         return
+    from sglang.srt.managers.schedule_batch import ScheduleBatch
     from sglang.srt.managers.scheduler import Scheduler
     from sglang.srt.managers.scheduler_components.invariant_checker import SchedulerInvariantChecker
     from sglang.srt.mem_cache.kv_cache_configurator import KVCacheConfigurator
@@ -99,6 +102,7 @@ def install() -> None:
     _patch_pool_builders(KVCacheConfigurator)
     _patch_prefill(Scheduler)
     _patch_idle_check(SchedulerInvariantChecker)
+    _patch_decode_check(ScheduleBatch)
     _INSTALLED.append(True)
     log.info("zipkv installed into sglang %s: backends %s", SGLANG_VERSION, ", ".join(BACKEND_NAMES))
 
@@ -215,6 +219,24 @@ def _patch_prefill(scheduler: Any) -> None:
         return get_new_batch_prefill(self, running_batch)
 
     scheduler.get_new_batch_prefill = _get_new_batch_prefill
+
+
+def _patch_decode_check(batch_class: Any) -> None:
+    """Step 5: SGLang's decode check, when it fails, asks zipkv's allocator once more after it took in the
+    frees and encodes still in flight and reclaimed (reclaim.decode_room). Its retraction loop calls the
+    check after each request it releases, so it also stops as soon as the released pages are back."""
+    check_decode_mem = batch_class.check_decode_mem
+
+    def _check_decode_mem(self: Any, selected_indices: Any = None) -> bool:
+        if check_decode_mem(self, selected_indices):
+            return True
+        allocator = self.token_to_kv_pool_allocator
+        if not (_CLASSES and isinstance(allocator, _CLASSES["allocator"])):
+            return False
+        need = int(self.new_tokens_required_next_decode(selected_indices))
+        return bool(cast(Any, allocator).decode_room(need))
+
+    batch_class.check_decode_mem = _check_decode_mem
 
 
 # ---- the parent-process surface the engine adapter uses (sglang.Engine) -------------------------------
