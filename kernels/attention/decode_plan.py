@@ -117,7 +117,7 @@ def _check_batch(
     return batch
 
 
-def _pair_slots(
+def pair_slots(
     max_splits: int | None,
     batch: int,
     kv_heads: int,
@@ -129,7 +129,13 @@ def _pair_slots(
 ) -> tuple[int, int]:
     """(work items of the step, the most splits one request gets). Asked ``max_splits``: every request
     gets up to that many, as many items as that takes. Else the wave model's split count for equal
-    requests, times the batch: the same programs, shared out by length (the module docstring)."""
+    requests, times the batch, and never fewer items than one wave's programs hold: the same programs,
+    shared out by length (the module docstring).
+
+    The floor matters where equal requests would not split (batch x KV heads x 2 >= slots: batch >= 33 on
+    an H100 with 8 KV heads, 4 programs per SM): without it there is one item per request, so no slack to
+    cut a long one, and a batch of 36-47 of the Mooncake trace ran 84-89 ms a step against SGLang's 30
+    (the H100 sweep of 96 requests, docs/benchmarks.md)."""
     if max_splits is not None:
         if not 1 <= max_splits <= MAX_SPLITS:
             raise ValueError(f"max_splits must be in 1..{MAX_SPLITS}, got {max_splits}")
@@ -140,7 +146,9 @@ def _pair_slots(
             if device.type == "cuda"
             else CPU_NUM_SMS
         )
-    pairs = batch * choose_max_splits(batch * kv_heads, num_sms * ctas_per_sm, cap, max_waves)
+    slots = num_sms * ctas_per_sm
+    pairs = batch * choose_max_splits(batch * kv_heads, slots, cap, max_waves)
+    pairs = max(pairs, min(slots // kv_heads, batch * cap))  # a wave's items: equal requests take no more
     return pairs, min(cap, pairs - batch + 1)  # one request takes what the others' one split each leave
 
 
@@ -195,7 +203,7 @@ def plan_decode(
                       twin_num_stages=twin_num_stages, ctas_per_sm=ctas_per_sm,
                       prefetch=prefetch)  # fmt: skip
     device, hopper = kv_lens.device, impl == "hopper"
-    num_pairs, max_splits = _pair_slots(
+    num_pairs, max_splits = pair_slots(
         max_splits, batch, fmt.num_kv_heads, num_sms, cfg.ctas_per_sm, device,
         HOPPER_MAX_SPLITS if hopper else MAX_SPLITS, HOPPER_MAX_WAVES if hopper else 4,
     )  # fmt: skip

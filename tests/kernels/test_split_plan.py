@@ -10,7 +10,7 @@ import pytest
 import torch
 from paged_cases import make_case, rel_err, run_both
 
-from zipkv.kernels.attention.decode_plan import plan_decode
+from zipkv.kernels.attention.decode_plan import pair_slots, plan_decode
 from zipkv.kernels.attention.split_plan import balanced_splits, even_split_tiles, work_items
 from zipkv.kernels.format.layout import PageFormat
 
@@ -40,6 +40,38 @@ def test_a_long_request_among_short_ones_gets_splits_in_proportion() -> None:
     assert int(splits[0]) >= 20 and splits[1:].max() <= 2  # 3 each before: 907 tiles a split for the long one
     balance = -(-int(tiles.sum()) // 54)  # tiles per item if the work divided perfectly
     assert int(split_tiles.max()) <= 1.25 * balance  # 136 against 114; before: 907
+
+
+PAIR_SLOTS = [  # (batch, KV heads, SMs, programs per SM, most splits, waves) -> (work items, most splits)
+    ((1, 8, 132, 4, 128, 1), (66, 66)),  # batch 1: a wave of splits
+    ((32, 8, 132, 4, 128, 1), (66, 35)),  # the wave model's 2 each would be 64: a wave's 66
+    ((40, 8, 132, 4, 128, 1), (66, 27)),  # equal requests no longer split; 26 items spare for a long one
+    ((47, 8, 132, 4, 128, 1), (66, 20)),
+    ((66, 8, 132, 4, 128, 1), (66, 1)),  # a wave of whole requests: nothing to spare
+    ((128, 8, 132, 4, 128, 1), (128, 1)),  # more: two waves, as before
+    ((40, 8, 132, 4, 128, 4), (120, 81)),  # the portable kernel's four waves: the wave model already spares
+    ((2, 8, 132, 4, 8, 1), (16, 8)),  # the per-request cap bounds the floor
+    ((3, 8, 132, 4, 128, None), (3 * 5, 5)),  # asked for 5 splits each: exactly that (waves unused)
+]
+
+
+@pytest.mark.parametrize(("args", "want"), PAIR_SLOTS)
+def test_the_step_has_a_wave_of_work_items_at_least(args: tuple, want: tuple[int, int]) -> None:
+    batch, kv_heads, sms, ctas, cap, waves = args
+    asked = 5 if waves is None else None
+    got = pair_slots(asked, batch, kv_heads, sms, ctas, torch.device("cpu"), cap, waves or 1)
+    assert got == want
+
+
+def test_a_long_request_in_a_batch_of_forty_is_cut_in_proportion() -> None:
+    """The sustained sweep's slow steps: 40 running, one of them 87k tokens, the rest about 6.4k. Before, 40
+    items (one per request) left the long request in one program: 2,720 tiles where balance is 140."""
+    items, most = pair_slots(None, 40, 8, 132, 4, torch.device("cpu"), 128, 1)
+    tiles = torch.tensor([2720] + [200] * 39)
+    splits, split_tiles = even_split_tiles(tiles, balanced_splits(tiles, items, most))
+    assert int(splits.sum()) <= items
+    balance = -(-int(tiles.sum()) // items)
+    assert int(split_tiles.max()) <= 2 * balance, (int(split_tiles.max()), balance)
 
 
 def test_the_work_list_covers_every_token_once_in_order() -> None:
