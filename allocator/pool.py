@@ -111,8 +111,7 @@ class PagePool:
         )
         self.encoder = encoder if encoder is not None else default_encoder(self.device)
         self.compaction_interval_steps = compaction_interval_steps
-        self._steps = 0
-        self.compacted_pages = 0  # (layer, page) pairs moved by compaction so far
+        self._steps, self.compacted_pages = 0, 0  # end_steps; (layer, page) pairs compaction moved so far
         self._raw_meta = raw_meta_row(fmt, self.device)
         self.heap = torch.zeros(budget_bytes, dtype=torch.uint8, device=self.device)
         self.page_loc = torch.zeros((num_layers, max_pages), dtype=torch.int64, device=self.device)
@@ -122,7 +121,8 @@ class PagePool:
         self._slice_pages = max(1, PACK_TEMP_BYTES // fmt.raw_page_bytes)
         self._layers = [LayerPages(self.heap, self.page_loc[i], self.page_meta[i]) for i in range(num_layers)]
         # For the pool's log line: device time of its launches and prefix restores, host time of end_step
-        self.device_timers, self.end_step_host_s = timers_for(self.device, DEVICE_SPANS), 0.0
+        self.device_timers = timers_for(self.device, DEVICE_SPANS)
+        self.end_step_host_s = self.settle_host_s = 0.0  # host time in end_step; waiting in settle
 
     @property
     def max_pages(self) -> int:
@@ -169,9 +169,11 @@ class PagePool:
 
     def settle(self) -> None:
         """Wait for the device's pending encodes and moves, then take them in (a sync: for reclaim only)."""
+        t0 = time.perf_counter()
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         self.ledger.poll()
+        self.settle_host_s += time.perf_counter() - t0
 
     def end_step(self) -> None:
         """Apply finished launches, issue one encode launch for all full pages, maybe compact. No sync."""
@@ -189,9 +191,9 @@ class PagePool:
 
     def take_timings(self) -> dict[str, float]:
         """Since the last take: device ms and span counts per DEVICE_SPANS name (completed spans only), and
-        the host ms spent in end_step."""
-        out = {"end_step_host_ms": 1000.0 * self.end_step_host_s}
-        self.end_step_host_s = 0.0
+        the host ms spent in end_step and waiting in settle."""
+        out = {"end_step_host_ms": 1e3 * self.end_step_host_s, "settle_host_ms": 1e3 * self.settle_host_s}
+        self.end_step_host_s = self.settle_host_s = 0.0
         for name, timer in self.device_timers.items():
             out[f"{name}_gpu_ms"], spans = timer.take()
             out[f"{name}_spans"] = float(spans)

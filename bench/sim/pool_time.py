@@ -7,7 +7,8 @@
 Two kinds of line in one scheduler log:
 - zipkv's pool line (worker/engines/sglang/telemetry.log_pool_step), every so many forward steps, with the
   pool's time since the line before: encode, move and prefix-restore launches on the device (CUDA events,
-  completed ones only), its end_step and the allocator's calls on the host;
+  completed ones only), and the allocator's calls on the host (in all, per call, and the parts of that
+  spent in end_step or waiting for the device);
 - SGLang's "Prefill batch" lines, whose new tokens over input throughput is the wall time since the previous
   prefill line (bench/sim/prefill_log.py); where the previous line still had prefill work waiting and no
   decode line came between ("back to back"), that gap is the batch's own forward.
@@ -32,7 +33,12 @@ from bench.serving.sglang_e2e_metrics import pool_lines
 from bench.sim.prefill_log import SWEEP_CHUNK_TOKENS, back_to_back, parse_lines
 
 DEVICE_FIELDS = ("encode_gpu_ms", "move_gpu_ms", "restore_gpu_ms")
-HOST_FIELDS = ("end_step_host_ms", "alloc_host_ms")
+# alloc_host_ms is the allocator's calls on the scheduling path in all; the rest are parts of it: end_step
+# (inside compress_step), and the host's waits for the device (blocking readback drains; settles, in
+# reclaims and the decode check's room). Lines from before 2026-12-06 carry the first two only.
+HOST_TOTAL = "alloc_host_ms"
+HOST_PARTS = ("end_step_host_ms", "waited_host_ms", "settle_host_ms")
+HOST_FIELDS = (HOST_TOTAL, *HOST_PARTS)
 
 
 @dataclass(frozen=True)
@@ -46,7 +52,8 @@ class PoolTime:
     back_to_back_ms: float  # their summed gaps: their own forwards
     prefill_ms_per_1k_tokens: float | None  # back_to_back_ms per 1k of back_to_back_tokens
     device_ms: dict[str, float]  # summed over the log, per field of DEVICE_FIELDS
-    host_ms: dict[str, float]  # per field of HOST_FIELDS
+    host_ms: dict[str, float]  # per field of HOST_FIELDS: the total and its parts
+    host_calls_ms: dict[str, float]  # the total by allocator call (CALL_host_ms fields; newer logs)
     restores: int
     pool_device_ms_per_1k_tokens: float | None  # all of device_ms per 1k prefilled tokens
     pool_host_ms_per_1k_tokens: float | None
@@ -62,6 +69,8 @@ def pool_time(text: str) -> PoolTime:
     prefills = parse_lines(text.splitlines())
     device = {f: round(sum(p.get(f, 0.0) for p in pools), 3) for f in DEVICE_FIELDS}
     host = {f: round(sum(p.get(f, 0.0) for p in pools), 3) for f in HOST_FIELDS}
+    call_names = sorted({k for p in pools for k in p if k.endswith("_host_ms") and k not in HOST_FIELDS})
+    calls = {k: round(sum(p.get(k, 0.0) for p in pools), 3) for k in call_names}
     new_tokens = sum(p.new_tokens for p in prefills)
     back = back_to_back(prefills, SWEEP_CHUNK_TOKENS)  # chunked prompts rebuilt at the sweep's chunk size
     back_tokens, back_ms = sum(b.new_tokens for b in back), sum(b.gap_ms for b in back)
@@ -76,9 +85,10 @@ def pool_time(text: str) -> PoolTime:
         prefill_ms_per_1k_tokens=per_1k(back_ms, back_tokens),
         device_ms=device,
         host_ms=host,
+        host_calls_ms=calls,
         restores=int(sum(p.get("restores", 0.0) for p in pools)),
         pool_device_ms_per_1k_tokens=per_1k(sum(device.values()), new_tokens),
-        pool_host_ms_per_1k_tokens=per_1k(sum(host.values()), new_tokens),
+        pool_host_ms_per_1k_tokens=per_1k(host[HOST_TOTAL], new_tokens),
     )
 
 

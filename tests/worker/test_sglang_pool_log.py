@@ -15,6 +15,7 @@ from test_sglang_pool import fill, make
 from bench.serving.sglang_e2e_metrics import pool_lines
 from zipkv.kernels.format.layout import PAGE_TOKENS
 from zipkv.worker.engines.sglang import allocator as allocator_module
+from zipkv.worker.engines.sglang.host_timing import HOST_TIMED
 
 
 def test_the_pool_line_carries_the_pools_own_time_since_the_line_before(
@@ -36,6 +37,11 @@ def test_the_pool_line_carries_the_pools_own_time_since_the_line_before(
     first, second = lines
     assert first["end_step_host_ms"] > 0.0  # two end_steps, at least one of them encoding four pages
     assert first["alloc_host_ms"] > 0.0  # alloc_extend and the compress_steps before the line
+    # ... and per call: they add up to it (each printed to 0.1 ms)
+    calls = [k for k in first if k.endswith("_host_ms") and k[: -len("_host_ms")] in HOST_TIMED]
+    assert first["alloc_extend_host_ms"] > 0.0 and len(calls) == len(HOST_TIMED)
+    assert abs(sum(first[k] for k in calls) - first["alloc_host_ms"]) <= 0.05 * len(calls) + 0.05
+    assert first["waited_host_ms"] >= 0.0 and first["settle_host_ms"] == 0.0  # no reclaim: never settled
     # On the CPU no device span is timed: zero, not absent, so a log from any machine parses the same way
     assert first["encode_gpu_ms"] == first["move_gpu_ms"] == first["restore_gpu_ms"] == first["restores"] == 0
     assert second["end_step_host_ms"] >= 0.0
@@ -61,4 +67,6 @@ def test_a_timed_call_inside_another_counts_once() -> None:
     assert totals["free"] == 0.0 and 0.04 <= totals["alloc_extend"] < 0.2  # the outer call, with the inner
     a.free()
     assert 0.02 <= totals["free"] < 0.2
-    assert 60.0 <= take_host_ms(totals) < 400.0 and take_host_ms(totals) == 0.0
+    taken = take_host_ms(totals)
+    assert 60.0 <= sum(taken.values()) < 400.0 and set(taken) == {"alloc_extend", "free", "waited"}
+    assert taken["waited"] == 0.0 and sum(take_host_ms(totals).values()) == 0.0  # reset by the take

@@ -2,8 +2,7 @@
 
 SGLang addresses KV by **slot** (``page_id * 16 + offset``) in ``req_to_token`` and ``out_cache_loc``. Here a
 page id is a `PagePool` page id: *virtual*, since a page's bytes live wherever ``page_loc`` says. There are
-more page ids than raw pages fit in the byte budget (compressed pages take less), so ``req_to_token`` can name
-more tokens than an uncompressed pool of the same bytes could hold.
+more page ids than raw pages fit in the byte budget (compressed pages take less).
 
 `ZipkvAllocator` is the allocator logic (SGLang's paged-allocator surface: ``alloc``, ``alloc_extend``,
 ``alloc_decode``, ``free``, ``free_segment``, ``available_size``); `seams` mixes it into SGLang's
@@ -18,23 +17,22 @@ allocator base class. Rules that keep it sync-free on the scheduling path:
   forward stream, after step N's writes), so the encoder never reads a page before its last token is written.
 - ``available_size()`` = new raw pages that fit (`PagePool.headroom_pages`) x 16, bounded by the free page
   ids: live, so SGLang's admission, retraction and load metrics see compressed capacity.
-- Under tensor parallelism every rank's scheduler decides alone, on its own pool, and the ranks must decide
-  alike (their forward steps meet in collectives). Each rank compresses its own heads, so its byte headroom
-  is its own; `agree_across_ranks` bounds the headroom by what the empty pool fits at raw size, the same
-  number on every rank, less the pages held (the same on every rank). The bound is what the uncompressed
-  pool would admit: at TP > 1 the kernel reads compressed pages but the bytes compression saves are not
-  lent out, until the ranks exchange their headroom (a collective per admission, not built).
+- Under tensor parallelism each rank's scheduler decides alone on its own pool (its own heads, its own
+  byte headroom), and the ranks must decide alike: `agree_across_ranks` bounds the headroom by what the
+  empty pool fits at raw size less the pages held, the same on every rank. At TP > 1 the kernel reads
+  compressed pages, but the bytes saved are not lent out (a collective per admission, not built).
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 
 import torch
 
 from zipkv.allocator import OutOfPages, PagePool
 from zipkv.kernels.format.layout import PAGE_TOKENS
-from zipkv.worker.engines.sglang.host_timing import time_host_calls
+from zipkv.worker.engines.sglang.host_timing import WAITED, time_host_calls
 from zipkv.worker.engines.sglang.kv_stats_board import PUBLISH_EVERY_STEPS, KVStatsBoard
 from zipkv.worker.engines.sglang.readback import ReadbackQueue
 from zipkv.worker.engines.sglang.reclaim import PrefixCache, decode_room, overcount_tokens, reclaim
@@ -278,7 +276,9 @@ class ZipkvAllocator:
 
     def drain(self, block: bool) -> None:
         """Apply landed readbacks in order; with ``block``, wait for all of them (idle checks, OOM)."""
+        t0 = time.perf_counter()
         self._readbacks.drain(block, self._free_pages)
+        self.host_s[WAITED] += (time.perf_counter() - t0) if block else 0.0
 
     def _free_pages(self, page_ids: list[int]) -> None:
         self.pool.free(page_ids)

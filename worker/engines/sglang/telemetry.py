@@ -20,7 +20,7 @@ from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from zipkv.worker.engine_stats import KernelsInUse, RequestTimings, decode_kernel_label, now_ns
-from zipkv.worker.engines.sglang.host_timing import take_host_ms
+from zipkv.worker.engines.sglang.host_timing import WAITED, take_host_ms
 from zipkv.worker.otel_env import otlp_endpoint
 
 if TYPE_CHECKING:  # the allocator package loads torch
@@ -124,17 +124,19 @@ def log_pool_step(
     block_fraction: blocks stored compressed over the blocks of compressed pages; decode_reqs: requests of
     the last decode batch (0 after a prefill); the times are sums since the previous line (PagePool.
     take_timings: device time of the encode, move and prefix-restore launches that have completed, host time
-    of end_step; ``host_s``: the allocator's calls on the scheduling path, host_timing.py), so a log says how
-    much of the steps between two lines the pool's own work took."""
+    of end_step; ``host_s``: the allocator's calls on the scheduling path, host_timing.py, in all and per
+    call), so a log says how much of the steps between two lines the pool's own work took, and how much of
+    that the host spent waiting for the device (waited: blocking readback drains; settle: syncs)."""
     if not log.isEnabledFor(logging.INFO):
         return
     st, t = pool.stats(), pool.take_timings()
-    alloc_host_ms = take_host_ms(host_s) if host_s is not None else 0.0
+    calls = take_host_ms(host_s) if host_s is not None else {}
+    waited_ms = calls.pop(WAITED, 0.0)
     log.info(
         "zipkv pool step=%d compressed_pages=%d raw_pages=%d encoding_pages=%d ratio=%.4f "
         "headroom_pages=%d live_pages=%d compressed_blocks=%d compressed_page_blocks=%d "
         "block_fraction=%.4f decode_reqs=%d end_step_host_ms=%.1f encode_gpu_ms=%.1f move_gpu_ms=%.1f "
-        "restore_gpu_ms=%.1f restores=%d alloc_host_ms=%.1f",
+        "restore_gpu_ms=%.1f restores=%d alloc_host_ms=%.1f waited_host_ms=%.1f settle_host_ms=%.1f%s",
         step,
         st.compressed_pages,
         st.raw_pages,
@@ -151,7 +153,10 @@ def log_pool_step(
         t["move_gpu_ms"],
         t["restore_gpu_ms"],
         int(t["restore_spans"]),
-        alloc_host_ms,
+        sum(calls.values()),
+        waited_ms,
+        t["settle_host_ms"],
+        "".join(f" {name}_host_ms={ms:.1f}" for name, ms in calls.items()),
     )
 
 
