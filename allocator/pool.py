@@ -116,12 +116,12 @@ class PagePool:
         self.heap = torch.zeros(budget_bytes, dtype=torch.uint8, device=self.device)
         self.page_loc = torch.zeros((num_layers, max_pages), dtype=torch.int64, device=self.device)
         self.page_meta = self._raw_meta.expand(num_layers, max_pages, -1, -1).contiguous()
-        self._units = self.heap[: (num_chunks * chunk_units + 1) * unit].view(-1, unit)
+        # Units as rows of 8-byte words: the pack and move copies gather and scatter words, not bytes
+        self._units = self.heap[: (num_chunks * chunk_units + 1) * unit].view(torch.int64).view(-1, unit // 8)
         self._scratch_unit = num_chunks * chunk_units
         self._slice_pages = max(1, PACK_TEMP_BYTES // fmt.raw_page_bytes)
         self._layers = [LayerPages(self.heap, self.page_loc[i], self.page_meta[i]) for i in range(num_layers)]
-        # For the pool's log line: device time of its launches and prefix restores, host time of end_step
-        self.device_timers = timers_for(self.device, DEVICE_SPANS)
+        self.device_timers = timers_for(self.device, DEVICE_SPANS)  # the log line's launches and restores
         self.end_step_host_s = self.settle_host_s = 0.0  # host time in end_step; waiting in settle
 
     @property
