@@ -12,6 +12,9 @@ launch as ``end_step`` issues it and, inside it, the encoder's call, on a pool o
         bench/results/encode_launch_<gpu>.json
     python -m bench.allocator.encode_launch --pages 8 --layers 2 --trials 2   # a CPU dry run
 
+Both ways the pack copies can move units side by side (``--copies both``, the default): as 8-byte words (the
+pool now) and as bytes (before 2026-12-06), the ratio in ``bytes_over_words_launch``.
+
 Per trial: allocate ``--pages`` page ids (a prefill chunk: 512 = 8,192 tokens), write real KV into every
 layer's raw page, mark them full, and time ``end_step`` with CUDA events (device) and the host clock; the
 encoder's call is wrapped with its own events. Pack and table writes = launch - encoder. Then the pages are
@@ -90,11 +93,16 @@ def write_raw_pages(pool: PagePool, ids: list[int], pages: torch.Tensor) -> None
         values[at[:, None] + index[None, :]] = src
 
 
-def run(args: argparse.Namespace) -> dict[str, object]:
+COPIES = ("words", "bytes")  # the pool's pack copies as they are (8-byte words), and as they were (bytes)
+
+
+def run(args: argparse.Namespace, copies: str) -> dict[str, object]:
     device = torch.device(args.device)
     fmt = PageFormat(args.head_dim, args.kv_heads, version=args.format_version)
     raw_bytes = args.pages * args.layers * fmt.raw_page_bytes
     pool = PagePool(fmt, args.layers, budget_bytes=3 * raw_bytes + 64 * MiB, device=device)
+    if copies == "bytes":  # the copies before 2026-12-06: the same unit rows, one byte per element
+        pool._units = pool._units.view(torch.uint8).view(-1, pool.unit_bytes)
     encoder_watch, launch_watch = Stopwatch(device), Stopwatch(device)
     pool.encoder = timed_encoder(pool.encoder, encoder_watch)
     pages = tile_pages(args.pages, fmt.num_kv_heads, fmt.head_dim, device=device)
@@ -119,6 +127,7 @@ def run(args: argparse.Namespace) -> dict[str, object]:
     rest = [a - b for a, b in zip(launch, encoder, strict=True)]
     med = statistics.median
     return {
+        "copies": copies,
         "pages": args.pages,
         "layers": args.layers,
         "format": f"v{fmt.version}, {fmt.num_kv_heads} KV heads of {fmt.head_dim}",
@@ -144,16 +153,21 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--format-version", type=int, default=3)
     ap.add_argument("--trials", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--copies", choices=(*COPIES, "both"), default="both")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--out", type=Path, help="default: bench/results/encode_launch_<gpu>.json on a GPU")
     argv = sys.argv[1:] if argv is None else argv
     args = ap.parse_args(argv)
     if args.pages < 1 or args.trials < 1 or args.warmup < 0:
         raise SystemExit("--pages and --trials must be >= 1, --warmup >= 0")
-    row = run(args)
+    rows = [run(args, copies) for copies in (COPIES if args.copies == "both" else (args.copies,))]
     gpu = torch.cuda.get_device_name() if args.device.startswith("cuda") else f"CPU ({platform.machine()})"
-    record = {"device": gpu, "date": datetime.now(UTC).isoformat(timespec="seconds"),
-              "command": " ".join(["python -m bench.allocator.encode_launch", *argv]), **row}  # fmt: skip
+    command = " ".join(["python -m bench.allocator.encode_launch", *argv])
+    date = datetime.now(UTC).isoformat(timespec="seconds")
+    record: dict[str, object] = {"device": gpu, "date": date, "command": command, "rows": rows}
+    if len(rows) == 2:  # side by side in one run: the launch's time as it was over as it is
+        words_ms, bytes_ms = (float(str(r["launch_device_ms"])) for r in rows)
+        record["bytes_over_words_launch"] = round(bytes_ms / words_ms, 3)
     print(json.dumps(record, indent=1))
     out = args.out
     if out is None and args.device.startswith("cuda"):

@@ -12,10 +12,12 @@ def test_the_launch_is_timed_whole_and_by_part(tmp_path: Path) -> None:
     out = tmp_path / "encode_launch.json"
     main(["--pages", "6", "--layers", "2", "--kv-heads", "1", "--head-dim", "64", "--trials", "2",
           "--warmup", "1", "--device", "cpu", "--out", str(out)])  # fmt: skip
-    rec = json.loads(out.read_text())
-    assert rec["device"].startswith("CPU") and rec["pages"] == 6 and rec["trials"] == 2
-    assert rec["raw_bytes"] == 6 * 2 * 4096  # one KV head of 64: 4 KiB raw pages
-    assert 0.0 < rec["encoder_device_ms"] < rec["launch_device_ms"]  # the encoder is a part of the launch
-    parts = rec["encoder_device_ms"] + rec["pack_and_tables_device_ms"]
-    assert abs(parts - rec["launch_device_ms"]) < 0.05 * rec["launch_device_ms"]  # medians of the parts
-    assert "--pages 6" in rec["command"]
+    got = json.loads(out.read_text())
+    assert got["device"].startswith("CPU") and "--pages 6" in got["command"]
+    assert [r["copies"] for r in got["rows"]] == ["words", "bytes"] and got["bytes_over_words_launch"] > 0
+    for rec in got["rows"]:
+        assert rec["pages"] == 6 and rec["trials"] == 2
+        assert rec["raw_bytes"] == 6 * 2 * 4096  # one KV head of 64: 4 KiB raw pages
+        assert 0.0 < rec["encoder_device_ms"] < rec["launch_device_ms"]  # the encoder is a part of the launch
+        parts = rec["encoder_device_ms"] + rec["pack_and_tables_device_ms"]
+        assert abs(parts - rec["launch_device_ms"]) < 0.05 * rec["launch_device_ms"]  # medians of the parts
