@@ -20,7 +20,8 @@ way: a real import in a fresh interpreter that then inspects sys.modules.
 - bench/ (not installed; run from the repo root as ``python -m bench.<group>.<script>``) has a rule per
   folder (BENCH_RULES: the zipkv packages and third-party modules it measures with) and imports across its
   folders in one direction (BENCH_LAYERS: the simulation reads the serving sweep's workload, metrics and
-  plots; the serving sweep starts SGLang's gateway as the router bench does; nothing else crosses);
+  plots; the serving sweep starts SGLang's gateway as the router bench does; the allocator's benches take
+  the kernels' real KV; nothing else crosses);
   bench/paths.py is for every folder, bench/plots.py (the docs' pictures) for none. No package imports
   bench (it is not among any package's allowed modules). The router's bench
   loads no torch: it runs where the router runs.
@@ -131,7 +132,7 @@ BENCH_RULES: dict[str, tuple[set[str], set[str]]] = {
 BENCH_LAYERS: dict[str, set[str]] = {
     "": {"kernels", "serving"},  # plots.py draws with plot_hopper.py and plot_trace.py
     "kernels": set(),
-    "allocator": set(),
+    "allocator": {"kernels"},  # the pool's encode launch on real KV (kernels/real_kv.py)
     "router": set(),
     "serving": {"router"},  # SGLang's gateway command line (router/sglang_gateway.py), a router like zipkv's
     "sim": {"serving"},  # the trace workload, serving_metrics (one definition of goodput), serving_plots
