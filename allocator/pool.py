@@ -29,6 +29,7 @@ import torch
 from zipkv.allocator.device import PageEncoder, default_encoder, fence_factory, raw_meta_row, upload
 from zipkv.allocator.device_timer import timers_for
 from zipkv.allocator.ledger import Ledger, LedgerConfig
+from zipkv.allocator.pack import Packer
 from zipkv.allocator.plans import ChunkKind, EncodePlan, MovePlan, PageState, PoolStats
 from zipkv.kernels.format.layout import PageFormat
 
@@ -62,6 +63,8 @@ class LayerPages:
 
 class PagePool:
     DEFAULT_COMPACTION_INTERVAL_STEPS = 2
+    pack_impl = "torch"  # how encoded pages are packed (allocator/pack.py; the worker: $ZIPKV_POOL_PACK)
+    _packer: Packer | None = None  # made at the first encode, over the heap's units
 
     def __init__(
         self,
@@ -224,13 +227,10 @@ class PagePool:
         excl = torch.cumsum(size_units, 0) - size_units
         segments, first = upload(plan.segments, dev), upload(plan.region_first, dev)
         dst = upload(plan.region_base_units, dev)[segments] + excl - excl[first][segments]
-        j = torch.arange(fmt.raw_page_bytes // unit, device=dev)
-        # Ascending slices are safe: a page's packed place never reaches past a later page's stage place.
-        for lo in range(0, n, self._slice_pages):
-            hi = min(n, lo + self._slice_pages)
-            temp = self._units[stage[lo:hi, None] + j]
-            keep = j < size_units[lo:hi, None]
-            self._units[torch.where(keep, dst[lo:hi, None] + j, self._scratch_unit)] = temp
+        if self._packer is None:
+            raw_units = fmt.raw_page_bytes // unit
+            self._packer = Packer(self._units, raw_units, self._slice_pages, self._scratch_unit)
+        self._packer.pack(stage, dst, size_units, self.pack_impl)
         layers, pages = upload(plan.layers, dev), upload(plan.pages, dev)
         self.page_loc[layers, pages] = dst * unit
         self.page_meta[layers, pages] = meta_out

@@ -12,8 +12,9 @@ launch as ``end_step`` issues it and, inside it, the encoder's call, on a pool o
         bench/results/encode_launch_<gpu>.json
     python -m bench.allocator.encode_launch --pages 8 --layers 2 --trials 2   # a CPU dry run
 
-Both ways the pack copies can move units side by side (``--copies both``, the default): as 8-byte words (the
-pool now) and as bytes (before 2026-12-06), the ratio in ``bytes_over_words_launch``.
+The pack's ways side by side (``--copies all``, the default): torch copies of 8-byte words (the pool's
+default), of bytes (before 2026-12-06), and the Triton kernel (``$ZIPKV_POOL_PACK=triton``); each launch
+over the default's in ``launch_over_words``.
 
 Per trial: allocate ``--pages`` page ids (a prefill chunk: 512 = 8,192 tokens), write real KV into every
 layer's raw page, mark them full, and time ``end_step`` with CUDA events (device) and the host clock; the
@@ -93,7 +94,9 @@ def write_raw_pages(pool: PagePool, ids: list[int], pages: torch.Tensor) -> None
         values[at[:, None] + index[None, :]] = src
 
 
-COPIES = ("words", "bytes")  # the pool's pack copies as they are (8-byte words), and as they were (bytes)
+# The pool's pack: torch copies of 8-byte words (the default), of bytes (before 2026-12-06), and the Triton
+# kernel that copies the kept units only ($ZIPKV_POOL_PACK=triton, kernels/codec/pack.py)
+COPIES = ("words", "bytes", "triton")
 
 
 def run(args: argparse.Namespace, copies: str) -> dict[str, object]:
@@ -103,6 +106,7 @@ def run(args: argparse.Namespace, copies: str) -> dict[str, object]:
     pool = PagePool(fmt, args.layers, budget_bytes=3 * raw_bytes + 64 * MiB, device=device)
     if copies == "bytes":  # the copies before 2026-12-06: the same unit rows, one byte per element
         pool._units = pool._units.view(torch.uint8).view(-1, pool.unit_bytes)
+    pool.pack_impl = "triton" if copies == "triton" else "torch"
     encoder_watch, launch_watch = Stopwatch(device), Stopwatch(device)
     pool.encoder = timed_encoder(pool.encoder, encoder_watch)
     pages = tile_pages(args.pages, fmt.num_kv_heads, fmt.head_dim, device=device)
@@ -144,6 +148,16 @@ def run(args: argparse.Namespace, copies: str) -> dict[str, object]:
     }
 
 
+def run_or_error(args: argparse.Namespace, copies: str) -> dict[str, object]:
+    """One way's row; a way that fails (a kernel that does not compile on this GPU) is recorded with its
+    error, and the others still run."""
+    try:
+        return run(args, copies)
+    except Exception as exc:  # recorded, not hidden: the row says what failed
+        print(f"[encode_launch] {copies}: {type(exc).__name__}: {exc}", flush=True)
+        return {"copies": copies, "error": f"{type(exc).__name__}: {exc}"}
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--pages", type=int, default=512, help="page ids per trial (512: one 8,192-token chunk)")
@@ -153,21 +167,25 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--format-version", type=int, default=3)
     ap.add_argument("--trials", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=2)
-    ap.add_argument("--copies", choices=(*COPIES, "both"), default="both")
+    ap.add_argument("--copies", choices=(*COPIES, "all"), default="all")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--out", type=Path, help="default: bench/results/encode_launch_<gpu>.json on a GPU")
     argv = sys.argv[1:] if argv is None else argv
     args = ap.parse_args(argv)
     if args.pages < 1 or args.trials < 1 or args.warmup < 0:
         raise SystemExit("--pages and --trials must be >= 1, --warmup >= 0")
-    rows = [run(args, copies) for copies in (COPIES if args.copies == "both" else (args.copies,))]
+    rows = [run_or_error(args, copies) for copies in (COPIES if args.copies == "all" else (args.copies,))]
     gpu = torch.cuda.get_device_name() if args.device.startswith("cuda") else f"CPU ({platform.machine()})"
     command = " ".join(["python -m bench.allocator.encode_launch", *argv])
     date = datetime.now(UTC).isoformat(timespec="seconds")
     record: dict[str, object] = {"device": gpu, "date": date, "command": command, "rows": rows}
-    if len(rows) == 2:  # side by side in one run: the launch's time as it was over as it is
-        words_ms, bytes_ms = (float(str(r["launch_device_ms"])) for r in rows)
-        record["bytes_over_words_launch"] = round(bytes_ms / words_ms, 3)
+    if rows[0]["copies"] == "words" and "error" not in rows[0]:  # side by side: each launch over the default
+        words_ms = float(str(rows[0]["launch_device_ms"]))
+        record["launch_over_words"] = {
+            str(r["copies"]): round(float(str(r["launch_device_ms"])) / words_ms, 3)
+            for r in rows[1:]
+            if "error" not in r
+        }
     print(json.dumps(record, indent=1))
     out = args.out
     if out is None and args.device.startswith("cuda"):

@@ -14,7 +14,8 @@ def test_the_launch_is_timed_whole_and_by_part(tmp_path: Path) -> None:
           "--warmup", "1", "--device", "cpu", "--out", str(out)])  # fmt: skip
     got = json.loads(out.read_text())
     assert got["device"].startswith("CPU") and "--pages 6" in got["command"]
-    assert [r["copies"] for r in got["rows"]] == ["words", "bytes"] and got["bytes_over_words_launch"] > 0
+    assert [r["copies"] for r in got["rows"]] == ["words", "bytes", "triton"]
+    assert set(got["launch_over_words"]) == {"bytes", "triton"} and min(got["launch_over_words"].values()) > 0
     for rec in got["rows"]:
         assert rec["pages"] == 6 and rec["trials"] == 2
         assert rec["raw_bytes"] == 6 * 2 * 4096  # one KV head of 64: 4 KiB raw pages
