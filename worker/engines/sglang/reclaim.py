@@ -112,21 +112,22 @@ def reclaim(alloc: Reclaimer, cache: PrefixCache, need_pages: int) -> ReclaimOut
     )
 
 
-def decode_room(alloc: Reclaimer, cache: PrefixCache | None, need_pages: int) -> bool:
+def decode_room(alloc: Reclaimer, cache: PrefixCache | None, need_pages: int) -> None:
     """SGLang's decode check found fewer than ``need_pages`` free: before it retracts requests, take in what
-    is only late, then reclaim. Frees are applied once their device copy lands and a prefill's raw pages
-    shrink once its encode's sizes land, both a forward step behind the scheduler; and SGLang's retraction
-    loop releases a request and looks again at once. Without this it saw no room come back and retracted
-    27 of 37 running requests in one step (the H100 trace sweep at 2 req/s, "#new_tokens_gained: 0").
-    Waits for the device: only when the check has failed, where a retraction costs far more."""
+    is only late, then reclaim (the caller looks again, in SGLang's terms). Frees are applied once their
+    device copy lands and a prefill's raw pages shrink once its encode's sizes land, both a forward step
+    behind the scheduler; and SGLang's retraction loop releases a request and looks again at once. Without
+    this it saw no room come back and retracted 27 of 37 running requests in one step (the H100 trace sweep
+    at 2 req/s, "#new_tokens_gained: 0"). Waits for the device: only when the check has failed, where a
+    retraction costs far more."""
     alloc.drain(block=True)
     alloc.pool.settle()
     if alloc.headroom_pages() >= need_pages:
-        return True
+        return
     if cache is not None:
-        return reclaim(alloc, cache, need_pages).fit
-    _compact(alloc, need_pages)
-    return alloc.headroom_pages() >= need_pages
+        reclaim(alloc, cache, need_pages)
+    else:
+        _compact(alloc, need_pages)
 
 
 def _compact(alloc: Reclaimer, need_pages: int) -> int:
