@@ -1,10 +1,11 @@
 """A step's encoded pages packed one after another per region, from their stage places (PagePool's encode).
 
 Two ways, the same bytes in the same places (tests/allocator/test_pack.py):
-- "torch" (the default): a slice of staged pages gathered whole into a temporary copy, then every unit
-  scattered back, the kept ones to their packed places and the dropped ones to the pool's scratch unit
+- "torch" (the default on the CPU): a slice of staged pages gathered whole into a temporary copy, then every
+  unit scattered back, the kept ones to their packed places and the dropped ones to the pool's scratch unit
   (static shapes, no host sync);
-- "triton": kernels/codec/pack.py copies the kept units only, through a temporary buffer of its own.
+- "triton" (the default on CUDA, kernels/codec/pack.py pack_choice): copies the kept units only, through a
+  temporary buffer of its own.
 Slices go in ascending order: a page's packed place never reaches past a later page's stage place, so a slice
 never overwrites what a later one still has to read.
 """

@@ -63,7 +63,7 @@ class LayerPages:
 
 class PagePool:
     DEFAULT_COMPACTION_INTERVAL_STEPS = 2
-    pack_impl = "torch"  # how encoded pages are packed (allocator/pack.py; the worker: $ZIPKV_POOL_PACK)
+    pack_impl = "torch"  # how encoded pages are packed (allocator/pack.py; the worker: pack_choice)
     _packer: Packer | None = None  # made at the first encode, over the heap's units
 
     def __init__(

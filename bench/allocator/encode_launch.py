@@ -12,9 +12,10 @@ launch as ``end_step`` issues it and, inside it, the encoder's call, on a pool o
         bench/results/encode_launch_<gpu>.json
     python -m bench.allocator.encode_launch --pages 8 --layers 2 --trials 2   # a CPU dry run
 
-The pack's ways side by side (``--copies all``, the default): torch copies of 8-byte words (the pool's
-default), of bytes (before 2026-12-06), and the Triton kernel (``$ZIPKV_POOL_PACK=triton``); each launch
-over the default's in ``launch_over_words``.
+The pack's ways side by side (``--copies all``, the default): torch copies of 8-byte words (the default on
+the CPU), of bytes (before 2026-12-06), and the Triton kernel (the default on CUDA since this bench timed it
+on an H100: 2.36 ms a launch against 13.3 with the words, bench/results/encode_launch_h100.json); each launch
+over the words' in ``launch_over_words``.
 
 Per trial: allocate ``--pages`` page ids (a prefill chunk: 512 = 8,192 tokens), write real KV into every
 layer's raw page, mark them full, and time ``end_step`` with CUDA events (device) and the host clock; the
@@ -94,8 +95,8 @@ def write_raw_pages(pool: PagePool, ids: list[int], pages: torch.Tensor) -> None
         values[at[:, None] + index[None, :]] = src
 
 
-# The pool's pack: torch copies of 8-byte words (the default), of bytes (before 2026-12-06), and the Triton
-# kernel that copies the kept units only ($ZIPKV_POOL_PACK=triton, kernels/codec/pack.py)
+# The pool's pack: torch copies of 8-byte words (the CPU's default), of bytes (before 2026-12-06), and the
+# Triton kernel that copies the kept units only (CUDA's default, kernels/codec/pack.py pack_choice)
 COPIES = ("words", "bytes", "triton")
 
 

@@ -69,11 +69,15 @@ def test_a_pool_encodes_to_the_same_heap_either_way() -> None:
 
 def test_the_pack_is_chosen_at_start_up_and_a_typo_fails(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(POOL_PACK_ENV, raising=False)
-    assert pack_choice() == "torch"
+    # unset: the kernel where the GPU measured it faster, the torch way on the CPU (the kernel there is
+    # interpreted) and on any device nobody measured
+    assert [pack_choice(d) for d in ("cuda", "cpu", "mps")] == ["triton", "torch", "torch"]
+    monkeypatch.setenv(POOL_PACK_ENV, "Torch")
+    assert pack_choice("cuda") == "torch"
     monkeypatch.setenv(POOL_PACK_ENV, "Triton")
-    assert pack_choice() == "triton"
+    assert pack_choice("cpu") == "triton"
     monkeypatch.setenv(POOL_PACK_ENV, "cuda")
     with pytest.raises(ValueError, match="ZIPKV_POOL_PACK"):
-        pack_choice()
+        pack_choice("cuda")
     with pytest.raises(ValueError, match="expected 'torch' or 'triton'"):
         Packer(torch.zeros(4, 1, dtype=torch.int64), 1, 1, 3).pack(*region([1], 0), "cuda")

@@ -66,7 +66,7 @@ class ZipkvKVCache(KVCache):
             max_pages=max_pages,
             encoder=TimedEncoder(default_encoder(torch.device(device)), device),  # for /metrics
         )
-        self.pool.pack_impl = pack_choice()  # $ZIPKV_POOL_PACK, checked here at start-up
+        self.pool.pack_impl = pack_choice(torch.device(device).type)  # $ZIPKV_POOL_PACK, checked at start-up
         self.kv = ZipkvKV(self.pool, self.fmt, self.start_layer)
         self._finalize_allocation_log(self.size)
 
