@@ -3,8 +3,8 @@
     python -m bench.sim.h100_calibration      # -> bench/results/sim_calibration_h100_serving_logs.json
 
 The H200 calibration (step_model.py + sim_calibrate.py, `h200_e2e`) fits uniform-batch runs on another
-GPU; this one reads what the H100 runs of bench/results/serving_goodput.json logged while serving the trace
-(one H100, Llama-3.1-8B shape, SGLang 0.5.17), per system:
+GPU; this one reads what the H100 runs of bench/results/serving_goodput_one_machine.json logged while serving
+the trace (one H100, Llama-3.1-8B shape, SGLang 0.5.17), per system:
 
 Decode: bench/results/serving_decode_steps.json's decode-only intervals (SGLang's "Decode batch" lines,
 bench/serving/log_steps.py), refitted as step_ms = fixed_ms + slope x kv_tokens. Under zipkv with compression
