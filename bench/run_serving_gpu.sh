@@ -35,7 +35,7 @@
 set -u
 T0=$(date +%s)
 OUT=${OUT:?set OUT to a folder for the records and logs}
-SYSTEMS=${SYSTEMS:?set SYSTEMS: zipkv, zipkv_uncompressed and/or sglang_gateway}
+SYSTEMS=${SYSTEMS:?set SYSTEMS: zipkv, zipkv_uncompressed, zipkv_shed and/or sglang_gateway}
 ENGINE=${ENGINE:-sglang}
 step() { echo "[run_serving_gpu $(( $(date +%s) - T0 ))s] $*"; }
 IFS=',' read -ra LIST <<<"$SYSTEMS"

@@ -3,6 +3,7 @@
     zipkv               zipkv's router + one Ray Serve replica running SGLang with zipkv (`zipkv up`'s stack,
                         bench/serving/ray_serve_gpu_stack.py), the id tokenizer at the router
     zipkv_uncompressed  the same with compression off (zipkv's pool and kernel, no page compressed)
+    zipkv_shed          zipkv with the router's SLO shed on (zipkv_systems.py says why)
     sglang_gateway      SGLang's own server (`python -m sglang.launch_server`, FlashInfer), measured
                         directly: with one worker SGLang's gateway only proxies, and sglang-router 0.3.2
                         refuses token-id prompts on its OpenAI endpoint (422: "prompt: data did not match
@@ -47,12 +48,13 @@ from bench.serving.sglang_processes import (
     stopper,
     wait_http,
 )
+from bench.serving.zipkv_systems import ZIPKV_SYSTEMS, ZipkvSystem
 from zipkv.stack.local_http import free_port
 from zipkv.stack.options import StackOptions
 
 GATEWAY_POLICIES = ("cache_aware", "power_of_two")  # the two the two-GPU sweep compares (module doc)
 GATEWAY_PREFIX = "sglang_gateway_"
-SYSTEMS = ("zipkv", "zipkv_uncompressed", "sglang_gateway", *(GATEWAY_PREFIX + p for p in GATEWAY_CHOICES))
+SYSTEMS = (*ZIPKV_SYSTEMS, "sglang_gateway", *(GATEWAY_PREFIX + p for p in GATEWAY_CHOICES))
 
 
 def gateway_policy(system: str) -> str | None:
@@ -119,7 +121,7 @@ class Running:
                 print(f"[serving_systems] stop step failed: {exc}", flush=True)
 
 
-def start_zipkv(opts: dict[str, Any], compression: bool) -> Running:
+def start_zipkv(opts: dict[str, Any], system: ZipkvSystem) -> Running:
     sglang = opts["engine"] == "sglang"
     plan = replica_plan(int(opts.get("replicas", 1)), opts["engine"])
     options = StackOptions(
@@ -128,7 +130,8 @@ def start_zipkv(opts: dict[str, Any], compression: bool) -> Running:
         model_path=os.path.abspath(opts["model"]) if opts["model"] else None,
         model_name=MODEL_NAME if opts["model"] else None,
         kv_budget_mib=opts["kv_budget_mib"],
-        compression=compression,
+        compression=system.compression,
+        router_env=system.router_env(),
         device="cuda" if sglang else "cpu",
         cpus_per_replica=plan.cpus_per_replica,
         ray_num_cpus=plan.ray_num_cpus,
@@ -148,7 +151,7 @@ def start_zipkv(opts: dict[str, Any], compression: bool) -> Running:
     stack.start(ready_timeout_s=opts["ready_s"])
     note = (
         f"zipkv router + {plan.workers} Ray Serve replica(s) (engine {opts['engine']}, compression "
-        f"{compression}{', one GPU each' if sglang else ''})"
+        f"{system.compression}{', one GPU each' if sglang else ''}; router overrides {system.router_env()})"
     )
     run = Running(stack.base_urls[0], stack.model_name, note, [stack.stop])
     run.placements_url, run.placements_metric = f"{stack.base_urls[0]}/metrics", ZIPKV_PLACEMENTS
@@ -221,10 +224,8 @@ def start_sglang_gateway(opts: dict[str, Any], out: Path, policy: str) -> Runnin
 
 
 def start(system: str, opts: dict[str, Any], out: Path) -> Running:
-    if system == "zipkv":
-        return start_zipkv(opts, compression=True)
-    if system == "zipkv_uncompressed":
-        return start_zipkv(opts, compression=False)
+    if system in ZIPKV_SYSTEMS:
+        return start_zipkv(opts, ZIPKV_SYSTEMS[system])
     if system == "sglang_gateway":
         if int(opts.get("replicas", 1)) != 1:
             named = ", ".join(GATEWAY_PREFIX + p for p in GATEWAY_POLICIES)

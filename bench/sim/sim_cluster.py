@@ -69,6 +69,8 @@ ZIPKV_POLICIES = {
     # the router's current default: a request only headroom keeps out waits up to 5 s (headroom_wait.py)
     "zipkv_affinity_wait": ZipkvVariant(ZIPKV_SHED_WAIT_OVER_TTFT, None, 5000),
     "zipkv_affinity_no_shed_wait": ZipkvVariant(0.0, None, 5000),
+    # the serving sweep's `zipkv_shed` (bench/serving/zipkv_systems.py): the shed at the whole TTFT target
+    "zipkv_affinity_shed_1x_wait": ZipkvVariant(1.0, None, 5000),
 }
 
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -31,9 +32,10 @@ from bench.serving.serving_goodput import headline
 from bench.serving.serving_metrics import SLOS, Outcome, rate_row, with_knees
 from bench.serving.serving_windows import windows
 from bench.serving.trace_workload import arrivals_s, load_trace
+from bench.serving.zipkv_systems import ZIPKV_SYSTEMS
 from bench.sim import h100_calibration
 from bench.sim.sim_calibrate import calibrated_models, spec_for
-from bench.sim.sim_cluster import simulate
+from bench.sim.sim_cluster import ZIPKV_POLICIES, simulate
 from bench.sim.step_model import StepModel
 
 STEP_SYSTEM = {"zipkv": "zipkv", "zipkv_uncompressed": "zipkv_uncompressed", "sglang_gateway": "sglang"}
@@ -66,11 +68,28 @@ def step_system(system: str, models: dict[str, StepModel] | None = None) -> str:
     raise SystemExit(f"{system}: no step model (one of {', '.join(STEP_SYSTEM)} or a variant of one)")
 
 
-# The sweep ran zipkv's router with its placement defaults (controlplane/config.py: shed_wait_over_ttft 0,
-# headroom_wait_ms 5000, the default prefix-affinity weight; bench/run_serving_gpu.sh sets none of them):
-# sim_cluster.py's `zipkv_affinity_no_shed_wait`. (The `zipkv` policy, shedding at a quarter of the TTFT
-# target, shed 21-24 of the 32 requests where the GPU runs shed 0-3.)
+# The sweep runs zipkv's router with its placement defaults (controlplane/config.py: shed_wait_over_ttft 0,
+# headroom_wait_ms 5000, the default prefix-affinity weight), but for the settings a system of
+# bench/serving/zipkv_systems.py names: the sim_cluster.py policy with the same settings. (The `zipkv`
+# policy, shedding at a quarter of the TTFT target, shed 21-24 of the 32 requests where the GPU runs shed
+# 0-3.)
 ROUTER_POLICY = "zipkv_affinity_no_shed_wait"
+
+
+def router_policy(system: str) -> str:
+    """The simulated policy of a measured system: SGLang's server takes requests as they come (one worker:
+    round robin), zipkv's router the sim_cluster.py policy of its system's settings (a zipkv variant the
+    table does not name, e.g. `zipkv_triton_prefill`, runs the defaults)."""
+    if not system.startswith("zipkv"):
+        return "round_robin"
+    shed = ZIPKV_SYSTEMS.get(system, ZIPKV_SYSTEMS["zipkv"]).shed_wait_over_ttft
+    default = ZIPKV_POLICIES[ROUTER_POLICY]
+    for name, variant in ZIPKV_POLICIES.items():
+        if variant == replace(default, shed_wait_over_ttft=shed):
+            return name
+    raise SystemExit(f"{system}: no sim_cluster.py policy sheds at {shed} x TTFT with the router's defaults")
+
+
 # bench_serving's benchmark() first sends input_requests[0] once (its `warmup_requests` default, which
 # bench/serving/serving_client.py's run_rate leaves as is) and does not flush the cache after it (only under
 # SGLANG_IS_IN_CI or --flush-cache): each rate's first prompt is cached when the timed run starts (its server
@@ -95,7 +114,7 @@ def _predicted_rows(
     chunk = int(opts.get("sglang_args", {}).get("chunked_prefill_size", 8192))
     budget = int(opts["budget_tokens"]) if "budget_tokens" in opts else None
     spec = spec_for(step, models[step], chunk, int(opts.get("max_running", 64)), budget)
-    policy = ROUTER_POLICY if system.startswith("zipkv") else "round_robin"
+    policy = router_policy(system)
     outcomes: list[Outcome] = []
     gaps: list[float] = []
     weights: list[float] = []
@@ -120,14 +139,15 @@ def _predicted_rows(
 
 
 def beyond_sweep(
-    measured: dict[str, Any], models: dict[str, Any], extra_rates: list[float]
+    measured: dict[str, Any], models: dict[str, Any], extra_rates: list[float], also: tuple[str, ...] = ()
 ) -> dict[str, Any]:
     """Goodput per system and SLO simulated over the sweep's rates and `extra_rates` past them, with the
     simulated knees and zipkv's ratio there: where the sweep stopped before a knee (the relaxed SLO on one
-    H100), what the validated model puts beyond it. A prediction, never a measurement."""
+    H100), what the validated model puts beyond it; `also`: systems the sweep did not run (zipkv_shed), on
+    the same trace. A prediction, never a measurement."""
     rates = sorted({float(r["rate_rps"]) for r in measured["rows"]} | set(extra_rates))
     rows: list[dict[str, object]] = []
-    for system in sorted({r["system"] for r in measured["rows"]}):
+    for system in sorted({r["system"] for r in measured["rows"]} | set(also)):
         if step_system(system, models) not in models:
             continue
         for rate in rates:
@@ -156,6 +176,7 @@ def compare(
     calibration: str = "auto",
     extra_rates: list[float] | None = None,
     sustained: tuple[int, list[float]] | None = None,
+    also_systems: tuple[str, ...] = (),
 ) -> dict[str, Any]:
     calibration = calibration_for(measured.get("device"), calibration)
     models = load_models(calibration)
@@ -180,8 +201,8 @@ def compare(
     report = {"source": measured.get("date"), "device": measured.get("device"), "calibration": calibration,
               "tolerance": TOLERANCE,
               "within": f"{sum(ok)}/{len(ok)}", "rows": rows, "skipped": skipped}  # fmt: skip
-    if extra_rates:
-        report["beyond_sweep"] = beyond_sweep(measured, models, extra_rates)
+    if extra_rates or also_systems:
+        report["beyond_sweep"] = beyond_sweep(measured, models, extra_rates or [], also_systems)
     if sustained and sustained[0] > 0:
         report["sustained"] = sustained_sweep(measured, models, sustained[1], sustained[0])
     return report
@@ -198,6 +219,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sustained-rates", default="0.5,1.5,4", help="its rates besides the sweep's")
     p.add_argument("--beyond-rates", default="4,6,8,12",
                    help="rates (req/s) past the sweep's to simulate goodput at ('' for none)")  # fmt: skip
+    p.add_argument("--also-systems", type=lambda s: tuple(x for x in s.split(",") if x), default=(),
+                   help="systems the sweep did not run to simulate beside it (e.g. zipkv_shed)")  # fmt: skip
     args = p.parse_args(argv)
     if not args.measured.is_file():
         print(
@@ -207,7 +230,8 @@ def main(argv: list[str] | None = None) -> int:
     extra = [float(x) for x in args.beyond_rates.split(",") if x]
     sustained = (args.sustained_requests, [float(x) for x in args.sustained_rates.split(",") if x])
     measured = json.loads(args.measured.read_text())
-    report = compare(measured, calibration=args.calibration, extra_rates=extra, sustained=sustained)
+    report = compare(measured, calibration=args.calibration, extra_rates=extra, sustained=sustained,
+                     also_systems=args.also_systems)  # fmt: skip
     args.out.write_text(json.dumps(report, indent=1) + "\n")
     if "sustained" in report:  # drawn like the GPU sweep (serving_plots.plot_serving): a prediction
         from bench.serving.serving_plots import plot_serving
