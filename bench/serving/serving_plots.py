@@ -49,7 +49,10 @@ def plot_cluster(rows: Sequence[dict[str, Any]], path: Path, workers: Sequence[i
             ax.grid(alpha=0.3)
     handles = [plt.Line2D([], [], color=c, marker="o", ms=3, label=p) for p, c in colors.items()]
     axes[0][0].legend(handles=handles, fontsize=7)
-    fig.suptitle("Cluster simulation: Mooncake conversation trace, goodput against offered load", fontsize=11)
+    # one line where the panels are wide enough for it, two where one pool's column is not
+    sep = " " if len(pools) > 1 else "\n"
+    title = f"Cluster simulation: Mooncake conversation trace,{sep}goodput against offered load"
+    fig.suptitle(title, fontsize=11)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
