@@ -29,7 +29,7 @@ import torch
 from zipkv.allocator.device import PageEncoder, default_encoder, fence_factory, raw_meta_row, upload
 from zipkv.allocator.device_timer import timers_for
 from zipkv.allocator.ledger import Ledger, LedgerConfig
-from zipkv.allocator.pack import Packer
+from zipkv.allocator.pack import Packer, pack_choice
 from zipkv.allocator.plans import ChunkKind, EncodePlan, MovePlan, PageState, PoolStats
 from zipkv.kernels.format.layout import PageFormat
 
@@ -63,7 +63,6 @@ class LayerPages:
 
 class PagePool:
     DEFAULT_COMPACTION_INTERVAL_STEPS = 2
-    pack_impl = "torch"  # how encoded pages are packed (allocator/pack.py; the worker: pack_choice)
     _packer: Packer | None = None  # made at the first encode, over the heap's units
 
     def __init__(
@@ -98,6 +97,7 @@ class PagePool:
             max_pages = max(1, num_chunks * chunk_bytes // (num_layers * fmt.min_page_bytes))
         self.fmt, self.num_layers, self.compression = fmt, num_layers, compression
         self.device = torch.device(device)
+        self.pack_impl = pack_choice(self.device.type)  # how encoded pages are packed ($ZIPKV_POOL_PACK)
         self.ledger = Ledger(
             LedgerConfig(
                 num_layers=num_layers,
@@ -115,17 +115,23 @@ class PagePool:
         self.encoder = encoder if encoder is not None else default_encoder(self.device)
         self.compaction_interval_steps = compaction_interval_steps
         self._steps, self.compacted_pages = 0, 0  # end_steps; (layer, page) pairs compaction moved so far
+        self._make_heap(budget_bytes, max_pages, num_chunks * chunk_units)
+        self.device_timers = timers_for(self.device, DEVICE_SPANS)  # the log line's launches and restores
+        self.end_step_host_s = self.settle_host_s = 0.0  # host time in end_step; waiting in settle
+
+    def _make_heap(self, budget_bytes: int, max_pages: int, chunk_area_units: int) -> None:
+        """The heap, its page tables and its views: units of ``unit_bytes``, the chunks' ``chunk_area_units``
+        then one scratch unit."""
+        unit, fmt, num_layers = self.unit_bytes, self.fmt, self.num_layers
         self._raw_meta = raw_meta_row(fmt, self.device)
         self.heap = torch.zeros(budget_bytes, dtype=torch.uint8, device=self.device)
         self.page_loc = torch.zeros((num_layers, max_pages), dtype=torch.int64, device=self.device)
         self.page_meta = self._raw_meta.expand(num_layers, max_pages, -1, -1).contiguous()
         # Units as rows of 8-byte words: the pack and move copies gather and scatter words, not bytes
-        self._units = self.heap[: (num_chunks * chunk_units + 1) * unit].view(torch.int64).view(-1, unit // 8)
-        self._scratch_unit = num_chunks * chunk_units
+        self._units = self.heap[: (chunk_area_units + 1) * unit].view(torch.int64).view(-1, unit // 8)
+        self._scratch_unit = chunk_area_units
         self._slice_pages = max(1, PACK_TEMP_BYTES // fmt.raw_page_bytes)
         self._layers = [LayerPages(self.heap, self.page_loc[i], self.page_meta[i]) for i in range(num_layers)]
-        self.device_timers = timers_for(self.device, DEVICE_SPANS)  # the log line's launches and restores
-        self.end_step_host_s = self.settle_host_s = 0.0  # host time in end_step; waiting in settle
 
     @property
     def max_pages(self) -> int:

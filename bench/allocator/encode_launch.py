@@ -96,7 +96,7 @@ def write_raw_pages(pool: PagePool, ids: list[int], pages: torch.Tensor) -> None
 
 
 # The pool's pack: torch copies of 8-byte words (the CPU's default), of bytes (before 2026-12-06), and the
-# Triton kernel that copies the kept units only (CUDA's default, kernels/codec/pack.py pack_choice)
+# Triton kernel that copies the kept units only (CUDA's default, allocator/pack.py pack_choice)
 COPIES = ("words", "bytes", "triton")
 
 

@@ -6,10 +6,8 @@ A page's packed place can overlap an earlier page's stage place, so a slice of p
 any of it is written back. The torch way (allocator/pack.py) gathers every staged page whole and scatters
 all of its units, the dropped ones to a scratch unit. This kernel copies the kept units only, in two
 launches: stage -> ``temp`` (the slice's kept units one page after another), then ``temp`` -> packed place.
-Same bytes in the same places (tests/allocator/test_pack.py). The default on a CUDA device: on an H100 a
-512-page, 32-layer encode launch took 2.36 ms with it against 13.3 ms with the torch words
-(``python -m bench.allocator.encode_launch``, bench/results/encode_launch_h100.json). On the CPU the torch
-way stays the default (the kernel there runs only under Triton's interpreter).
+Same bytes in the same places (tests/allocator/test_pack.py). Which way a pool uses: allocator/pack.py
+``pack_choice`` (this kernel on CUDA, where the GPU measured it faster).
 
 Units are rows of 8-byte words (int64 ``[units, words]``): 8 words for page format v3 (64-byte units),
 32 for v1/v2 (256-byte units).
@@ -17,26 +15,11 @@ Units are rows of 8-byte words (int64 ``[units, words]``): 8 words for page form
 
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
 
-POOL_PACK_ENV = "ZIPKV_POOL_PACK"
-POOL_PACKS = ("torch", "triton")
-POOL_PACK_DEFAULTS = {"cuda": "triton", "cpu": "torch"}  # by device type; other devices: torch
 BLOCK_UNITS = 64  # units a program copies (v3: 4 KiB, a sixteenth of a raw page)
-
-
-def pack_choice(device_type: str) -> str:
-    """``$ZIPKV_POOL_PACK``: "torch" or "triton"; unset, the measured faster way for ``device_type``
-    (POOL_PACK_DEFAULTS); anything else fails at start-up."""
-    default = POOL_PACK_DEFAULTS.get(device_type, "torch")
-    value = os.environ.get(POOL_PACK_ENV, default).strip().lower() or default
-    if value not in POOL_PACKS:
-        raise ValueError(f"{POOL_PACK_ENV}={value!r}: expected one of {', '.join(POOL_PACKS)}")
-    return value
 
 
 @triton.jit

@@ -8,8 +8,7 @@ import pytest
 import torch
 
 from zipkv.allocator import PagePool
-from zipkv.allocator.pack import Packer
-from zipkv.kernels.codec.pack import POOL_PACK_ENV, pack_choice
+from zipkv.allocator.pack import POOL_PACK_ENV, Packer, pack_choice
 from zipkv.kernels.format.layout import PageFormat
 from zipkv.kernels.reference import pages as reference
 
@@ -81,3 +80,19 @@ def test_the_pack_is_chosen_at_start_up_and_a_typo_fails(monkeypatch: pytest.Mon
         pack_choice("cuda")
     with pytest.raises(ValueError, match="expected 'torch' or 'triton'"):
         Packer(torch.zeros(4, 1, dtype=torch.int64), 1, 1, 3).pack(*region([1], 0), "cuda")
+
+
+def test_every_pool_takes_the_choice_when_it_is_made(monkeypatch: pytest.MonkeyPatch) -> None:
+    # the pool reads the choice itself, so the SGLang worker, the reference engine and the benches agree
+    fmt = PageFormat(head_dim=64, num_kv_heads=1, version=3)
+
+    def make() -> PagePool:
+        return PagePool(fmt, 2, 64 * fmt.raw_page_bytes, chunk_bytes=4 * fmt.raw_page_bytes)
+
+    monkeypatch.delenv(POOL_PACK_ENV, raising=False)
+    assert make().pack_impl == "torch"  # on the CPU
+    monkeypatch.setenv(POOL_PACK_ENV, "triton")
+    assert make().pack_impl == "triton"
+    monkeypatch.setenv(POOL_PACK_ENV, "tritn")
+    with pytest.raises(ValueError, match="ZIPKV_POOL_PACK='tritn'"):
+        make()

@@ -14,8 +14,8 @@ def test_only_the_kernel_choices_are_passed_on() -> None:
 
 
 def test_every_choice_the_worker_reads_is_listed() -> None:
+    from zipkv.allocator import pack
     from zipkv.kernels.attention import decode_config, extend
-    from zipkv.kernels.codec import pack
     from zipkv.worker.engines.sglang import flashinfer_prefill
 
     read = {decode_config.KERNEL_CONFIG_ENV, decode_config.DECODE_IMPL_ENV, decode_config.PAGE_FORMAT_ENV,

@@ -51,9 +51,6 @@ class KVStore:
             compression=compression,
             encoder=self.encoder,
         )
-        from zipkv.kernels.codec.pack import pack_choice
-
-        self.pool.pack_impl = pack_choice(self.device.type)  # $ZIPKV_POOL_PACK, checked at start-up
         use_triton = kernels == "triton" or (kernels == "auto" and self.device.type == "cuda")
         if use_triton:
             from zipkv.kernels.attention import decode as decode_attention

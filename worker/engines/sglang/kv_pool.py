@@ -17,7 +17,6 @@ from sglang.srt.mem_cache.memory_pool import KVCache, unwrap_write_loc
 from zipkv.allocator import PagePool
 from zipkv.allocator.device import default_encoder
 from zipkv.kernels.attention.decode_config import serving_format_version
-from zipkv.kernels.codec.pack import pack_choice
 from zipkv.kernels.format.layout import PageFormat
 from zipkv.worker.encode_timer import TimedEncoder
 from zipkv.worker.engines.sglang.allocator import ZipkvAllocator
@@ -66,7 +65,6 @@ class ZipkvKVCache(KVCache):
             max_pages=max_pages,
             encoder=TimedEncoder(default_encoder(torch.device(device)), device),  # for /metrics
         )
-        self.pool.pack_impl = pack_choice(torch.device(device).type)  # $ZIPKV_POOL_PACK, checked at start-up
         self.kv = ZipkvKV(self.pool, self.fmt, self.start_layer)
         self._finalize_allocation_log(self.size)
 
