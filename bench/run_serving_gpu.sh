@@ -31,7 +31,8 @@
 # or SYSTEMS=sglang_gateway_cache_aware / sglang_gateway_power_of_two: one SGLang server per GPU behind
 # sglang-router 0.3.2 (its wheel carried as .carry/sglang_router/*.whl, installed into /tmp/routersite);
 # RATES default to 1,2,4,6,8 (past two workers' knee: the simulation puts zipkv's beyond 6 req/s); the KV
-# budget is per GPU.
+# budget is per replica. GPUS=1 with REPLICAS=2: both replicas (or both SGLang servers) share one GPU, the
+# two-replica stack's dry run (bench/run_two_gpu.sh, ONE_GPU=1, sets a KV budget that lets both fit).
 set -u
 T0=$(date +%s)
 OUT=${OUT:?set OUT to a folder for the records and logs}
@@ -111,7 +112,7 @@ for SYSTEM in "${LIST[@]}"; do
   [ "$LEFT" -gt 60 ] || { step "no time left for $SYSTEM"; RC=1; break; }
   step "$SYSTEM: starting (deadline ${LEFT}s)"
   timeout -k 15 "$LEFT" python3 -m bench.serving.serving_run --system "$SYSTEM" --engine "$ENGINE" --model "$MODEL" \
-    --replicas "$REPLICAS" \
+    --replicas "$REPLICAS" ${GPUS:+--gpus "$GPUS"} \
     --kv-budget-mib "$KV" --max-running "${MAX_RUNNING:-64}" --max-context-tokens "$CONTEXT" \
     --sglang-args "$SGLANG_ARGS" --rates "$RATES" --requests "$REQUESTS" --offset "${OFFSET:-0}" \
     --ready-s "${READY_S:-400}" --deadline-s "$LEFT" --out-dir "$OUT/serving" || RC=$?
@@ -122,7 +123,7 @@ done
 for f in $(grep -l "ServeReplica:zipkv" /tmp/ray/session_latest/logs/worker-*.err 2>/dev/null); do tail -n 4000 "$f"; done \
   >"$OUT/serving/replica_process.log" 2>/dev/null
 python3 -m bench.serving.serving_goodput --in "$OUT/serving" --device "$(cat "$OUT/device.txt")" \
-  --command "$([ "$ENGINE" = reference ] && echo "ENGINE=reference ")$([ "${MIXED_CHUNK:-0}" = 1 ] && echo "MIXED_CHUNK=1 ")$([ -n "${ZIPKV_PREFILL_KERNEL:-}" ] && echo "ZIPKV_PREFILL_KERNEL=$ZIPKV_PREFILL_KERNEL ")REPLICAS=$REPLICAS SYSTEMS=$SYSTEMS RATES=$RATES REQUESTS=$REQUESTS bash bench/run_serving_gpu.sh" \
+  --command "$([ "$ENGINE" = reference ] && echo "ENGINE=reference ")$([ "${MIXED_CHUNK:-0}" = 1 ] && echo "MIXED_CHUNK=1 ")$([ -n "${ZIPKV_PREFILL_KERNEL:-}" ] && echo "ZIPKV_PREFILL_KERNEL=$ZIPKV_PREFILL_KERNEL ")REPLICAS=$REPLICAS ${GPUS:+GPUS=$GPUS }${KV_BUDGET_MIB:+KV_BUDGET_MIB=$KV_BUDGET_MIB }SYSTEMS=$SYSTEMS RATES=$RATES REQUESTS=$REQUESTS bash bench/run_serving_gpu.sh" \
   --out "$OUT/serving_goodput.json" | tail -4
 step "total (rc $RC)"
 exit $RC

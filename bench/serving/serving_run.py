@@ -36,6 +36,9 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     )
     p.add_argument("--system", required=True, choices=SYSTEMS)
     p.add_argument("--replicas", type=int, default=1, help="workers, one GPU each (the KV budget: each's)")
+    p.add_argument(
+        "--gpus", type=int, default=None, help="GPUs the replicas share (default: one each; must divide them)"
+    )
     p.add_argument("--engine", choices=["sglang", "reference"], default="sglang")
     p.add_argument("--model", default="", help="model folder with config.json (empty: the tiny model)")
     p.add_argument("--kv-budget-mib", type=float, default=48576.0, help="KV memory, raw (388,608 tokens)")
@@ -72,6 +75,7 @@ def _options(args: argparse.Namespace, tok: Path) -> dict[str, Any]:
         "tokenizer": str(tok),
         "ready_s": args.ready_s,
         "replicas": args.replicas,
+        "gpus": args.gpus,
         "kernel_env": kernel_choices(os.environ),  # e.g. ZIPKV_PREFILL_KERNEL, as the replicas get it
     }
 

@@ -13,18 +13,22 @@
 With `engine=reference` (a CPU, the tiny built-in model) the zipkv systems run as `zipkv up` runs them;
 SGLang's server needs a GPU.
 
-With `replicas` > 1 (one GPU each):
+With `replicas` > 1 (one GPU each, unless `gpus` says fewer):
     zipkv, zipkv_uncompressed   the router + that many Ray Serve replicas, each with `num_gpus=1` (Ray sets
-                        each replica's CUDA_VISIBLE_DEVICES), each with the whole per-GPU KV budget
-    sglang_gateway_POLICY       one SGLang server per GPU (CUDA_VISIBLE_DEVICES=k, the same flags and KV
-                        budget as above) behind sglang-router 0.3.2 (`python -m sglang_router.launch_router`)
-                        with --policy POLICY. The gateway takes token ids on /generate (`input_ids`, which
-                        it forwards and routes on), not on /v1/completions (the 422 above; both checked on
-                        a CPU against stand-in workers), so the client talks /generate to it
+                        each replica's CUDA_VISIBLE_DEVICES), each with the whole per-replica KV budget
+    sglang_gateway_POLICY       one SGLang server per replica (CUDA_VISIBLE_DEVICES=k, the same flags and
+                        KV budget as above) behind sglang-router 0.3.2
+                        (`python -m sglang_router.launch_router`) with --policy POLICY. The gateway
+                        takes token ids on /generate (`input_ids`, which it forwards and routes on),
+                        not on /v1/completions (the 422 above; both checked on a CPU against stand-in
+                        workers), so the client talks /generate to it
                         (serving_client.GATEWAY_BACKEND). 0.3.2's policies are random, round_robin,
                         cache_aware, power_of_two and manual: it has no `least_load`; its load-aware policy
                         is power_of_two (the less loaded of two workers drawn, by in-flight requests: with
                         two workers, always the less loaded one), the stand-in for least_load here.
+With `gpus` < `replicas` the replicas share the GPUs evenly (Ray: `num_gpus=gpus/replicas` each; SGLang's
+servers: device k mod gpus): the two-replica stack's dry run on one GPU, each engine with a KV budget that
+lets both fit (bench/run_two_gpu.sh, ONE_GPU=1).
 
 SGLang's command lines and its processes' handling (spawn, wait, stop): bench/serving/sglang_processes.py.
 """
@@ -79,21 +83,28 @@ def client_backend(system: str) -> str:
 @dataclass(frozen=True)
 class ReplicaPlan:
     """How a zipkv stack of `workers` replicas is laid out: Ray's GPU count, each replica's GPU share
-    (1: Ray gives each replica its own device through CUDA_VISIBLE_DEVICES), Ray's CPUs."""
+    (1: Ray gives each replica its own device through CUDA_VISIBLE_DEVICES; 0.5: two replicas share one,
+    Ray packs them onto the same device), Ray's CPUs."""
 
     workers: int
     ray_num_gpus: int
-    gpus_per_replica: int
+    gpus_per_replica: float
     cpus_per_replica: int
     ray_num_cpus: int
 
 
-def replica_plan(replicas: int, engine: str) -> ReplicaPlan:
+def replica_plan(replicas: int, engine: str, gpus: int | None = None) -> ReplicaPlan:
+    """`gpus` (default: one per replica) must divide the replicas evenly, so every GPU holds as many."""
     if replicas < 1:
         raise ValueError(f"replicas must be >= 1, got {replicas}")
-    gpu = 1 if engine == "sglang" else 0
+    ray_gpus = replicas if gpus is None else gpus
+    if engine != "sglang":
+        ray_gpus = 0  # the reference engine runs on the CPU
+    elif ray_gpus < 1 or ray_gpus > replicas or replicas % ray_gpus:
+        raise ValueError(f"gpus must be 1..{replicas} and divide the {replicas} replicas, got {gpus}")
+    share = ray_gpus / replicas
     # One CPU per replica for its engine thread, and room for Serve's controller and the router's calls.
-    return ReplicaPlan(replicas, gpu * replicas, gpu, 1, max(4, 2 * replicas + 2))
+    return ReplicaPlan(replicas, ray_gpus, share, 1, max(4, 2 * replicas + 2))
 
 
 ZIPKV_PLACEMENTS = "zipkv_router_placements_total"  # requests per worker, controlplane/metrics.py
@@ -123,7 +134,7 @@ class Running:
 
 def start_zipkv(opts: dict[str, Any], system: ZipkvSystem) -> Running:
     sglang = opts["engine"] == "sglang"
-    plan = replica_plan(int(opts.get("replicas", 1)), opts["engine"])
+    plan = replica_plan(int(opts.get("replicas", 1)), opts["engine"], opts.get("gpus"))
     options = StackOptions(
         port=free_port(),
         workers=plan.workers,
@@ -151,12 +162,18 @@ def start_zipkv(opts: dict[str, Any], system: ZipkvSystem) -> Running:
     stack.start(ready_timeout_s=opts["ready_s"])
     note = (
         f"zipkv router + {plan.workers} Ray Serve replica(s) (engine {opts['engine']}, compression "
-        f"{system.compression}{', one GPU each' if sglang else ''}; router overrides {system.router_env()})"
+        f"{system.compression}{_gpu_note(plan) if sglang else ''}; router overrides {system.router_env()})"
     )
     run = Running(stack.base_urls[0], stack.model_name, note, [stack.stop])
     run.placements_url, run.placements_metric = f"{stack.base_urls[0]}/metrics", ZIPKV_PLACEMENTS
     run.timings_s["ready"] = round(time.monotonic() - t0, 1)
     return run
+
+
+def _gpu_note(plan: ReplicaPlan) -> str:
+    if plan.gpus_per_replica == 1:
+        return ", one GPU each"
+    return f", {plan.workers} sharing {plan.ray_num_gpus} GPU(s), {plan.gpus_per_replica:g} each"
 
 
 def start_sglang_server(opts: dict[str, Any], out: Path) -> Running:
@@ -193,7 +210,8 @@ def start_sglang_gateway(opts: dict[str, Any], out: Path, policy: str) -> Runnin
     urls: list[str] = []
     servers: list[tuple[subprocess.Popen[bytes], Path]] = []
     try:
-        for k, env in enumerate(server_envs(replicas, dict(os.environ))):
+        gpus = int(opts.get("gpus") or replicas)
+        for k, env in enumerate(server_envs(replicas, dict(os.environ), gpus)):
             port = free_port()
             log = out / f"sglang_server_{k}.log"
             proc = spawn(sglang_server_cmd(opts, port), log, env)
@@ -218,7 +236,8 @@ def start_sglang_gateway(opts: dict[str, Any], out: Path, policy: str) -> Runnin
     run.timings_s["ready"] = round(time.monotonic() - t0, 1)
     run.note = (
         f"sglang-router 0.3.2 --policy {policy} (POST /generate with input_ids) in front of {replicas} "
-        "sglang.launch_server (FlashInfer), one GPU each"
+        "sglang.launch_server (FlashInfer), "
+        + ("one GPU each" if gpus == replicas else f"sharing {gpus} GPU(s)")
     )
     return run
 

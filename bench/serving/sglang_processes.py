@@ -58,9 +58,11 @@ def sglang_server_cmd(opts: dict[str, Any], port: int) -> list[str]:
     return cmd
 
 
-def server_envs(replicas: int, base: dict[str, str]) -> list[dict[str, str]]:
-    """The environment of SGLang's server k of `replicas`: device k only, so each owns one GPU."""
-    return [{**base, "CUDA_VISIBLE_DEVICES": str(k)} for k in range(replicas)]
+def server_envs(replicas: int, base: dict[str, str], gpus: int | None = None) -> list[dict[str, str]]:
+    """The environment of SGLang's server k of `replicas`: device k only, so each owns one GPU; with
+    fewer `gpus`, device k mod gpus (the servers share them, as a one-GPU dry run needs)."""
+    n = replicas if gpus is None else gpus
+    return [{**base, "CUDA_VISIBLE_DEVICES": str(k % n)} for k in range(replicas)]
 
 
 def spawn(cmd: list[str], log: Path, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:

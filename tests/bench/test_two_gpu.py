@@ -78,6 +78,46 @@ def test_each_replica_gets_one_gpu_of_its_own() -> None:
     assert all(e["PATH"] == "/bin" for e in envs) and base["CUDA_VISIBLE_DEVICES"] == "0,1"
 
 
+def test_two_replicas_can_share_one_gpu_for_the_dry_run() -> None:
+    shared = replica_plan(2, "sglang", gpus=1)
+    assert (shared.ray_num_gpus, shared.gpus_per_replica) == (1, 0.5)  # Ray packs both onto device 0
+    four = replica_plan(4, "sglang", gpus=2)
+    assert (four.ray_num_gpus, four.gpus_per_replica) == (2, 0.5)
+    assert replica_plan(2, "sglang", gpus=2).gpus_per_replica == 1
+    assert replica_plan(2, "reference", gpus=1).ray_num_gpus == 0  # the CPU engine asks Ray for none
+    for bad in (0, 3):  # none, or more GPUs than replicas
+        with pytest.raises(ValueError, match="divide"):
+            replica_plan(2, "sglang", gpus=bad)
+    with pytest.raises(ValueError, match="divide"):  # 3 replicas cannot split evenly over 2 GPUs
+        replica_plan(3, "sglang", gpus=2)
+    envs = server_envs(2, {"PATH": "/bin"}, gpus=1)
+    assert [e["CUDA_VISIBLE_DEVICES"] for e in envs] == ["0", "0"]
+    assert [e["CUDA_VISIBLE_DEVICES"] for e in server_envs(4, {}, gpus=2)] == ["0", "1", "0", "1"]
+
+
+def test_one_gpu_dry_run_shares_the_device_and_refuses_tp2(tmp_path: Path) -> None:
+    import subprocess
+
+    script = (ROOT / "bench" / "run_two_gpu.sh").read_text()
+    assert "export GPUS=1 KV_BUDGET_MIB=" in script
+    serving = (ROOT / "bench" / "run_serving_gpu.sh").read_text()
+    assert '${GPUS:+--gpus "$GPUS"}' in serving
+    # tp2 cannot run on one device: the script says so before touching anything (nvidia-smi stubbed to
+    # list one GPU)
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "nvidia-smi").write_text("#!/bin/sh\necho 'GPU 0: test'\n")
+    (fake / "nvidia-smi").chmod(0o755)
+    env = {"PATH": f"{fake}:/usr/bin:/bin", "OUT": str(tmp_path), "STEP": "tp2", "ONE_GPU": "1"}
+    res = subprocess.run(["bash", str(ROOT / "bench" / "run_two_gpu.sh")], env=env, capture_output=True,
+                         text=True, cwd=ROOT)  # fmt: skip
+    assert res.returncode == 2 and "tp2 needs two devices" in res.stdout
+    env["ONE_GPU"] = "0"
+    res = subprocess.run(["bash", str(ROOT / "bench" / "run_two_gpu.sh")], env=env, capture_output=True,
+                         text=True, cwd=ROOT)  # fmt: skip
+    assert res.returncode == 1 and "needs two GPUs" in res.stdout
+
+
 def test_run_script_passes_replicas_and_installs_the_gateway_wheel() -> None:
     text = (ROOT / "bench" / "run_serving_gpu.sh").read_text()
     assert '--replicas "$REPLICAS"' in text
