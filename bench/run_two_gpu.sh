@@ -35,8 +35,9 @@
 #   ENGINE=reference REPLICAS=2 SYSTEMS=zipkv OUT=/tmp/two bash bench/run_serving_gpu.sh
 # ONE_GPU=1: the serving steps' dry run on a one-GPU machine, the same calls and carries: both replicas
 # (zipkv: Ray packs two half-GPU replicas onto the device; the gateway: two SGLang servers on device 0)
-# share the GPU, each engine with KV_BUDGET_MIB (default 12288, ~98k raw tokens: two 8B-shaped engines,
-# 16 GB of weights each, fit an 80 GB card), RATES 0.5,1,2 and 32 requests. It checks the two-replica path
+# share the GPU, each engine with KV_BUDGET_MIB (default 16400, 131,200 raw tokens: the least that holds one
+# request at the 131,072-token context zipkv's worker checks for; two 8B-shaped engines, 15 GiB of weights
+# each, then fit an 80 GB card), RATES 0.5,1,2 and 32 requests. It checks the two-replica path
 # (placement over two live workers, the gateway's policies, the records) end to end; its goodput is two
 # engines splitting one GPU, not two GPUs' (docs/benchmarks.md, "Two GPUs"). tp2 needs two devices.
 set -u
@@ -46,7 +47,7 @@ GPUS=$(nvidia-smi -L 2>/dev/null | wc -l)
 if [ "${ONE_GPU:-0}" = 1 ]; then
   [ "$GPUS" -ge 1 ] || { echo "FAILED: ONE_GPU=1 needs a GPU"; exit 1; }
   [ "$STEP" != tp2 ] || { echo "FAILED: tp2 needs two devices (ONE_GPU=1 runs the serving steps only)"; exit 2; }
-  export GPUS=1 KV_BUDGET_MIB=${KV_BUDGET_MIB:-12288} RATES=${RATES:-0.5,1,2} REQUESTS=${REQUESTS:-32}
+  export GPUS=1 KV_BUDGET_MIB=${KV_BUDGET_MIB:-16400} RATES=${RATES:-0.5,1,2} REQUESTS=${REQUESTS:-32}
 else
   [ "$GPUS" -ge 2 ] || { echo "FAILED: $STEP needs two GPUs, this machine has $GPUS (ONE_GPU=1: the dry run)"; nvidia-smi -L; exit 1; }
   unset GPUS  # one per replica
