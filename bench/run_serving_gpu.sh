@@ -9,8 +9,9 @@
 #   call 3: carry .carry/ray .carry/llama31_8b            SYSTEMS=zipkv_uncompressed bash bench/run_serving_gpu.sh
 # .carry/sglang/parts: scripts/build_sglang_carry.sh; .carry/ray: scripts/build_ray_carry.sh;
 # .carry/llama31_8b/config.json: a copy of bench/configs/llama31_8b.json. Each call writes $OUT/serving/SYSTEM/
-# (rate_R.json per rate, system.json, server logs); then, here: copy every call's serving/ folder into one
-# folder and `python -m bench.serving.serving_goodput --in FOLDER --device "..." --command "..."` writes
+# (rate_R.json per rate, system.json, server logs), packed at the end into $OUT/serving_records.tgz; then,
+# here: `python -m bench.serving.serving_goodput --in CALL1/serving_records.tgz --in CALL2/... --device "..."
+# --command "..."` writes
 # bench/results/serving_goodput.json and .png (and `python -m bench.sim.sim_validation` compares the simulation).
 # A second trace window (OFFSET=32 ...: SGLang and Ray stay extracted on the warm machine, so only
 # .carry/llama31_8b needs carrying) pools with the first: serving_goodput --pool-windows --in W0 --in W32.
@@ -125,5 +126,11 @@ for f in $(grep -l "ServeReplica:zipkv" /tmp/ray/session_latest/logs/worker-*.er
 python3 -m bench.serving.serving_goodput --in "$OUT/serving" --device "$(cat "$OUT/device.txt")" \
   --command "$([ "$ENGINE" = reference ] && echo "ENGINE=reference ")$([ "${MIXED_CHUNK:-0}" = 1 ] && echo "MIXED_CHUNK=1 ")$([ -n "${ZIPKV_PREFILL_KERNEL:-}" ] && echo "ZIPKV_PREFILL_KERNEL=$ZIPKV_PREFILL_KERNEL ")REPLICAS=$REPLICAS ${GPUS:+GPUS=$GPUS }${KV_BUDGET_MIB:+KV_BUDGET_MIB=$KV_BUDGET_MIB }SYSTEMS=$SYSTEMS RATES=$RATES REQUESTS=$REQUESTS bash bench/run_serving_gpu.sh" \
   --out "$OUT/serving_goodput.json" | tail -4
+if [ "$ENGINE" = sglang ] && [ "${KEEP_SERVING_DIR:-0}" != 1 ]; then
+  # The call's records as one file however many the sweep wrote (rate files, server logs, the replica's
+  # log): serving_goodput --in reads the archive as it is. KEEP_SERVING_DIR=1 leaves the folder.
+  tar -C "$OUT" -czf "$OUT/serving_records.tgz" serving && rm -rf "$OUT/serving" \
+    && step "packed $OUT/serving into $OUT/serving_records.tgz"
+fi
 step "total (rc $RC)"
 exit $RC

@@ -25,7 +25,8 @@
 # .carry/llama31_8b/config.json: a copy of bench/configs/llama31_8b.json.
 #
 # Each call writes $OUT (the device call's folder); afterwards, here, with the calls' folders fetched:
-#   python -m bench.serving.serving_goodput --in CALL2/serving --in CALL3/serving --in CALL4/serving \
+#   python -m bench.serving.serving_goodput --in CALL2/serving_records.tgz --in CALL3/serving_records.tgz \
+#       --in CALL4/serving_records.tgz \
 #       --device "2 x NVIDIA H200" --command "STEP=... bash bench/run_two_gpu.sh" \
 #       --out bench/results/serving_goodput_two_gpu.json
 #   python -m bench.sim.serving_predicted --workers 2 --measured bench/results/serving_goodput_two_gpu.json \

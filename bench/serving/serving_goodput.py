@@ -13,7 +13,9 @@ GPUs, the best of the gateway's policies (`sglang_gateway_POLICY`), named in `ba
 given more than once (one folder per device call); a system found in two of them is an error, not a merge,
 unless --pool-windows says each folder is one trace window of every system (OFFSET 0, 32, ...): then each
 system's rate is pooled over the windows (bench/serving/serving_windows.py) and `windows` holds each window's
-own headline.
+own headline. An `--in` may also be a call's `serving_records.tgz` (bench/run_serving_gpu.sh packs its
+serving/ folder into it on the GPU machine, so that one file comes back however many the sweep wrote): it
+is unpacked into a temporary folder and read as that folder.
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import tarfile
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -81,6 +85,24 @@ def headline(rows: list[dict[str, Any]]) -> dict[str, Any]:
             "zipkv_over_sglang_gateway": round(z / s, 3) if z and s else None,
         }
     return out
+
+
+ARCHIVE_SUFFIXES = (".tgz", ".tar.gz")
+
+
+def unpacked(path: Path, into: Path) -> Path:
+    """`path` itself when it is a folder; an archive of one (SYSTEM/rate_R.json under its top folder, or at
+    its root) unpacked under `into`, and the folder that holds the systems returned."""
+    if path.is_dir() or not path.name.endswith(ARCHIVE_SUFFIXES):
+        return path
+    into.mkdir(parents=True, exist_ok=True)
+    dest = Path(tempfile.mkdtemp(dir=into))
+    with tarfile.open(path) as tar:
+        tar.extractall(dest, filter="data")  # "data": no absolute paths, links out or device files
+    tops = [d for d in dest.iterdir() if d.is_dir()]
+    if len(tops) == 1 and any(tops[0].glob("*/rate_*.json")):
+        return tops[0]
+    return dest
 
 
 def rate_files(in_dirs: list[Path]) -> list[Path]:
@@ -174,7 +196,12 @@ def main(argv: list[str] | None = None) -> int:
         prog="python -m bench.serving.serving_goodput", description=__doc__.split("\n")[0]
     )
     p.add_argument(
-        "--in", dest="in_dir", type=Path, action="append", required=True, help="serving_sweep.py's --out-dir"
+        "--in",
+        dest="in_dir",
+        type=Path,
+        action="append",
+        required=True,
+        help="serving_sweep.py's --out-dir, or a call's serving_records.tgz of it",
     )
     p.add_argument(
         "--pool-windows",
@@ -186,7 +213,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, default=RESULTS / "serving_goodput.json")
     p.add_argument("--plot", type=Path, default=None, help="default: the --out path with .png")
     args = p.parse_args(argv)
-    report = build(args.in_dir, args.device, args.command, args.pool_windows)
+    with tempfile.TemporaryDirectory() as tmp:
+        in_dirs = [unpacked(d, Path(tmp)) for d in args.in_dir]
+        report = build(in_dirs, args.device, args.command, args.pool_windows)
     args.out.write_text(json.dumps(report, indent=1) + "\n")
     from bench.serving.serving_plots import plot_serving
 
