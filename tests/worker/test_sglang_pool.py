@@ -15,6 +15,7 @@ from zipkv.allocator import PagePool
 from zipkv.kernels.format.layout import PAGE_TOKENS, PageFormat
 from zipkv.kernels.reference import pages as reference
 from zipkv.worker.engines.sglang.allocator import ZipkvAllocator
+from zipkv.worker.engines.sglang.idle_check import idle_check
 from zipkv.worker.engines.sglang.slots import (
     budget_bytes_for_tokens,
     decode_slots,
@@ -126,7 +127,7 @@ def test_extend_allocates_pool_pages_and_available_size_follows(fmt: PageFormat)
     assert alloc.available_size() == before - 4 * PAGE_TOKENS
     alloc.free(out)
     assert alloc.available_size() == before
-    assert alloc.idle_check(0, 0, 0, 0)[0] is False
+    assert idle_check(alloc, 0, 0, 0, 0)[0] is False
 
 
 def test_pages_compress_one_step_after_they_fill_and_capacity_grows(fmt: PageFormat) -> None:
@@ -151,7 +152,7 @@ def test_pages_compress_one_step_after_they_fill_and_capacity_grows(fmt: PageFor
     # the raw copies went back and the compressed ones take fewer bytes: more new pages fit than before
     assert alloc.available_size() > before - n
     alloc.free(out)
-    assert alloc.idle_check(0, 0, 0, 0)[0] is False
+    assert idle_check(alloc, 0, 0, 0, 0)[0] is False
 
 
 def test_decode_fill_is_found_on_the_device_and_marked_next_step(fmt: PageFormat) -> None:
@@ -205,9 +206,9 @@ def test_idle_check_reports_a_leaked_page() -> None:
     alloc = make()
     out = alloc.alloc(2 * PAGE_TOKENS)
     assert out is not None
-    leak, msg = alloc.idle_check(0, 0, 0, 0)  # nobody owns the two pages
+    leak, msg = idle_check(alloc, 0, 0, 0, 0)  # nobody owns the two pages
     assert leak and "held_tokens=32" in msg
-    assert alloc.idle_check(32, 0, 0, 0)[0] is False  # the prefix cache owns them
+    assert idle_check(alloc, 32, 0, 0, 0)[0] is False  # the prefix cache owns them
     with pytest.raises(ValueError, match="whole number"):
         alloc.alloc(5)
 
@@ -225,7 +226,7 @@ def test_free_segment_frees_each_page_once() -> None:
     assert alloc.available_size() == before - PAGE_TOKENS  # page 0 still held
     alloc.free_segment(out[:16], start_pos=0)
     assert alloc.available_size() == before
-    assert alloc.idle_check(0, 0, 0, 0)[0] is False
+    assert idle_check(alloc, 0, 0, 0, 0)[0] is False
 
 
 def test_chunked_prefill_completes_the_partial_page_of_the_previous_chunk(fmt: PageFormat) -> None:

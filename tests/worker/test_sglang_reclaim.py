@@ -19,6 +19,7 @@ from bench.allocator.reclaim_stress import LruPrefixCache
 from zipkv.allocator import ledger as ledger_module
 from zipkv.kernels.format.layout import PAGE_TOKENS, PageFormat
 from zipkv.worker.engines.sglang.allocator import ZipkvAllocator
+from zipkv.worker.engines.sglang.idle_check import idle_check
 from zipkv.worker.engines.sglang.reclaim import overcount_tokens
 
 
@@ -112,7 +113,7 @@ def test_admission_promise_is_kept_when_the_cache_holds_the_memory(fmt: PageForm
     assert out is not None and out.numel() == promise
     assert cache.evicted_tokens > 0 and len(set((out // PAGE_TOKENS).tolist())) == promise // PAGE_TOKENS
     alloc.free(out)
-    leak, msg = alloc.idle_check(cache.evictable_tokens(), 0, 0, 0)
+    leak, msg = idle_check(alloc, cache.evictable_tokens(), 0, 0, 0)
     assert not leak, msg
 
 
@@ -132,7 +133,7 @@ def test_reclaim_gives_up_when_the_cache_is_empty() -> None:
     too_many = alloc.max_pages * PAGE_TOKENS
     assert sglang_alloc(alloc, cache, too_many) is None
     assert cache.evictable_tokens() == 0  # it evicted what there was, then stopped
-    leak, msg = alloc.idle_check(0, 0, 0, 0)
+    leak, msg = idle_check(alloc, 0, 0, 0, 0)
     assert not leak, msg
 
 
@@ -214,7 +215,7 @@ def test_random_arrivals_within_the_admission_promise_always_allocate(seed: int,
         else:
             alloc.free(out)  # finished, not cached
     assert admitted > 30 and cache.evicted_tokens > 0
-    leak, msg = alloc.idle_check(cache.evictable_tokens(), 0, 0, 0)
+    leak, msg = idle_check(alloc, cache.evictable_tokens(), 0, 0, 0)
     assert not leak, msg
 
 
@@ -257,5 +258,5 @@ def test_reclaim_makes_room_when_evicted_pages_share_chunks_with_running_ones(
     alloc.free(out)
     for slots in live:
         alloc.free(slots)
-    leak, msg = alloc.idle_check(cache.evictable_tokens(), 0, 0, 0)
+    leak, msg = idle_check(alloc, cache.evictable_tokens(), 0, 0, 0)
     assert not leak, msg

@@ -262,15 +262,15 @@ def test_view_of_reads_only_what_the_graph_replay_view_has() -> None:
 def test_tensor_parallelism_is_accepted_and_other_parallelism_refused() -> None:
     from types import SimpleNamespace
 
-    from zipkv.worker.engines.sglang.seams import _zipkv_backend
+    from zipkv.worker.engines.sglang.backend_choice import zipkv_backend
 
     def args(**kw: object) -> SimpleNamespace:
         base: dict[str, object] = dict(page_size=16, tp_size=1, pp_size=1, enable_dp_attention=False,
                                        kv_cache_dtype="auto")  # fmt: skip
         return SimpleNamespace(get_attention_backends=lambda: ("zipkv", "zipkv"), **{**base, **kw})
 
-    assert _zipkv_backend(args()) == "zipkv"
-    assert _zipkv_backend(args(tp_size=2)) == "zipkv"  # each rank its own heads (seams._build_mha_kv_pool)
+    assert zipkv_backend(args()) == "zipkv"
+    assert zipkv_backend(args(tp_size=2)) == "zipkv"  # each rank its own heads (seams._build_mha_kv_pool)
     for bad in ({"enable_dp_attention": True, "tp_size": 2}, {"pp_size": 2}, {"tp_size": 0}):
         with pytest.raises(ValueError, match="tensor parallelism only"):
-            _zipkv_backend(args(**bad))
+            zipkv_backend(args(**bad))

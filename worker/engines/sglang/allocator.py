@@ -17,10 +17,8 @@ allocator base class. Rules that keep it sync-free on the scheduling path:
   forward stream, after step N's writes), so the encoder never reads a page before its last token is written.
 - ``available_size()`` = new raw pages that fit (`PagePool.headroom_pages`) x 16, bounded by the free page
   ids: live, so SGLang's admission, retraction and load metrics see compressed capacity.
-- Under tensor parallelism each rank's scheduler decides alone on its own pool (its own heads, its own
-  byte headroom), and the ranks must decide alike: `agree_across_ranks` bounds the headroom by what the
-  empty pool fits at raw size less the pages held, the same on every rank. At TP > 1 the kernel reads
-  compressed pages, but the bytes saved are not lent out (a collective per admission, not built).
+- Under tensor parallelism the ranks' schedulers must decide alike: every rank answers from a headroom the
+  ranks agree on (rank_agreement.py), and whether an allocation is given is one decision for all of them.
 """
 
 from __future__ import annotations
@@ -34,6 +32,7 @@ from zipkv.allocator import OutOfPages, PagePool
 from zipkv.kernels.format.layout import PAGE_TOKENS
 from zipkv.worker.engines.sglang.host_timing import WAITED, time_host_calls
 from zipkv.worker.engines.sglang.kv_stats_board import PUBLISH_EVERY_STEPS, KVStatsBoard
+from zipkv.worker.engines.sglang.rank_agreement import RankAgreement, agreed_new_pages
 from zipkv.worker.engines.sglang.readback import ReadbackQueue
 from zipkv.worker.engines.sglang.reclaim import PrefixCache, decode_room, overcount_tokens, reclaim
 from zipkv.worker.engines.sglang.slots import decode_slots, extend_slots, plan_extend, to_device
@@ -71,7 +70,7 @@ class ZipkvAllocator:
         self.extend_kernel: ExtendKernel | None = None  # SGLang's Triton alloc_extend_kernel (the seams')
         self.prefix_cache: PrefixCache | None = None  # SGLang's radix cache, when on (set by the seams)
         self.stats_board: KVStatsBoard | None = None  # the replica's /metrics source (set by the seams)
-        self.rank_agreed_pages: int | None = None  # set under tensor parallelism (agree_across_ranks)
+        self.ranks: RankAgreement | None = None  # set under tensor parallelism (agree_across_ranks)
         # Pages a decode step may need (one per running request): never held back from available_size().
         # SGLang's max_running_requests, set by the seams with the prefix cache; this default until then.
         self.decode_reserve_pages = DECODE_RESERVE_PAGES
@@ -82,18 +81,31 @@ class ZipkvAllocator:
         return self.max_pages - 1 - self._live_pages
 
     def agree_across_ranks(self) -> None:
-        """Bound the headroom by a number every tensor-parallel rank computes alike (module docstring):
-        the raw pages the pool fits now, while it is empty (same budget, format and layers on every rank)."""
+        """Tensor parallelism: answer from the headroom the ranks agree on (rank_agreement.py), starting from
+        what the empty pool fits at raw size (the same budget, format and layers on every rank)."""
         if self._live_pages:
             raise RuntimeError("agree_across_ranks must run on the empty pool, before any page is held")
-        self.rank_agreed_pages = self.headroom_pages()
+        self.ranks = RankAgreement(agreed_pages=self._own_headroom_pages())
+
+    def _own_headroom_pages(self) -> int:
+        return min(self.pool.headroom_pages(), self.free_page_ids())
 
     def headroom_pages(self) -> int:
-        """New (raw) pages that fit now: pool bytes and free page ids (and the ranks' bound, when set)."""
-        fit = min(self.pool.headroom_pages(), self.free_page_ids())
-        if self.rank_agreed_pages is not None:
-            fit = min(fit, max(0, self.rank_agreed_pages - self._live_pages))
-        return fit
+        """New (raw) pages that fit now: pool bytes and free page ids; under tensor parallelism, the ranks'
+        agreed count less the pages allocated since."""
+        return self._own_headroom_pages() if self.ranks is None else self.ranks.headroom_pages()
+
+    def refresh_headroom(self) -> None:
+        """Look again: under tensor parallelism a collective (every rank calls it at the same point), after
+        which all ranks answer with the least live headroom among them; alone, the headroom is live anyway."""
+        if self.ranks is not None:
+            self.drain(block=False)
+            self.pool.poll()
+            self.ranks.agree(self._own_headroom_pages())
+
+    def max_over_ranks(self, value: int) -> int:
+        """The largest ``value`` any rank holds (a collective under tensor parallelism)."""
+        return value if self.ranks is None else self.ranks.max_over_ranks(value)
 
     def available_size(self) -> int:
         """The headroom in tokens, under SGLang's name for it: new (raw) pages that fit now, under
@@ -123,35 +135,20 @@ class ZipkvAllocator:
         self.drain(block=True)
         return self._live_pages * PAGE_TOKENS
 
-    def idle_check(
-        self, evictable: int, protected: int, session_held: int, uncached: int
-    ) -> tuple[bool, str]:
-        """The idle memory invariant in zipkv's units, for SGLang's idle check: every held page id is owned by
-        the prefix cache or a request, and the PagePool holds exactly those pages plus the padding page.
-        Returns (leak, message) as SGLang's check does."""
-        held = self.held_tokens()
-        owned = evictable + protected + session_held + uncached
-        pool_pages = self.pool.stats().used_pages
-        leak = held != owned or pool_pages != self._live_pages + 1
-        msg = (
-            f"[zipkv] held_tokens={held}, evictable={evictable}, protected={protected}, "
-            f"session_held={session_held}, uncached={uncached}, pool_used_pages={pool_pages}, "
-            f"available_tokens={self.available_size()}"
-        )
-        return leak, msg
-
     # ---- allocation ---------------------------------------------------------------------------------
     def _new_pages(self, n: int) -> list[int] | None:
-        ids = self._take_pages(n)
+        if self.ranks is not None:
+            return agreed_new_pages(self, self.ranks, n)
+        ids = self.take_pages(n)
         if ids is None and self.prefix_cache is not None:
             outcome = reclaim(self, self.prefix_cache, n)
             if outcome.fit:
-                ids = self._take_pages(n)
+                ids = self.take_pages(n)
             if ids is None:
                 log_reclaim_failure(n, outcome, self.pool, self.free_page_ids())
         return ids
 
-    def _take_pages(self, n: int) -> list[int] | None:
+    def take_pages(self, n: int) -> list[int] | None:
         if n == 0:
             return []
         if n > self.free_page_ids():
@@ -277,10 +274,10 @@ class ZipkvAllocator:
     def drain(self, block: bool) -> None:
         """Apply landed readbacks in order; with ``block``, wait for all of them (idle checks, OOM)."""
         t0 = time.perf_counter()
-        self._readbacks.drain(block, self._free_pages)
+        self._readbacks.drain(block, self.put_back_pages)
         self.host_s[WAITED] += (time.perf_counter() - t0) if block else 0.0
 
-    def _free_pages(self, page_ids: list[int]) -> None:
+    def put_back_pages(self, page_ids: list[int]) -> None:
         self.pool.free(page_ids)
         self._live_pages -= len(page_ids)
 

@@ -34,12 +34,19 @@ RECLAIM_LIVE_FRACTION = 0.99  # under pressure, compact any chunk whose dead byt
 
 
 class Reclaimer(Protocol):
-    """What reclaiming needs of zipkv's SGLang allocator (allocator.ZipkvAllocator)."""
+    """What reclaiming needs of zipkv's SGLang allocator (allocator.ZipkvAllocator). Under tensor
+    parallelism every look at the headroom is an agreement of the ranks (`refresh_headroom`, then
+    `headroom_pages`), and so is whether compaction still moved pages (`max_over_ranks`): each rank
+    evicts from its copy of the same prefix cache, so they must evict alike (rank_agreement.py)."""
 
     @property
     def pool(self) -> PagePool: ...
 
     def headroom_pages(self) -> int: ...
+
+    def refresh_headroom(self) -> None: ...
+
+    def max_over_ranks(self, value: int) -> int: ...
 
     def drain(self, block: bool) -> None: ...
 
@@ -87,6 +94,7 @@ def reclaim(alloc: Reclaimer, cache: PrefixCache, need_pages: int) -> ReclaimOut
     share_num, share_den = min_stored_share(alloc.pool.fmt)
     scale, rounds, evicted_total, moved_total = 1, 0, 0, 0
     for _ in range(RECLAIM_ROUNDS):
+        alloc.refresh_headroom()
         fit = alloc.headroom_pages()
         if fit >= need_pages:
             break
@@ -101,6 +109,7 @@ def reclaim(alloc: Reclaimer, cache: PrefixCache, need_pages: int) -> ReclaimOut
         if evicted == 0 and moved == 0:
             break
         scale *= 2
+    alloc.refresh_headroom()
     headroom = alloc.headroom_pages()
     return ReclaimOutcome(
         fit=headroom >= need_pages,
@@ -122,6 +131,7 @@ def decode_room(alloc: Reclaimer, cache: PrefixCache | None, need_pages: int) ->
     retraction costs far more."""
     alloc.drain(block=True)
     alloc.pool.settle()
+    alloc.refresh_headroom()
     if alloc.headroom_pages() >= need_pages:
         return
     if cache is not None:
@@ -137,10 +147,12 @@ def _compact(alloc: Reclaimer, need_pages: int) -> int:
     layers = alloc.pool.num_layers
     total = 0
     for _ in range(RECLAIM_COMPACTION_PASSES):
+        alloc.refresh_headroom()
         if alloc.headroom_pages() >= need_pages:
             break
         moved = alloc.pool.compact(max_layers=layers, live_fraction=RECLAIM_LIVE_FRACTION)
         alloc.pool.settle()
+        moved = alloc.max_over_ranks(moved)  # each rank compacts its own layers; they stop together
         total += moved
         if moved == 0:
             break

@@ -84,7 +84,8 @@ sglang.srt.managers.scheduler_components.invariant_checker | SchedulerInvariantC
 sglang.srt.managers.scheduler_components.invariant_checker | SchedulerInvariantChecker | | \
     tree_cache token_to_kv_pool_allocator pool_stats_observer
 sglang.srt.managers.scheduler | Scheduler.get_new_batch_prefill | self running_batch |
-sglang.srt.managers.scheduler | Scheduler | | tree_cache token_to_kv_pool_allocator
+sglang.srt.managers.scheduler | Scheduler | | tree_cache token_to_kv_pool_allocator tp_cpu_group
+sglang.srt.managers.scheduler | Scheduler.get_next_batch_to_run | self running_batch last_batch |
 sglang.srt.mem_cache.base_prefix_cache | BasePrefixCache.evict | self params |
 sglang.srt.mem_cache.base_prefix_cache | BasePrefixCache.evictable_size | self |
 sglang.srt.mem_cache.base_prefix_cache | BasePrefixCache.is_chunk_cache | self |

@@ -18,7 +18,9 @@ seam fails a test instead of a GPU run.
 4. before each prefill decision, releases SGLang's ``batch_is_full`` latch when compression freed room
    (admission_latch.py) and hands the allocator the radix cache to reclaim from (reclaim.py);
 5. when SGLang's decode check finds no room, lets the allocator take in late room before SGLang retracts
-   (reclaim.decode_room).
+   (reclaim.decode_room);
+6. under tensor parallelism, at the start of each scheduler pass, has the ranks agree on the headroom
+   they all answer with (rank_agreement.py), over the scheduler's CPU group.
 Nothing changes for other backends.
 """
 
@@ -28,7 +30,10 @@ import logging
 from typing import Any, cast
 
 from zipkv.worker.engines.sglang.admission_latch import AdmissionLatch
+from zipkv.worker.engines.sglang.backend_choice import BACKEND_NAMES, zipkv_backend
+from zipkv.worker.engines.sglang.idle_check import idle_check
 from zipkv.worker.engines.sglang.kv_stats_board import KVStatsBoard
+from zipkv.worker.engines.sglang.rank_agreement import gloo_reduce_min
 from zipkv.worker.engines.sglang.reclaim import PrefixCache
 from zipkv.worker.engines.sglang.seam_table import SEAMS as SEAMS
 from zipkv.worker.engines.sglang.seam_table import Seam as Seam
@@ -36,38 +41,6 @@ from zipkv.worker.engines.sglang.version import SGLANG_VERSION as SGLANG_VERSION
 from zipkv.worker.engines.sglang.version import check_sglang_version
 
 log = logging.getLogger("zipkv.worker.sglang")
-
-BACKEND_NAMES = {"zipkv": True, "zipkv_uncompressed": False}  # name -> compression
-
-
-def is_zipkv(backend: str | None) -> bool:
-    return backend in BACKEND_NAMES
-
-
-def _zipkv_backend(server_args: Any) -> str | None:
-    """The zipkv backend name if one is selected, after checking that prefill and decode agree."""
-    prefill, decode = server_args.get_attention_backends()
-    if not (is_zipkv(prefill) or is_zipkv(decode)):
-        return None
-    if prefill != decode:
-        raise ValueError(
-            f"zipkv serves prefill and decode over one compressed pool: set attention_backend="
-            f"{decode if is_zipkv(decode) else prefill!r} for both (got {prefill!r}, {decode!r})"
-        )
-    if server_args.page_size != 16:
-        raise ValueError(
-            f"zipkv pages hold 16 tokens: start SGLang with page_size=16 (got {server_args.page_size})"
-        )
-    if server_args.tp_size < 1 or server_args.enable_dp_attention or server_args.pp_size != 1:
-        raise ValueError(
-            "zipkv on SGLang runs with tensor parallelism only (tp_size >= 1, no DP attention, pp_size=1); "
-            f"got tp_size={server_args.tp_size}, enable_dp_attention={server_args.enable_dp_attention}, "
-            f"pp_size={server_args.pp_size}"
-        )
-    if server_args.kv_cache_dtype not in (None, "auto", "bfloat16", "bf16"):
-        raise ValueError(f"zipkv stores bf16 KV: drop kv_cache_dtype={server_args.kv_cache_dtype!r}")
-    return str(prefill)
-
 
 # ---- the classes SGLang sees ------------------------------------------------------------------------
 
@@ -101,6 +74,7 @@ def install() -> None:
     _register_backends()
     _patch_pool_builders(KVCacheConfigurator)
     _patch_prefill(Scheduler)
+    _patch_pass_start(Scheduler)
     _patch_idle_check(SchedulerInvariantChecker)
     _patch_decode_check(ScheduleBatch)
     _INSTALLED.append(True)
@@ -125,7 +99,7 @@ def _patch_pool_builders(configurator: Any) -> None:
     def _build_mha_kv_pool(
         self: Any, *, max_total_num_tokens: int, mha_pool_class: type, quant_method: Any = None
     ):  # type: ignore[no-untyped-def]
-        name = _zipkv_backend(self.server_args)
+        name = zipkv_backend(self.server_args)
         if name is None:
             return build_pool(
                 self,
@@ -189,7 +163,8 @@ def _patch_idle_check(checker: Any) -> None:
         allocator = self.token_to_kv_pool_allocator
         if not (_CLASSES and isinstance(allocator, _CLASSES["allocator"])):
             return check_full_pool(self, ps, uncached)
-        return cast(Any, allocator).idle_check(
+        return idle_check(
+            cast(Any, allocator),
             self.tree_cache.evictable_size(),
             self.tree_cache.protected_size(),
             self.pool_stats_observer.session_held_tokens(),
@@ -219,6 +194,23 @@ def _patch_prefill(scheduler: Any) -> None:
         return get_new_batch_prefill(self, running_batch)
 
     scheduler.get_new_batch_prefill = _get_new_batch_prefill
+
+
+def _patch_pass_start(scheduler: Any) -> None:
+    """Step 6: every rank's scheduler runs get_next_batch_to_run once a pass, alike: there the ranks agree
+    on their headroom (a collective over the scheduler's gloo group, wired on the first pass)."""
+    get_next_batch_to_run = scheduler.get_next_batch_to_run
+
+    def _get_next_batch_to_run(self: Any, running_batch: Any, last_batch: Any):  # type: ignore[no-untyped-def]
+        allocator = self.token_to_kv_pool_allocator
+        ranks = getattr(allocator, "ranks", None) if _CLASSES else None
+        if ranks is not None and isinstance(allocator, _CLASSES["allocator"]):
+            if ranks.reduce_min is None:
+                ranks.reduce_min = gloo_reduce_min(self.tp_cpu_group)
+            cast(Any, allocator).refresh_headroom()
+        return get_next_batch_to_run(self, running_batch, last_batch)
+
+    scheduler.get_next_batch_to_run = _get_next_batch_to_run
 
 
 def _patch_decode_check(batch_class: Any) -> None:

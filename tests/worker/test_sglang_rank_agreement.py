@@ -1,0 +1,213 @@
+"""Tensor-parallel ranks answer SGLang alike and lend compression's bytes (rank_agreement.py), on the CPU.
+
+Each rank is a thread with its own ZipkvAllocator over a real PagePool; `Lockstep` is their all-reduce MIN
+(every call blocks until each rank has made it, as a collective does: a rank that skipped one would hang
+the test at the barrier's timeout). The last test runs the gloo reduce the seams wire in, across two real
+processes.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from test_sglang_pool import fill, make
+from test_sglang_reclaim import sglang_alloc
+
+from bench.allocator.reclaim_stress import LruPrefixCache
+from zipkv.kernels.format.layout import PAGE_TOKENS, PageFormat
+from zipkv.worker.engines.sglang.allocator import ZipkvAllocator
+from zipkv.worker.engines.sglang.rank_agreement import ReduceMin, gloo_reduce_min
+
+RANKS = 2
+
+
+class Lockstep:
+    """An all-reduce MIN over threads standing in for ranks; counts each rank's calls."""
+
+    def __init__(self, ranks: int) -> None:
+        self.barrier = threading.Barrier(ranks, timeout=30)
+        self.values: dict[int, list[int]] = {}
+        self.calls = [0] * ranks
+
+    def for_rank(self, rank: int) -> ReduceMin:
+        def reduce_min(values: list[int]) -> list[int]:
+            self.values[rank] = list(values)
+            self.calls[rank] += 1
+            self.barrier.wait()
+            out = [min(v[i] for v in self.values.values()) for i in range(len(values))]
+            self.barrier.wait()  # every rank has read before the next call overwrites
+            return out
+
+        return reduce_min
+
+
+def tp_allocator(lockstep: Lockstep, rank: int, fmt: PageFormat, pages: int = 128) -> ZipkvAllocator:
+    alloc = make(pages * PAGE_TOKENS, fmt=fmt)
+    alloc.agree_across_ranks()
+    assert alloc.ranks is not None
+    alloc.ranks.reduce_min = lockstep.for_rank(rank)
+    return alloc
+
+
+def on_ranks(body: Callable[[int, Lockstep], Any]) -> list[Any]:
+    """Run ``body(rank, lockstep)`` on every rank at once; re-raise the first failure."""
+    lockstep = Lockstep(RANKS)
+    results: list[Any] = [None] * RANKS
+    errors: list[BaseException] = []
+
+    def run(rank: int) -> None:
+        try:
+            results[rank] = body(rank, lockstep)
+        except BaseException as e:  # surfaced below, in the test's thread
+            errors.append(e)
+            lockstep.barrier.abort()
+
+    threads = [threading.Thread(target=run, args=(r,)) for r in range(RANKS)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    if errors:
+        raise errors[0]
+    assert len(set(lockstep.calls)) == 1, f"ranks ran different numbers of collectives: {lockstep.calls}"
+    return results
+
+
+def extend(alloc: ZipkvAllocator, tokens: int) -> torch.Tensor | None:
+    one = torch.tensor([tokens])
+    return alloc.alloc_extend(torch.tensor([0]), torch.tensor([0]), one, one, torch.tensor([-1]), tokens)
+
+
+def own_headroom(alloc: ZipkvAllocator) -> int:
+    return min(alloc.pool.headroom_pages(), alloc.free_page_ids())
+
+
+def prefill(alloc: ZipkvAllocator, rank: int, tokens: int, seed: int) -> torch.Tensor | None:
+    """Rank 0's pages hold random KV; rank 1's stay as the heap holds them (zeros: they compress further)."""
+    out = extend(alloc, tokens)
+    if out is None:
+        return None
+    alloc.compress_step()
+    if rank == 0:
+        fill(alloc, out, seed)
+    for _ in range(6):
+        alloc.compress_step()
+    return out
+
+
+def test_ranks_answer_alike_and_lend_what_the_least_compressing_rank_saved(fmt: PageFormat) -> None:
+    n = 192 * PAGE_TOKENS  # of 256 pages: enough that chunk-level slack leaves the savings visible
+
+    def body(rank: int, lockstep: Lockstep) -> tuple[int, int, int]:
+        alloc = tp_allocator(lockstep, rank, fmt, pages=256)
+        alloc.refresh_headroom()
+        before = alloc.available_size()
+        assert prefill(alloc, rank, n, seed=1) is not None
+        alloc.refresh_headroom()
+        return before, alloc.available_size(), own_headroom(alloc)
+
+    (b0, a0, own0), (b1, a1, own1) = on_ranks(body)
+    assert b0 == b1 and a0 == a1  # one answer for SGLang on every rank
+    assert own0 != own1  # alone, the ranks would have admitted differently
+    assert a0 == min(own0, own1) * PAGE_TOKENS  # the least-compressing rank's room
+    assert a0 > b0 - n  # more than the raw view: compression's bytes are lent
+
+
+def test_an_allocation_is_given_on_every_rank_or_on_none(fmt: PageFormat) -> None:
+    def body(rank: int, lockstep: Lockstep) -> tuple[bool, bool, int, int]:
+        alloc = tp_allocator(lockstep, rank, fmt)
+        alloc.refresh_headroom()
+        assert prefill(alloc, rank, 32 * PAGE_TOKENS, seed=2) is not None
+        alloc.refresh_headroom()
+        agreed = alloc.headroom_pages()
+        live, used = alloc.held_tokens(), alloc.pool.stats().used_pages
+        private: list[int] = []
+        if rank == 1:  # its own room dips below the agreed count (as while an encode's chunks are in flight)
+            private = alloc.pool.allocate(own_headroom(alloc) - agreed // 2)
+        refused = extend(alloc, agreed * PAGE_TOKENS) is None
+        unchanged = alloc.held_tokens() == live and alloc.pool.stats().used_pages == used + len(private)
+        alloc.pool.free(private)
+        alloc.refresh_headroom()
+        given = extend(alloc, agreed * PAGE_TOKENS) is not None
+        return refused, given, agreed, int(unchanged)
+
+    (r0, g0, agreed0, u0), (r1, g1, agreed1, u1) = on_ranks(body)
+    assert agreed0 == agreed1
+    assert r0 and r1  # rank 0 had the room, and still refused: rank 1 had not
+    assert u0 and u1  # rank 0 put its pages back
+    assert g0 and g1  # once rank 1's room is back, both give it
+
+
+def test_frees_count_at_the_next_agreement(fmt: PageFormat) -> None:
+    def body(rank: int, lockstep: Lockstep) -> tuple[int, int, int]:
+        alloc = tp_allocator(lockstep, rank, fmt)
+        alloc.refresh_headroom()
+        out = prefill(alloc, rank, 40 * PAGE_TOKENS, seed=3)
+        assert out is not None
+        alloc.refresh_headroom()
+        held = alloc.available_size()
+        alloc.free(out)
+        before_agreement = alloc.available_size()
+        alloc.refresh_headroom()
+        return held, before_agreement, alloc.available_size()
+
+    for held, before_agreement, after in on_ranks(body):
+        assert before_agreement == held  # the free landed on this rank; the others may not know theirs yet
+        assert after > held
+
+
+@pytest.mark.parametrize("tokens", [7 * PAGE_TOKENS])
+def test_reclaim_evicts_alike_on_every_rank(fmt: PageFormat, tokens: int) -> None:
+    # Each rank holds its own copy of the same prefix cache (SGLang replicates the radix tree): the ranks'
+    # pools compress differently, yet they must evict the same entries and answer the same.
+    def body(rank: int, lockstep: Lockstep) -> tuple[int, list[bool]]:
+        alloc = tp_allocator(lockstep, rank, fmt, pages=64)
+        cache = LruPrefixCache(alloc)
+        alloc.prefix_cache = cache.hooks()
+        for i in range(1000):
+            alloc.refresh_headroom()  # a scheduler pass
+            out = prefill(alloc, rank, tokens, seed=i)
+            if out is None:
+                break
+            cache.entries.append(out)
+        answers = []
+        for _ in range(4):
+            alloc.refresh_headroom()
+            out = sglang_alloc(alloc, cache, 3 * tokens)
+            answers.append(out is not None)
+            if out is not None:
+                alloc.free(out)
+        return len(cache.entries), answers
+
+    (left0, answers0), (left1, answers1) = on_ranks(body)
+    assert left0 == left1 and answers0 == answers1
+    assert any(answers0)  # reclaiming from the cache made room
+
+
+def _gloo_rank(rank: int, rendezvous: str, out: Any) -> None:
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=rendezvous, rank=rank, world_size=RANKS)
+    try:
+        out.put((rank, gloo_reduce_min(None)([10 + rank, -rank])))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_the_gloo_reduce_takes_the_least_over_real_processes(tmp_path: Path) -> None:
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    rendezvous = f"file://{tmp_path / 'rendezvous'}"
+    procs = [ctx.Process(target=_gloo_rank, args=(r, rendezvous, out)) for r in range(RANKS)]
+    for p in procs:
+        p.start()
+    results = dict(out.get(timeout=120) for _ in procs)
+    for p in procs:
+        p.join(30)
+    assert results == {0: [10, -1], 1: [10, -1]}  # min of 10/11, and of 0/-1 (a max, negated)
