@@ -15,7 +15,10 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-HOST_TIMED = ("alloc_extend", "alloc_decode", "available_size", "free", "compress_step", "decode_room")
+HOST_TIMED = (
+    "alloc_extend", "alloc_decode", "available_size", "free", "compress_step", "decode_room",
+    "refresh_headroom",  # tensor parallelism: the ranks' agreement at each pass, its wait for the others
+)  # fmt: skip
 # Host time blocked on the device (the readback queue drained with block=True) inside the timed calls: a
 # part of their time, kept apart so a log tells waiting from work; not added into the sum.
 WAITED = "waited"
