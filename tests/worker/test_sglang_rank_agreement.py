@@ -211,3 +211,38 @@ def test_the_gloo_reduce_takes_the_least_over_real_processes(tmp_path: Path) -> 
     for p in procs:
         p.join(30)
     assert results == {0: [10, -1], 1: [10, -1]}  # min of 10/11, and of 0/-1 (a max, negated)
+
+
+def test_each_scheduler_pass_starts_with_an_agreement(
+    monkeypatch: pytest.MonkeyPatch, fmt: PageFormat
+) -> None:
+    # seams' hook around Scheduler.get_next_batch_to_run, on a stand-in for SGLang's Scheduler (SGLang
+    # cannot run here; tests/worker/test_sglang_seams.py checks the real method's signature and fields).
+    from zipkv.worker.engines.sglang import seams
+
+    monkeypatch.setitem(seams._CLASSES, "allocator", ZipkvAllocator)
+    groups: list[object] = []
+
+    def wired(group: object) -> ReduceMin:
+        groups.append(group)
+        return Lockstep(1).for_rank(0)  # one rank: the least is its own
+
+    monkeypatch.setattr(seams, "gloo_reduce_min", wired)
+
+    class Scheduler:
+        def get_next_batch_to_run(self, running_batch: object, last_batch: object) -> str:
+            return "plan"
+
+    seams._patch_pass_start(Scheduler)
+    tp, alone = Scheduler(), Scheduler()
+    tp.token_to_kv_pool_allocator = make(fmt=fmt)  # type: ignore[attr-defined]
+    tp.token_to_kv_pool_allocator.agree_across_ranks()  # type: ignore[attr-defined]
+    tp.tp_cpu_group = "the scheduler's gloo group"  # type: ignore[attr-defined]
+    alone.token_to_kv_pool_allocator = make(fmt=fmt)  # type: ignore[attr-defined]
+    for _ in range(3):
+        assert tp.get_next_batch_to_run(None, None) == "plan"
+        assert alone.get_next_batch_to_run(None, None) == "plan"
+    ranks = tp.token_to_kv_pool_allocator.ranks  # type: ignore[attr-defined]
+    assert groups == ["the scheduler's gloo group"]  # wired once, on the first pass
+    assert ranks.agreements == 3  # one agreement a pass
+    assert alone.token_to_kv_pool_allocator.ranks is None  # type: ignore[attr-defined]
