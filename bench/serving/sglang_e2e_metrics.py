@@ -146,6 +146,9 @@ def pool_metrics(lines: Sequence[dict[str, float]]) -> dict[str, Any]:
         "compression_ratio_at_peak": peak.get("ratio"),
         "pool_lines": len(lines),
     }
+    if any("refresh_headroom_host_ms" in x for x in lines):  # tensor parallelism: what agreeing cost
+        out["agreement_host_ms"] = round(sum(x.get("refresh_headroom_host_ms", 0.0) for x in lines), 1)
+        out["alloc_host_ms"] = round(sum(x.get("alloc_host_ms", 0.0) for x in lines), 1)
     decoding = [x for x in lines if x.get("decode_reqs", 0.0) > 0]
     if decoding:
         excess = [x["raw_pages"] + x["encoding_pages"] - PAD_PAGES - x["decode_reqs"] for x in decoding]

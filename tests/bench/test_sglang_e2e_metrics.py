@@ -127,6 +127,9 @@ def test_the_pool_line_carries_block_counts_and_decode_requests(
     )
     # Three partly written tail pages, one per request, and the padding page: nothing beyond.
     assert m["max_raw_pages_over_running"] == 0 and m["compression_keeps_pace"] is True
+    # the host time of the allocator's calls, the ranks' agreements among them, summed over the lines
+    assert m["alloc_host_ms"] == pytest.approx(sum(x["alloc_host_ms"] for x in lines), abs=0.1)
+    assert 0.0 <= m["agreement_host_ms"] <= m["alloc_host_ms"]
 
 
 def test_pool_metrics_flag_raw_pages_piling_up() -> None:
