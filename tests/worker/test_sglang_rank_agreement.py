@@ -9,6 +9,7 @@ processes.
 from __future__ import annotations
 
 import multiprocessing as mp
+import random
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -19,7 +20,9 @@ import torch
 from test_sglang_pool import fill, make
 from test_sglang_reclaim import sglang_alloc
 
+from bench.allocator import reclaim_stress as stress
 from bench.allocator.reclaim_stress import LruPrefixCache
+from zipkv.allocator import ledger as ledger_module
 from zipkv.kernels.format.layout import PAGE_TOKENS, PageFormat
 from zipkv.worker.engines.sglang.allocator import ZipkvAllocator
 from zipkv.worker.engines.sglang.rank_agreement import ReduceMin, gloo_reduce_min
@@ -246,3 +249,49 @@ def test_each_scheduler_pass_starts_with_an_agreement(
     assert groups == ["the scheduler's gloo group"]  # wired once, on the first pass
     assert ranks.agreements == 3  # one agreement a pass
     assert alone.token_to_kv_pool_allocator.ranks is None  # type: ignore[attr-defined]
+
+
+def test_a_long_sglang_like_run_keeps_the_ranks_in_step(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The reclaim stress workload (SGLang's admission, chunked prefill, decode checks, a prefix cache
+    # evicted under pressure), replayed on two ranks whose KV differs (different random values, so their
+    # pages compress to different sizes): every decision must match, step by step. The compaction pass
+    # is scaled to the small pool (ledger.COMPACTION_MAX_PAGES is sized for a full 8B pool), as the stress
+    # bench's --pass-pages does.
+    monkeypatch.setattr(ledger_module, "COMPACTION_MAX_PAGES", 33)
+    w = stress.Workload(layers=2, raw_tokens=6144, steps=160, kv_heads=1, head_dim=64, prompt_log_mean=6.0)
+
+    def body(rank: int, lockstep: Lockstep) -> list[tuple[int, int, str]]:
+        alloc = stress.make_allocator(w)
+        alloc.agree_across_ranks()
+        assert alloc.ranks is not None
+        alloc.ranks.reduce_min = lockstep.for_rank(rank)
+        cache = stress.LruPrefixCache(alloc)
+        alloc.prefix_cache = cache.hooks()
+        rng, gen = random.Random(w.seed), torch.Generator().manual_seed(1000 + rank)  # same requests
+        running: list[stress.Running] = []
+        trace = []
+        for step in range(w.steps):
+            alloc.refresh_headroom()  # the scheduler pass's agreement
+            trace.append((step, alloc.available_size(), "pass"))
+            if rng.random() < 0.35:
+                prompt = min(
+                    max(PAGE_TOKENS, int(rng.lognormvariate(w.prompt_log_mean, 1.0))), w.raw_tokens // 3
+                )
+                running.append(stress.Running(prompt, rng.randint(4, w.output_tokens)))
+            if (r := next((r for r in running if r.prompt_left > 0), None)) is not None:
+                trace.append(
+                    (step, alloc.available_size(), stress.prefill_chunk(alloc, cache, r, gen, w.chunk_tokens))
+                )
+            if batch := [r for r in running if r.prompt_left == 0]:
+                trace.append((step, alloc.available_size(), stress.decode_step(alloc, cache, batch, gen)))
+            for r in [r for r in running if r.prompt_left == 0 and r.output_left <= 0]:
+                running.remove(r)
+                cache.entries.append(torch.cat(r.slots))
+            alloc.compress_step()
+        return trace
+
+    trace0, trace1 = on_ranks(body)
+    assert trace0 == trace1
+    outcomes = {kind for _, _, kind in trace0}
+    # it ran under memory pressure (prefills waited for room, the cache was evicted), and no allocation failed
+    assert "failed" not in outcomes and {"ok", "skipped"} <= outcomes
