@@ -140,6 +140,7 @@ def settings_from_args(args: dict[str, Any]) -> tuple[WorkerSettings, int, float
         sglang_args=args.get("sglang_args", ""),
         metrics_port=int(args.get("metrics_port", 0)),
         metrics_ports=int(args.get("metrics_ports", 1)),
+        gpus=gpus,
     )
     replicas = int(args.get("num_replicas", 1))
     if replicas < 1:

@@ -63,6 +63,9 @@ class WorkerSettings:
     # engine 'sglang' only: a JSON object of extra `sglang.Engine` keyword arguments, applied over zipkv's
     # own (e.g. '{"mem_fraction_static": 0.3, "log_level": "info"}'); docs/sglang.md lists zipkv's.
     sglang_args: str = ""
+    # The GPUs this replica holds (Ray's num_gpus for it; 0 off Ray). With engine 'sglang', 2 or more run
+    # SGLang at that tensor-parallel size: a replica given two GPUs uses both.
+    gpus: float = 0.0
 
     def __post_init__(self) -> None:
         if self.engine not in ("reference", "sglang"):
@@ -82,7 +85,7 @@ class WorkerSettings:
                 f"metrics_ports must be >= 1 and end at port 65535 at most, got {self.metrics_ports} "
                 f"from {self.metrics_port}"
             )
-        self.sglang_kwargs()  # validates
+        self._check_tensor_parallel(self.sglang_kwargs())  # validates sglang_args too
         tls = (self.tls_cert_file, self.tls_key_file, self.tls_ca_file)
         if any(tls) and not all(tls):
             raise ValueError("TLS needs all of ZIPKV_TLS_CERT, ZIPKV_TLS_KEY and ZIPKV_TLS_CA (or none)")
@@ -103,6 +106,25 @@ class WorkerSettings:
         if "model_path" in kwargs:
             raise ValueError("sglang_args must not set model_path: use the worker's model setting")
         return kwargs
+
+    def tensor_parallel_size(self) -> int:
+        """SGLang's tp_size for this replica: its whole GPUs (1 on a share of one, or off Ray)."""
+        return int(self.gpus) if self.gpus > 1 else 1
+
+    def _check_tensor_parallel(self, kwargs: dict[str, Any]) -> None:
+        if self.gpus < 0:
+            raise ValueError(f"gpus must be >= 0, got {self.gpus}")
+        if self.engine == "sglang" and self.gpus > 1 and not float(self.gpus).is_integer():
+            raise ValueError(
+                "an SGLang replica holds a share of one GPU or whole GPUs (its tensor parallelism), "
+                f"got {self.gpus}"
+            )
+        tp = kwargs.get("tp_size")
+        if tp is not None and self.gpus and tp != self.tensor_parallel_size():
+            raise ValueError(
+                f"sglang_args tp_size={tp} but the replica holds {self.gpus:g} GPU(s): drop tp_size (the "
+                f"replica runs tensor parallelism over the GPUs it holds) or give it {tp} GPUs"
+            )
 
     def report_addresses(self) -> list[str]:
         return [a.strip() for a in (self.router_address or "").split(",") if a.strip()]

@@ -40,6 +40,31 @@ def test_sglang_args_from_serve_win_over_zipkv_defaults_and_lose_to_overrides(tm
     assert kw["attention_backend"] == "zipkv"  # untouched defaults stay
 
 
+def test_a_replica_given_several_gpus_runs_sglang_over_all_of_them(tmp_path: Path) -> None:
+    from zipkv.worker.serve import settings_from_args
+
+    (tmp_path / "config.json").write_text(json.dumps(LLAMA_8B))
+    base = {"engine": "sglang", "model": str(tmp_path)}
+
+    def kwargs(**args: object) -> dict[str, object]:
+        settings, _, gpus, _ = settings_from_args({**base, **args})
+        assert settings.gpus == gpus  # what Ray reserves is what SGLang spreads over
+        return engine_kwargs(settings, str(tmp_path))
+
+    assert kwargs(gpus_per_replica=2)["tp_size"] == 2
+    assert kwargs(gpus_per_replica=4, sglang_args='{"tp_size": 4}')["tp_size"] == 4  # saying it is fine
+    assert "tp_size" not in kwargs(gpus_per_replica=1)  # SGLang's default, 1
+    assert "tp_size" not in kwargs(gpus_per_replica=0.5)  # two replicas sharing one GPU
+    with pytest.raises(ValueError, match="tp_size=2 but the replica holds 1 GPU"):
+        kwargs(gpus_per_replica=1, sglang_args='{"tp_size": 2}')
+    with pytest.raises(ValueError, match=r"tp_size=2 but the replica holds 0\.5 GPU"):
+        kwargs(gpus_per_replica=0.5, sglang_args='{"tp_size": 2}')
+    with pytest.raises(ValueError, match="whole GPUs"):
+        kwargs(gpus_per_replica=1.5)
+    with pytest.raises(ValueError, match="gpus must be >= 0"):
+        WorkerSettings(engine="sglang", gpus=-1)
+
+
 def test_worker_defaults_are_the_measured_sglang_milestone(tmp_path: Path) -> None:
     """The replica runs SGLang with the flags the H200 end-to-end benchmark measured (milestone 2)."""
     import importlib

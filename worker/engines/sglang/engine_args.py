@@ -37,6 +37,8 @@ def engine_kwargs(settings: WorkerSettings, model_path: str, **overrides: Any) -
         "skip_tokenizer_init": True,  # the router tokenizes; the worker sees token ids
         "log_level": "warning",
         "random_seed": 0,
+        # A replica given several GPUs runs SGLang over all of them (settings.py checks sglang_args agree).
+        **({"tp_size": settings.tensor_parallel_size()} if settings.tensor_parallel_size() > 1 else {}),
         **tracing_kwargs(),  # SGLang's scheduler spans join the worker's trace (telemetry.py)
     }
     kwargs.update(settings.sglang_kwargs())
