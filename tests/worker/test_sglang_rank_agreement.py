@@ -165,6 +165,27 @@ def test_frees_count_at_the_next_agreement(fmt: PageFormat) -> None:
         assert after > held
 
 
+def test_the_decode_check_takes_in_late_frees_alike_on_every_rank(fmt: PageFormat) -> None:
+    # SGLang's decode check failed on the agreed count; frees issued since then are taken in by an
+    # agreement inside decode_room, so every rank answers yes together instead of retracting.
+    def body(rank: int, lockstep: Lockstep) -> tuple[bool, bool, int]:
+        alloc = tp_allocator(lockstep, rank, fmt)
+        alloc.refresh_headroom()
+        first = prefill(alloc, rank, 64 * PAGE_TOKENS, seed=5)
+        assert first is not None
+        alloc.refresh_headroom()
+        rest = extend(alloc, alloc.available_size())  # the agreed room, all of it
+        assert rest is not None and alloc.available_size() == 0
+        need = 8 * PAGE_TOKENS
+        short_before = alloc.available_size() < need
+        alloc.free(first)  # a request finished: its pages are free, not yet agreed on
+        return short_before, alloc.decode_room(need), alloc.available_size()
+
+    (s0, ok0, after0), (s1, ok1, after1) = on_ranks(body)
+    assert s0 and s1  # the check had failed on both
+    assert ok0 and ok1 and after0 == after1 >= 64 * PAGE_TOKENS  # the late frees, agreed on both
+
+
 @pytest.mark.parametrize("tokens", [7 * PAGE_TOKENS])
 def test_reclaim_evicts_alike_on_every_rank(fmt: PageFormat, tokens: int) -> None:
     # Each rank holds its own copy of the same prefix cache (SGLang replicates the radix tree): the ranks'
