@@ -10,8 +10,13 @@
 #   2     zipkv          .carry/ray .carry/llama31_8b            REPLICAS=2 SYSTEMS=zipkv ...             ~8 min
 #   3     cache_aware    .carry/sglang_router .carry/llama31_8b  REPLICAS=2 SYSTEMS=sglang_gateway_cache_aware ...
 #   4     power_of_two   .carry/llama31_8b                       REPLICAS=2 SYSTEMS=sglang_gateway_power_of_two ...
-# (3 and 4: ~7 min each; the serving steps are bench/run_serving_gpu.sh with the arguments shown.) Call 1
-# extracts SGLang, which every later call needs; if the machine went cold between calls, carry
+#   5     tp2_offline    .carry/llama31_8b (after call 1)        TP2=1 RUNS=zipkv:tp2:offline,flashinfer:tp2:offline ...
+# (3 and 4: ~7 min each; the serving steps are bench/run_serving_gpu.sh with the arguments shown.) Call 5, when
+# device time is left: the offline 64 x 8192 -> 256 workload at TP=2, where admission binds (one GPU: zipkv
+# runs 59 requests where SGLang runs 45), so it shows whether the ranks' agreed headroom lends compression's
+# bytes at TP=2 (the running batch against FlashInfer's) and what the agreement costs (the pool lines); copy
+# call 1's sglang_e2e.json to bench/results/ here first, so that call 5 (which copies the tree) merges onto it.
+# Call 1 extracts SGLang, which every later call needs; if the machine went cold between calls, carry
 # .carry/sglang/parts again in place of the step's other carry where they do not fit together (zipkv's
 # call: Ray + SGLang = 74 MiB: then run call 1 again first). Steps 1-4 take ~28 min of the 30-minute device
 # budget: if less is left, drop power_of_two (the simulation predicts it ahead of cache_aware only past
@@ -43,11 +48,11 @@
 # engines splitting one GPU, not two GPUs' (docs/benchmarks.md, "Two GPUs"). tp2 needs two devices.
 set -u
 OUT=${OUT:?set OUT to a folder for the records and logs}
-STEP=${STEP:?set STEP: tp2, zipkv, cache_aware or power_of_two}
+STEP=${STEP:?set STEP: tp2, zipkv, cache_aware, power_of_two or tp2_offline}
 GPUS=$(nvidia-smi -L 2>/dev/null | wc -l)
 if [ "${ONE_GPU:-0}" = 1 ]; then
   [ "$GPUS" -ge 1 ] || { echo "FAILED: ONE_GPU=1 needs a GPU"; exit 1; }
-  [ "$STEP" != tp2 ] || { echo "FAILED: tp2 needs two devices (ONE_GPU=1 runs the serving steps only)"; exit 2; }
+  case "$STEP" in tp2*) echo "FAILED: $STEP needs two devices (ONE_GPU=1 runs the serving steps only)"; exit 2 ;; esac
   export GPUS=1 KV_BUDGET_MIB=${KV_BUDGET_MIB:-16400} RATES=${RATES:-0.5,1,2} REQUESTS=${REQUESTS:-32}
 else
   [ "$GPUS" -ge 2 ] || { echo "FAILED: $STEP needs two GPUs, this machine has $GPUS (ONE_GPU=1: the dry run)"; nvidia-smi -L; exit 1; }
@@ -55,8 +60,9 @@ else
 fi
 case "$STEP" in
   tp2) TP2=1 bash bench/run_sglang_e2e_gpu.sh ;;
+  tp2_offline) TP2=1 RUNS=zipkv:tp2:offline:260,flashinfer:tp2:offline:280 bash bench/run_sglang_e2e_gpu.sh ;;
   zipkv) REPLICAS=2 SYSTEMS=zipkv bash bench/run_serving_gpu.sh ;;
   cache_aware) REPLICAS=2 SYSTEMS=sglang_gateway_cache_aware bash bench/run_serving_gpu.sh ;;
   power_of_two) REPLICAS=2 SYSTEMS=sglang_gateway_power_of_two bash bench/run_serving_gpu.sh ;;
-  *) echo "FAILED: unknown STEP $STEP (tp2, zipkv, cache_aware, power_of_two)"; exit 2 ;;
+  *) echo "FAILED: unknown STEP $STEP (tp2, zipkv, cache_aware, power_of_two, tp2_offline)"; exit 2 ;;
 esac
