@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from zipkv.worker.engines.sglang.reclaim import PrefixCache, Reclaimer, reclaim
+from zipkv.worker.engines.sglang.telemetry import log_reclaim_failure
 
 ReduceMin = Callable[[list[int]], list[int]]  # element-wise minimum of the list over all ranks
 
@@ -71,6 +72,8 @@ class AgreeingAllocator(Reclaimer, Protocol):
 
     def put_back_pages(self, page_ids: list[int]) -> None: ...
 
+    def free_page_ids(self) -> int: ...
+
 
 def agreed_new_pages(alloc: AgreeingAllocator, ranks: RankAgreement, n: int) -> list[int] | None:
     """``n`` new page ids, or None, answered alike on every rank: each branch tests the agreed count or
@@ -81,7 +84,9 @@ def agreed_new_pages(alloc: AgreeingAllocator, ranks: RankAgreement, n: int) -> 
         alloc.drain(block=True)  # frees still in flight count at this agreement
         alloc.refresh_headroom()
         if n > ranks.headroom_pages() and alloc.prefix_cache is not None:
-            reclaim(alloc, alloc.prefix_cache, n)  # its looks are agreements too
+            outcome = reclaim(alloc, alloc.prefix_cache, n)  # its looks are agreements too
+            if not outcome.fit:
+                log_reclaim_failure(n, outcome, alloc.pool, alloc.free_page_ids())
         if n > ranks.headroom_pages():
             return None
     ids = alloc.take_pages(n)
