@@ -10,9 +10,10 @@ So every rank answers SGLang from one number. At agreed points (the start of eac
 an allocation, reclaim or decode check falls short: points every rank reaches alike, because what led
 there was decided on the agreed number) the ranks take the least live headroom among them, an all-reduce
 MIN over SGLang's CPU group (gloo); between those points each counts down the pages it allocates, the same
-pages on every rank (same tokens, same 16-token pages). No rank's own headroom falls below that count:
-allocating a page takes at most one page of headroom (the ledger's room falls by the page and its encode
-margin stays), while frees and compression only add. Frees are credited at the next agreed point.
+pages on every rank (same tokens, same 16-token pages). A rank's own headroom normally stays at or above
+that count (a page allocated takes one page of headroom; frees and compression only add; frees are
+credited at the next agreed point), but an encode launch taking new LOG chunks can dip it for a moment: so
+whether an allocation is given is decided together too, by one more all-reduce.
 
 Before the scheduler wires the reduce (its first pass, before any allocation) the agreed count is what the
 empty pool fits at raw size, the same on every rank.
@@ -37,7 +38,7 @@ class RankAgreement:
     agreed_pages: int
     taken_pages: int = 0
     reduce_min: ReduceMin | None = None  # None until the scheduler's first pass wires its CPU group
-    agreements: int = 0  # all-reduces run (the pool line and tests read it)
+    agreements: int = 0  # headroom agreements run (tests read it)
 
     def headroom_pages(self) -> int:
         return max(0, self.agreed_pages - self.taken_pages)
