@@ -177,6 +177,35 @@ def decode_step(
     return "ok"
 
 
+def pass_work(
+    alloc: ZipkvAllocator,
+    cache: LruPrefixCache,
+    running: list[Running],
+    w: Workload,
+    rng: random.Random,
+    gen: torch.Generator,
+) -> list[tuple[str, str]]:
+    """One scheduler pass's work: maybe a new request, one prefill chunk, one decode step of the prefilled
+    requests; (kind, outcome) of each that ran. ``rng`` draws the requests, ``gen`` the KV written."""
+    if rng.random() < 0.35:  # prompts of ~400 tokens (median), a long tail, at most a third of the pool
+        prompt = min(max(PAGE_TOKENS, int(rng.lognormvariate(w.prompt_log_mean, 1.0))), w.raw_tokens // 3)
+        running.append(Running(prompt, rng.randint(max(1, w.output_tokens // 6), w.output_tokens)))
+    results = []
+    if (r := next((r for r in running if r.prompt_left > 0), None)) is not None:
+        results.append(("prefill", prefill_chunk(alloc, cache, r, gen, w.chunk_tokens)))
+    if batch := [r for r in running if r.prompt_left == 0]:
+        results.append(("decode", decode_step(alloc, cache, batch, gen)))
+    return results
+
+
+def pass_end(alloc: ZipkvAllocator, cache: LruPrefixCache, running: list[Running]) -> None:
+    """The pass's end: finished requests go to the prefix cache, the pool takes its step."""
+    for r in [r for r in running if r.prompt_left == 0 and r.output_left <= 0]:
+        running.remove(r)
+        cache.entries.append(torch.cat(r.slots))  # finished: the prefix cache keeps it
+    alloc.compress_step()
+
+
 def run(w: Workload) -> dict[str, Any]:
     alloc = make_allocator(w)
     cache = LruPrefixCache(alloc)
@@ -185,22 +214,11 @@ def run(w: Workload) -> dict[str, Any]:
     running: list[Running] = []
     counts = {"ok": 0, "skipped": 0, "retracted": 0}
     for step in range(w.steps):
-        if rng.random() < 0.35:  # prompts of ~400 tokens (median), a long tail, at most a third of the pool
-            prompt = min(max(PAGE_TOKENS, int(rng.lognormvariate(w.prompt_log_mean, 1.0))), w.raw_tokens // 3)
-            running.append(Running(prompt, rng.randint(max(1, w.output_tokens // 6), w.output_tokens)))
-        results = []
-        if (r := next((r for r in running if r.prompt_left > 0), None)) is not None:
-            results.append(("prefill", prefill_chunk(alloc, cache, r, gen, w.chunk_tokens)))
-        if batch := [r for r in running if r.prompt_left == 0]:
-            results.append(("decode", decode_step(alloc, cache, batch, gen)))
-        for kind, result in results:
+        for kind, result in pass_work(alloc, cache, running, w, rng, gen):
             if result == "failed":
                 return {"failed": {"step": step, "kind": kind, **pool_state(alloc, cache)}, **counts}
             counts[result] = counts.get(result, 0) + 1
-        for r in [r for r in running if r.prompt_left == 0 and r.output_left <= 0]:
-            running.remove(r)
-            cache.entries.append(torch.cat(r.slots))  # finished: the prefix cache keeps it
-        alloc.compress_step()
+        pass_end(alloc, cache, running)
         if step % 50 == 0:
             print(
                 f"[reclaim_stress] step {step}/{w.steps}: {json.dumps(pool_state(alloc, cache))}", flush=True

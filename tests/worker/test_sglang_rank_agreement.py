@@ -295,21 +295,9 @@ def test_a_long_sglang_like_run_keeps_the_ranks_in_step(monkeypatch: pytest.Monk
         for step in range(w.steps):
             alloc.refresh_headroom()  # the scheduler pass's agreement
             trace.append((step, alloc.available_size(), "pass"))
-            if rng.random() < 0.35:
-                prompt = min(
-                    max(PAGE_TOKENS, int(rng.lognormvariate(w.prompt_log_mean, 1.0))), w.raw_tokens // 3
-                )
-                running.append(stress.Running(prompt, rng.randint(4, w.output_tokens)))
-            if (r := next((r for r in running if r.prompt_left > 0), None)) is not None:
-                trace.append(
-                    (step, alloc.available_size(), stress.prefill_chunk(alloc, cache, r, gen, w.chunk_tokens))
-                )
-            if batch := [r for r in running if r.prompt_left == 0]:
-                trace.append((step, alloc.available_size(), stress.decode_step(alloc, cache, batch, gen)))
-            for r in [r for r in running if r.prompt_left == 0 and r.output_left <= 0]:
-                running.remove(r)
-                cache.entries.append(torch.cat(r.slots))
-            alloc.compress_step()
+            for _kind, outcome in stress.pass_work(alloc, cache, running, w, rng, gen):
+                trace.append((step, alloc.available_size(), outcome))
+            stress.pass_end(alloc, cache, running)
         return trace
 
     trace0, trace1 = on_ranks(body)
