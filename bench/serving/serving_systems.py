@@ -205,12 +205,12 @@ def start_sglang_gateway(opts: dict[str, Any], out: Path, policy: str) -> Runnin
     if opts["engine"] != "sglang":
         raise SystemExit("the gateway's workers are SGLang's servers; they need a GPU: --engine sglang")
     replicas = int(opts.get("replicas", 1))
+    gpus = replica_plan(replicas, "sglang", opts.get("gpus")).ray_num_gpus  # zipkv's layout, checked alike
     t0 = time.monotonic()
     run = Running("", MODEL_NAME, "")
     urls: list[str] = []
     servers: list[tuple[subprocess.Popen[bytes], Path]] = []
     try:
-        gpus = int(opts.get("gpus") or replicas)
         for k, env in enumerate(server_envs(replicas, dict(os.environ), gpus)):
             port = free_port()
             log = out / f"sglang_server_{k}.log"

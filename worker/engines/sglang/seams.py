@@ -203,11 +203,11 @@ def _patch_pass_start(scheduler: Any) -> None:
 
     def _get_next_batch_to_run(self: Any, running_batch: Any, last_batch: Any):  # type: ignore[no-untyped-def]
         allocator = self.token_to_kv_pool_allocator
-        ranks = getattr(allocator, "ranks", None) if _CLASSES else None
-        if ranks is not None and isinstance(allocator, _CLASSES["allocator"]):
-            if ranks.reduce_min is None:
-                ranks.reduce_min = gloo_reduce_min(self.tp_cpu_group)
-            cast(Any, allocator).refresh_headroom()
+        ours = cast(Any, allocator)
+        if _CLASSES and isinstance(allocator, _CLASSES["allocator"]) and ours.ranks is not None:
+            if ours.ranks.reduce_min is None:
+                ours.ranks.reduce_min = gloo_reduce_min(self.tp_cpu_group)
+            ours.refresh_headroom()
         return get_next_batch_to_run(self, running_batch, last_batch)
 
     scheduler.get_next_batch_to_run = _get_next_batch_to_run
