@@ -104,6 +104,15 @@ def prefill(alloc: ZipkvAllocator, rank: int, tokens: int, seed: int) -> torch.T
     return out
 
 
+def agreed_prefill(alloc: ZipkvAllocator, rank: int, tokens: int, seed: int) -> torch.Tensor:
+    """A scheduler pass's agreement, one request's prefill (prefill above), the next pass's agreement."""
+    alloc.refresh_headroom()
+    out = prefill(alloc, rank, tokens, seed)
+    assert out is not None
+    alloc.refresh_headroom()
+    return out
+
+
 def test_ranks_answer_alike_and_lend_what_the_least_compressing_rank_saved(fmt: PageFormat) -> None:
     n = 192 * PAGE_TOKENS  # of 256 pages: enough that chunk-level slack leaves the savings visible
 
@@ -125,9 +134,7 @@ def test_ranks_answer_alike_and_lend_what_the_least_compressing_rank_saved(fmt: 
 def test_an_allocation_is_given_on_every_rank_or_on_none(fmt: PageFormat) -> None:
     def body(rank: int, lockstep: Lockstep) -> tuple[bool, bool, int, int]:
         alloc = tp_allocator(lockstep, rank, fmt)
-        alloc.refresh_headroom()
-        assert prefill(alloc, rank, 32 * PAGE_TOKENS, seed=2) is not None
-        alloc.refresh_headroom()
+        agreed_prefill(alloc, rank, 32 * PAGE_TOKENS, seed=2)
         agreed = alloc.headroom_pages()
         live, used = alloc.held_tokens(), alloc.pool.stats().used_pages
         private: list[int] = []
@@ -150,10 +157,7 @@ def test_an_allocation_is_given_on_every_rank_or_on_none(fmt: PageFormat) -> Non
 def test_frees_count_at_the_next_agreement(fmt: PageFormat) -> None:
     def body(rank: int, lockstep: Lockstep) -> tuple[int, int, int]:
         alloc = tp_allocator(lockstep, rank, fmt)
-        alloc.refresh_headroom()
-        out = prefill(alloc, rank, 40 * PAGE_TOKENS, seed=3)
-        assert out is not None
-        alloc.refresh_headroom()
+        out = agreed_prefill(alloc, rank, 40 * PAGE_TOKENS, seed=3)
         held = alloc.available_size()
         alloc.free(out)
         before_agreement = alloc.available_size()
@@ -170,10 +174,7 @@ def test_the_decode_check_takes_in_late_frees_alike_on_every_rank(fmt: PageForma
     # agreement inside decode_room, so every rank answers yes together instead of retracting.
     def body(rank: int, lockstep: Lockstep) -> tuple[bool, bool, int]:
         alloc = tp_allocator(lockstep, rank, fmt)
-        alloc.refresh_headroom()
-        first = prefill(alloc, rank, 64 * PAGE_TOKENS, seed=5)
-        assert first is not None
-        alloc.refresh_headroom()
+        first = agreed_prefill(alloc, rank, 64 * PAGE_TOKENS, seed=5)
         rest = extend(alloc, alloc.available_size())  # the agreed room, all of it
         assert rest is not None and alloc.available_size() == 0
         need = 8 * PAGE_TOKENS
