@@ -15,9 +15,9 @@ never overwrites what a later one still has to read.
 
 from __future__ import annotations
 
-import os
-
 import torch
+
+from zipkv.kernels.env_choice import env_choice
 
 POOL_PACK_ENV = "ZIPKV_POOL_PACK"
 POOL_PACKS = ("torch", "triton")
@@ -27,11 +27,7 @@ POOL_PACK_DEFAULTS = {"cuda": "triton", "cpu": "torch"}  # by device type; other
 def pack_choice(device_type: str) -> str:
     """``$ZIPKV_POOL_PACK``: "torch" or "triton"; unset, the measured faster way for ``device_type``
     (POOL_PACK_DEFAULTS); anything else fails when the pool is made."""
-    default = POOL_PACK_DEFAULTS.get(device_type, "torch")
-    value = os.environ.get(POOL_PACK_ENV, default).strip().lower() or default
-    if value not in POOL_PACKS:
-        raise ValueError(f"{POOL_PACK_ENV}={value!r}: expected one of {', '.join(POOL_PACKS)}")
-    return value
+    return env_choice(POOL_PACK_ENV, POOL_PACKS, POOL_PACK_DEFAULTS.get(device_type, "torch"))
 
 
 class Packer:

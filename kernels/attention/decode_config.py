@@ -15,6 +15,7 @@ from typing import ClassVar
 
 import torch
 
+from ..env_choice import env_choice, env_flag
 from ..format.layout import FORMAT_VERSION, PAGE_TOKENS, PageFormat
 
 
@@ -108,29 +109,20 @@ HOPPER_LAZY_RESCALE_ENV = "ZIPKV_HOPPER_LAZY_RESCALE"
 HOPPER_LEAN_ENV = "ZIPKV_HOPPER_LEAN"
 
 
-def _flag(env: Mapping[str, str] | None, name: str, off: str) -> bool:
-    """A 0/1 environment switch, checked: ValueError names the variable and what 0 means (``off``)."""
-    env = os.environ if env is None else env
-    asked = env.get(name, "0")
-    if asked not in ("0", "1"):
-        raise ValueError(f"{name}={asked!r}: choose 0 ({off}) or 1")
-    return asked == "1"
-
-
 def hopper_warp_softmax(env: Mapping[str, str] | None = None) -> bool:
     """Whether the Hopper kernel runs one softmax per warp (``$ZIPKV_HOPPER_WARP_SOFTMAX``, see above)."""
-    return _flag(env, HOPPER_WARP_SOFTMAX_ENV, "one softmax per program")
+    return env_flag(HOPPER_WARP_SOFTMAX_ENV, "one softmax per program", env)
 
 
 def hopper_lazy_rescale(env: Mapping[str, str] | None = None) -> bool:
     """Whether the Hopper kernel skips the output rescale of tiles where no row max grew
     (``$ZIPKV_HOPPER_LAZY_RESCALE``, see above)."""
-    return _flag(env, HOPPER_LAZY_RESCALE_ENV, "rescale every tile")
+    return env_flag(HOPPER_LAZY_RESCALE_ENV, "rescale every tile", env)
 
 
 def hopper_lean(env: Mapping[str, str] | None = None) -> bool:
     """Whether the Hopper kernel runs the lean tile (``$ZIPKV_HOPPER_LEAN``, see above)."""
-    return _flag(env, HOPPER_LEAN_ENV, "the measured tile")
+    return env_flag(HOPPER_LEAN_ENV, "the measured tile", env)
 
 
 def is_sm90(device: torch.device) -> bool:
@@ -139,13 +131,8 @@ def is_sm90(device: torch.device) -> bool:
 
 def serving_format_version(device: torch.device, env: Mapping[str, str] | None = None) -> int:
     """The page format a serving pool on ``device`` writes (``$ZIPKV_PAGE_FORMAT``, see above)."""
-    env = os.environ if env is None else env
-    asked = env.get(PAGE_FORMAT_ENV, "")
-    if asked:
-        if asked not in ("2", "3"):
-            raise ValueError(f"{PAGE_FORMAT_ENV}={asked!r}: choose 2 or 3 (docs/format.md)")
-        return int(asked)
-    return 3 if is_sm90(device) else FORMAT_VERSION
+    default = "3" if is_sm90(device) else str(FORMAT_VERSION)
+    return int(env_choice(PAGE_FORMAT_ENV, ("2", "3"), default, env, hint="docs/format.md"))
 
 
 def auto_impl(format_version: int, device: torch.device) -> str:
@@ -155,9 +142,9 @@ def auto_impl(format_version: int, device: torch.device) -> str:
 
 def decode_impl(impl: str | None, fmt: PageFormat, device: torch.device) -> str:
     """The kernel a plan runs, checked: ValueError saying what to change when it cannot run here."""
-    impl = impl or os.environ.get(DECODE_IMPL_ENV, "") or "auto"
+    impl = impl or env_choice(DECODE_IMPL_ENV, DECODE_IMPLS, "auto")
     if impl not in DECODE_IMPLS:
-        raise ValueError(f"{DECODE_IMPL_ENV}={impl!r}: choose one of {', '.join(DECODE_IMPLS)}")
+        raise ValueError(f"decode impl {impl!r}: choose one of {', '.join(DECODE_IMPLS)}")
     if impl == "auto":
         return auto_impl(fmt.version, device)
     if impl == "hopper":

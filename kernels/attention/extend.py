@@ -16,13 +16,13 @@ values both return bit-identical outputs, as in decode.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import torch
 import triton
 import triton.language as tl
 
+from ..env_choice import env_choice
 from ..format.layout import PAGE_TOKENS, PageFormat
 from .decode import _LOG2E, _MIN_DOT_ROWS, check_one_device, check_pages, launch_options
 from .decode_plan import require_token_major
@@ -37,10 +37,7 @@ def extend_kernel_choice() -> str:
     """How an extend with a cached prefix reads it (``$ZIPKV_EXTEND_KERNEL``): ``restore`` (default, measured
     on the H200): the prefix pages restored into a scratch buffer, then SGLang's Triton extend kernel;
     ``fused``: kernels/attention/extend.py reads the pages compressed, restoring tiles in registers."""
-    choice = os.environ.get(EXTEND_KERNEL_ENV, "restore")
-    if choice not in EXTEND_KERNELS:
-        raise ValueError(f"{EXTEND_KERNEL_ENV}={choice!r}: expected one of {', '.join(EXTEND_KERNELS)}")
-    return choice
+    return env_choice(EXTEND_KERNEL_ENV, EXTEND_KERNELS, "restore")
 
 
 @dataclass(frozen=True)

@@ -102,7 +102,7 @@ def test_the_hopper_kernel_is_chosen_only_where_it_runs(monkeypatch: pytest.Monk
     with pytest.raises(ValueError, match="v3"):
         plan_decode(ids, indptr, lens, PageFormat(head_dim=128, num_kv_heads=2), 8, impl="hopper")
     monkeypatch.setenv(DECODE_IMPL_ENV, "hoper")
-    with pytest.raises(ValueError, match="choose one of auto, portable, hopper"):
+    with pytest.raises(ValueError, match="expected one of auto, portable, hopper"):
         plan_decode(ids, indptr, lens, v3, 8)
 
 
@@ -123,7 +123,7 @@ def test_auto_picks_the_hopper_kernel_for_v3_pages_on_sm90_and_the_pool_writes_v
     assert dc.serving_format_version(gpu, {}) == 3
     assert dc.serving_format_version(gpu, {dc.PAGE_FORMAT_ENV: "2"}) == 2
     assert dc.serving_format_version(cpu, {dc.PAGE_FORMAT_ENV: "3"}) == 3
-    with pytest.raises(ValueError, match="choose 2 or 3"):
+    with pytest.raises(ValueError, match="expected one of 2, 3"):
         dc.serving_format_version(gpu, {dc.PAGE_FORMAT_ENV: "1"})
 
 
@@ -132,7 +132,7 @@ def _check_switch(read: Callable[[dict[str, str]], bool], name: str) -> None:
     assert read({}) is False
     assert read({name: "1"}) is True
     assert read({name: "0"}) is False
-    with pytest.raises(ValueError, match=f"{name}='on': choose 0"):
+    with pytest.raises(ValueError, match=f"{name}='on': expected one of 0, 1"):
         read({name: "on"})
 
 

@@ -19,13 +19,13 @@ stay identical.
 from __future__ import annotations
 
 import importlib.util
-import os
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
 
+from zipkv.kernels.env_choice import env_choice
 from zipkv.kernels.format.layout import PAGE_TOKENS, PageFormat
 
 PREFILL_KERNEL_ENV = "ZIPKV_PREFILL_KERNEL"
@@ -37,11 +37,7 @@ MERGE_KERNEL_THREADS = 1024  # FlashInfer's merge_state launches heads x (head_d
 def prefill_kernel_choice(env: Mapping[str, str] | None = None) -> str:
     """``$ZIPKV_PREFILL_KERNEL``: ``auto`` (the default), ``triton`` (SGLang's Triton extend kernel) or
     ``flashinfer``; anything else is refused."""
-    env = os.environ if env is None else env
-    choice = env.get(PREFILL_KERNEL_ENV, "auto").strip().lower()
-    if choice not in PREFILL_KERNELS:
-        raise ValueError(f"{PREFILL_KERNEL_ENV}={choice!r}: expected one of {', '.join(PREFILL_KERNELS)}")
-    return choice
+    return env_choice(PREFILL_KERNEL_ENV, PREFILL_KERNELS, "auto", env)
 
 
 def resolve_prefill_kernel(choice: str, device_type: str, have_flashinfer: bool) -> str:
