@@ -306,3 +306,29 @@ def test_a_long_sglang_like_run_keeps_the_ranks_in_step(monkeypatch: pytest.Monk
     outcomes = {kind for _, _, kind in trace0}
     # it ran under memory pressure (prefills waited for room, the cache was evicted), and no allocation failed
     assert "failed" not in outcomes and {"ok", "skipped"} <= outcomes
+
+
+def test_a_decode_check_that_reclaims_runs_no_look_twice(fmt: PageFormat) -> None:
+    # decode_room agrees on the headroom, finds it short and reclaims: reclaim's first round takes that
+    # look instead of agreeing again, and a look that found room ends it (each look is a collective).
+    tokens = 7 * PAGE_TOKENS
+
+    def body(rank: int, lockstep: Lockstep) -> tuple[bool, int, int]:
+        alloc = tp_allocator(lockstep, rank, fmt, pages=64)
+        cache = LruPrefixCache(alloc)
+        alloc.prefix_cache = cache.hooks()
+        alloc.refresh_headroom()
+        while alloc.available_size() >= tokens:  # fill up to the agreed room; no reclaim yet
+            out = prefill(alloc, rank, tokens, seed=len(cache.entries))
+            assert out is not None
+            cache.entries.append(out)
+            alloc.refresh_headroom()  # a scheduler pass
+        calls = lockstep.calls[rank]
+        ok = alloc.decode_room(3 * tokens)
+        return ok, lockstep.calls[rank] - calls, len(cache.entries)
+
+    (ok0, calls0, left0), (ok1, calls1, left1) = on_ranks(body)
+    assert ok0 and ok1 and left0 == left1
+    # one look in decode_room, one per compaction pass until the room is there; before, reclaim looked
+    # again on entry, at each round's start and at its end (5 collectives here)
+    assert calls0 == calls1 == 2

@@ -85,7 +85,7 @@ def agreed_new_pages(alloc: AgreeingAllocator, ranks: RankAgreement, n: int) -> 
         alloc.drain(block=True)  # frees still in flight count at this agreement
         alloc.refresh_headroom()
         if n > ranks.headroom_pages() and alloc.prefix_cache is not None:
-            outcome = reclaim(alloc, alloc.prefix_cache, n)  # its looks are agreements too
+            outcome = reclaim(alloc, alloc.prefix_cache, n, looked=True)  # its looks are agreements too
             if not outcome.fit:
                 log_reclaim_failure(n, outcome, alloc.pool, alloc.free_page_ids())
         if n > ranks.headroom_pages():

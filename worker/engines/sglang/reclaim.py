@@ -85,16 +85,21 @@ class ReclaimOutcome:
     evictable_tokens: int  # what the prefix cache still holds evictable afterwards
 
 
-def reclaim(alloc: Reclaimer, cache: PrefixCache, need_pages: int) -> ReclaimOutcome:
-    """Make room for ``need_pages`` new pages from the prefix cache; ``fit`` once they fit.
+def reclaim(alloc: Reclaimer, cache: PrefixCache, need_pages: int, looked: bool = False) -> ReclaimOutcome:
+    """Make room for ``need_pages`` new pages from the prefix cache; ``fit`` once they fit. ``looked``: the
+    caller has just refreshed the headroom and nothing changed since, so the first round takes that look.
 
     Each round evicts twice what the round before did: evicted pages that share chunks with live ones give
     their bytes back only through compaction, so the shortfall alone can leave the pool short round after
-    round (seen on the H100 trace sweep: "Prefill out of memory" with 340k evictable tokens left)."""
+    round (seen on the H100 trace sweep: "Prefill out of memory" with 340k evictable tokens left). Under
+    tensor parallelism each look is a collective (rank_agreement.py), so a look still current is not
+    taken again; every rank skips alike, since what decides it was decided on agreed numbers."""
     share_num, share_den = min_stored_share(alloc.pool.fmt)
     scale, rounds, evicted_total, moved_total = 1, 0, 0, 0
     for _ in range(RECLAIM_ROUNDS):
-        alloc.refresh_headroom()
+        if not looked:
+            alloc.refresh_headroom()
+        looked = True
         fit = alloc.headroom_pages()
         if fit >= need_pages:
             break
@@ -103,13 +108,14 @@ def reclaim(alloc: Reclaimer, cache: PrefixCache, need_pages: int) -> ReclaimOut
         want_tokens = -(-(need_pages - fit) * share_den // share_num) * PAGE_TOKENS * scale
         evicted = cache.evict_tokens(want_tokens) if cache.evictable_tokens() > 0 else 0
         alloc.drain(block=True)  # the evicted pages' frees land in the pool
-        moved = _compact(alloc, need_pages)  # waits for the device: drained chunks and moves are taken in
+        moved, looked = _compact(alloc, need_pages)  # waits for the device: drained chunks, moves taken in
         evicted_total += evicted
         moved_total += moved
         if evicted == 0 and moved == 0:
             break
         scale *= 2
-    alloc.refresh_headroom()
+    if not looked:
+        alloc.refresh_headroom()
     headroom = alloc.headroom_pages()
     return ReclaimOutcome(
         fit=headroom >= need_pages,
@@ -135,25 +141,25 @@ def decode_room(alloc: Reclaimer, cache: PrefixCache | None, need_pages: int) ->
     if alloc.headroom_pages() >= need_pages:
         return
     if cache is not None:
-        reclaim(alloc, cache, need_pages)
+        reclaim(alloc, cache, need_pages, looked=True)
     else:
         _compact(alloc, need_pages)
 
 
-def _compact(alloc: Reclaimer, need_pages: int) -> int:
+def _compact(alloc: Reclaimer, need_pages: int) -> tuple[int, bool]:
     """Compact all layers until ``need_pages`` fit or a pass moves nothing (a pass moves a bounded number
-    of pages, ledger.COMPACTION_MAX_PAGES), waiting for the device after each pass; returns the pages
-    moved."""
+    of pages, ledger.COMPACTION_MAX_PAGES), waiting for the device after each pass. Returns the pages
+    moved, and whether the last look at the headroom is still current (it stopped because they fit)."""
     layers = alloc.pool.num_layers
     total = 0
     for _ in range(RECLAIM_COMPACTION_PASSES):
         alloc.refresh_headroom()
         if alloc.headroom_pages() >= need_pages:
-            break
+            return total, True
         moved = alloc.pool.compact(max_layers=layers, live_fraction=RECLAIM_LIVE_FRACTION)
         alloc.pool.settle()
         moved = alloc.max_over_ranks(moved)  # each rank compacts its own layers; they stop together
         total += moved
         if moved == 0:
             break
-    return total
+    return total, False
