@@ -107,6 +107,12 @@ class PlacementConfig(Strict):
         "as reports arrive, before a 503 (0 = refuse at once); a worker queue stands in, bounded by the "
         "usual TTFT targets",
     )
+    claim_headroom: bool = Field(
+        default=True,
+        description="a waiting request claims the worker short of the fewest tokens: its tokens count "
+        "against that worker's headroom until it fits there, so later arrivals cannot keep taking the room "
+        "it waits for (placement/headroom_wait.py); false: it only waits",
+    )
 
     weight_prefix_affinity: float = Field(
         default=AFFINITY_WEIGHT_DEFAULT,
@@ -127,6 +133,11 @@ class PlacementConfig(Strict):
     def _check(self) -> PlacementConfig:
         if self.expire_after_ms < self.stale_after_ms:
             raise ValueError("placement.expire_after_ms must be >= placement.stale_after_ms")
+        if self.claim_headroom and self.reservation_ttl_s * 1000 <= self.headroom_wait_ms:
+            raise ValueError(
+                "placement.reservation_ttl_s must outlast placement.headroom_wait_ms: a claim is a "
+                "reservation and would expire while its request still waits"
+            )
         load_weights = self.weight_headroom + self.weight_slo + self.weight_queue
         if load_weights <= 0:
             raise ValueError("placement weights are all zero: give at least one scorer a positive weight")

@@ -23,11 +23,11 @@ from opentelemetry import trace
 
 from zipkv.controlplane.config import RouterConfig
 from zipkv.controlplane.grpc_auth import bearer_metadata, open_channel
+from zipkv.controlplane.headroom_claim import decide_or_wait
 from zipkv.controlplane.metrics import RouterMetrics
 from zipkv.controlplane.placement import Decision, RequestShape, place
-from zipkv.controlplane.placement.headroom_wait import wait_for_headroom
 from zipkv.controlplane.prefix_index import PrefixIndex, PrefixMatch
-from zipkv.controlplane.state import Store
+from zipkv.controlplane.state import Store, WorkerView
 from zipkv.controlplane.telemetry import trace_metadata
 from zipkv.controlplane.worker_rpc import (
     CALLER_ERRORS,
@@ -66,6 +66,17 @@ class Sampling:
             ignore_eos=self.ignore_eos,
             seed=0 if self.seed is None else self.seed + 1,  # 0 on the wire: no seed
         )
+
+
+@dataclass(frozen=True, slots=True)
+class Opening:
+    """What every attempt of one request sends: the prompt, the sampling, and its prompt blocks' hashes
+    (recorded in the prefix index once a worker took it)."""
+
+    model: str
+    prompt_ids: list[int]
+    sampling: pb.SamplingParams
+    hashes: tuple[int, ...]
 
 
 class Dispatcher:
@@ -172,31 +183,20 @@ class Dispatcher:
         hashes = self.prefix.hashes(prompt_ids, shape.model)
         return hashes, self.prefix.match(hashes)
 
-    async def _decide_or_wait(self, shape: RequestShape, match: PrefixMatch | None) -> Decision:
-        """A decision with candidates, or the last one without: while every worker lacks only headroom, the
-        request waits and is placed again as the shared state refreshes (placement/headroom_wait.py)."""
-        t0 = time.monotonic()
-        limit_ms = self.cfg.placement.headroom_wait_ms
-        rounds = 0
-        while True:
-            decision = self.decide(shape, match)
-            waited_ms = (time.monotonic() - t0) * 1000.0
-            if decision.ranked or not wait_for_headroom(decision.filtered, waited_ms, limit_ms):
-                if rounds:  # it waited: for how long, and whether a worker then took it
-                    outcome = "placed" if decision.ranked else "refused"
-                    self.metrics.headroom_wait_ms.labels(outcome).observe(waited_ms)
-                return decision
-            rounds += 1
-            await asyncio.sleep(self.cfg.state.refresh_ms / 1000.0)
-
     async def start(self, shape: RequestShape, prompt_ids: list[int], sampling: Sampling) -> Stream:
         hashes, match = self._prefix_match(shape, prompt_ids)
-        decision = await self._decide_or_wait(shape, match)
-        if not decision.ranked:
-            raise self._nobody(decision, shape)
         base_id = uuid.uuid4().hex
-        wire_sampling = sampling.wire(shape.max_new_tokens)
+        decision, claimed = await decide_or_wait(self, shape, match, f"{base_id}-claim")
+        if not decision.ranked and claimed is None:
+            raise self._nobody(decision, shape)
+        opening = Opening(shape.model, prompt_ids, sampling.wire(shape.max_new_tokens), hashes)
         attempts = 0
+        if claimed is not None:  # the claim is the request's reservation now (headroom_claim.py)
+            self.metrics.placements.labels(claimed.worker.worker_id, "claim").inc()
+            stream = await self._open_reserved(claimed.worker, claimed.request_id, opening, attempts)
+            if stream is not None:
+                return stream
+            attempts += 1
         for cand in decision.ranked:
             if attempts > self.cfg.dispatch.retries:
                 break
@@ -213,27 +213,11 @@ class Dispatcher:
             if not reserved:
                 self.metrics.retries.labels("reservation_conflict").inc()
                 continue  # another router took the headroom first; not an attempt on the worker
-            mode = "coarse" if decision.coarse else "fine"
-            self.metrics.placements.labels(w.worker_id, mode).inc()
-            req = pb.GenerateRequest(
-                request_id=rid, model=shape.model, prompt_token_ids=prompt_ids, sampling=wire_sampling
-            )
-            try:
-                stream = await self._open(w.worker_id, w.address, req, attempts)
-            except grpc.aio.AioRpcError as exc:
-                await self.release(w.worker_id, rid)
-                if exc.code() in CALLER_ERRORS or exc.code() not in RETRYABLE:
-                    raise final_error(w.worker_id, exc) from None
-                attempts += 1
-                self.metrics.retries.labels(exc.code().name.lower()).inc()
-                log.info("retrying elsewhere", extra={"worker": w.worker_id, "code": exc.code().name})
-                continue
-            except BaseException:
-                await self.release(w.worker_id, rid)
-                raise
-            if self.prefix is not None:  # the worker took it: its prefix cache now holds these blocks
-                self.prefix.record(hashes, w.worker_id)
-            return stream
+            self.metrics.placements.labels(w.worker_id, "coarse" if decision.coarse else "fine").inc()
+            stream = await self._open_reserved(w, rid, opening, attempts)
+            if stream is not None:
+                return stream
+            attempts += 1
         raise DispatchError(
             503,
             "all_refused",
@@ -241,6 +225,28 @@ class Dispatcher:
             "router; retry later",
             retry_after_s=self.cfg.limits.retry_after_s,
         )
+
+    async def _open_reserved(self, w: WorkerView, rid: str, opening: Opening, attempt: int) -> Stream | None:
+        """Open the request on `w` under its reservation `rid`. None: the worker refused or could not be
+        reached before its first token (the reservation is released; the caller tries the next); an error
+        that another worker would answer alike is raised."""
+        req = pb.GenerateRequest(request_id=rid, model=opening.model, sampling=opening.sampling)
+        req.prompt_token_ids.extend(opening.prompt_ids)
+        try:
+            stream = await self._open(w.worker_id, w.address, req, attempt)
+        except grpc.aio.AioRpcError as exc:
+            await self.release(w.worker_id, rid)
+            if exc.code() in CALLER_ERRORS or exc.code() not in RETRYABLE:
+                raise final_error(w.worker_id, exc) from None
+            self.metrics.retries.labels(exc.code().name.lower()).inc()
+            log.info("retrying elsewhere", extra={"worker": w.worker_id, "code": exc.code().name})
+            return None
+        except BaseException:
+            await self.release(w.worker_id, rid)
+            raise
+        if self.prefix is not None:  # the worker took it: its prefix cache now holds these blocks
+            self.prefix.record(opening.hashes, w.worker_id)
+        return stream
 
     async def _open(self, worker_id: str, address: str, req: pb.GenerateRequest, attempt: int) -> Stream:
         with self.tracer.start_as_current_span("zipkv.dispatch") as span:

@@ -58,6 +58,14 @@ class RouterMetrics:
             buckets=(10, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 30000),
             registry=r,
         )
+        self.claims = Counter(
+            "zipkv_router_claims_total",
+            "claims waiting requests took on a worker's headroom, by how they ended: placed (the claim "
+            "became the reservation), moved (placed on another worker), lost (the worker left), expired, "
+            "cancelled (the client went away)",
+            ["outcome"],
+            registry=r,
+        )
 
     def _add_placement_counters(self, r: CollectorRegistry) -> None:
         """Requests placed, retried elsewhere, refused, and placements that saw a stale report."""

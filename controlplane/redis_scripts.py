@@ -1,7 +1,7 @@
 """The shared router state's atomic steps in Redis, as Lua scripts (redis_store.py runs them): a report put
-only if newer than the stored one, a reservation taken only if the worker's headroom less the live
-reservations still fits it, a reservation marked started at its first token; and how a worker's
-reservations hash reads back."""
+only if newer than the stored one, a reservation taken only if the worker's headroom less the other live
+reservations still fits it (a claim is taken as it is: placement/headroom_wait.py), a reservation marked
+started at its first token; and how a worker's reservations hash reads back."""
 
 from __future__ import annotations
 
@@ -32,13 +32,16 @@ for i = 1, #all, 2 do
   t, st, ex = tonumber(t), tonumber(st), tonumber(ex)
   if ex <= now then
     redis.call('HDEL', KEYS[2], all[i])
-  elseif st == 0 or recv < st + tonumber(ARGV[6]) then
+  elseif all[i] ~= ARGV[1] and (st == 0 or recv < st + tonumber(ARGV[6])) then
     used = used + t
   end
 end
-if free - used < tonumber(ARGV[2]) then return 0 end
+local claim = ARGV[9] == '1'
+if not claim and free - used < tonumber(ARGV[2]) then return 0 end
+local placed = ARGV[3]
+if claim then placed = '0' end
 redis.call('HSET', KEYS[2], ARGV[1],
-           ARGV[2] .. ':0:' .. ARGV[4] .. ':' .. ARGV[7] .. ':' .. ARGV[8] .. ':' .. ARGV[3])
+           ARGV[2] .. ':0:' .. ARGV[4] .. ':' .. ARGV[7] .. ':' .. ARGV[8] .. ':' .. placed)
 redis.call('PEXPIRE', KEYS[2], ARGV[5])
 return 1
 """

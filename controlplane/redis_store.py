@@ -203,6 +203,7 @@ class RedisStore:
         *,
         prefill_tokens: int | None = None,
         cached_tokens: int = 0,
+        claim: bool = False,
     ) -> bool:
         if not self._degraded:
             args: list[str | int] = [
@@ -214,6 +215,7 @@ class RedisStore:
                 repr(self._delay_s),
                 "-" if prefill_tokens is None else prefill_tokens,
                 cached_tokens,
+                int(claim),
             ]
             try:
                 return bool(
@@ -226,7 +228,13 @@ class RedisStore:
                     self._pending_release.append((worker_id, request_id))
                     return False
         ok = await self._local.reserve(
-            worker_id, request_id, tokens, now_s, prefill_tokens=prefill_tokens, cached_tokens=cached_tokens
+            worker_id,
+            request_id,
+            tokens,
+            now_s,
+            prefill_tokens=prefill_tokens,
+            cached_tokens=cached_tokens,
+            claim=claim,
         )
         if ok:
             self._local_res.add((worker_id, request_id))
@@ -245,6 +253,8 @@ class RedisStore:
         if (worker_id, request_id) in self._local_res:
             self._local_res.discard((worker_id, request_id))
             await self._local.release(worker_id, request_id)
+            # a claim this request took in Redis before the outage is still there: undo it on recovery
+            self._pending_release.append((worker_id, request_id))
             return
         try:
             await self._redis.hdel(self._r(worker_id), request_id)

@@ -161,10 +161,14 @@ class Store(Protocol):
         *,
         prefill_tokens: int | None = None,
         cached_tokens: int = 0,
+        claim: bool = False,
     ) -> bool:
-        """Atomically reserve if it still fits the worker's headroom; False when it does not.
-        `prefill_tokens` / `cached_tokens`: of the prompt, what the worker is expected to prefill and to
-        find in its prefix cache (prefill accounting, module doc; None: all of `tokens` is prefill)."""
+        """Atomically reserve if it still fits the worker's headroom less the other reservations; False
+        when it does not. `prefill_tokens` / `cached_tokens`: of the prompt, what the worker is expected to
+        prefill and to find in its prefix cache (prefill accounting, module doc; None: all of `tokens` is
+        prefill). `claim`: take it although it does not fit (placement/headroom_wait.py; False only when
+        the worker has no report), marked not yet placed; a later reserve under the same request id turns
+        it into the reservation once it fits."""
 
     async def mark_started(self, worker_id: str, request_id: str, now_s: float) -> None: ...
 
@@ -238,6 +242,7 @@ class MemoryStore:
         *,
         prefill_tokens: int | None = None,
         cached_tokens: int = 0,
+        claim: bool = False,
     ) -> bool:
         view = self._views.get(worker_id)
         if view is None:
@@ -245,11 +250,9 @@ class MemoryStore:
         table = self._res.setdefault(worker_id, {})
         for rid in [k for k, r in table.items() if r.expires_s <= now_s]:
             del table[rid]
-        if (
-            view.capacity.headroom_tokens
-            - unseen_reserved(list(table.values()), view.received_s, now_s, self._delay_s)
-            < tokens
-        ):
+        others = [r for rid, r in table.items() if rid != request_id]  # a claim of its own is not in its way
+        used = unseen_reserved(others, view.received_s, now_s, self._delay_s)
+        if not claim and view.capacity.headroom_tokens - used < tokens:
             return False
         table[request_id] = Reservation(
             tokens=tokens,
@@ -257,7 +260,7 @@ class MemoryStore:
             expires_s=now_s + self._res_ttl_s,
             prefill_tokens=prefill_tokens,
             cached_tokens=cached_tokens,
-            placed_s=now_s,
+            placed_s=0.0 if claim else now_s,  # a claim is not at the worker: no report lists it
         )
         self._cache = None
         return True

@@ -27,7 +27,11 @@ NEEDS_202 = {"model": MODEL, "prompt": "x", "max_tokens": 200}  # 2 prompt token
         ({"too_large": 2}, 0.0, 5000, False),  # never fits, even idle
         ({"slo_wait": 1}, 0.0, 5000, False),  # placement chose to shed it
         ({"headroom": 1, "slo_wait": 1}, 0.0, 5000, False),  # one worker is a deliberate shed
-        ({"headroom": 1, "expired": 1}, 0.0, 5000, False),
+        # another worker drains, is too small or stopped reporting: the busy one may still free room
+        ({"headroom": 1, "expired": 1}, 0.0, 5000, True),
+        ({"headroom": 1, "draining": 2}, 0.0, 5000, True),
+        ({"headroom": 1, "too_large": 1, "context": 1}, 0.0, 5000, True),
+        ({"expired": 1, "draining": 1}, 0.0, 5000, False),  # nobody lacks only headroom
     ],
 )
 def test_wait_only_while_headroom_alone_keeps_every_worker_out(
