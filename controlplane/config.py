@@ -108,10 +108,11 @@ class PlacementConfig(Strict):
         "usual TTFT targets",
     )
     claim_headroom: bool = Field(
-        default=True,
-        description="a waiting request claims the worker short of the fewest tokens: its tokens count "
-        "against that worker's headroom until it fits there, so later arrivals cannot keep taking the room "
-        "it waits for (placement/headroom_wait.py); false: it only waits",
+        default=False,
+        description="a waiting request claims the worker short of the fewest tokens that no claim holds: "
+        "its tokens count against that worker's headroom until it fits there, so later arrivals cannot "
+        "keep taking the room it waits for (placement/headroom_wait.py). Off: in the cluster simulation "
+        "it shed more requests past the knee and lowered goodput (docs/benchmarks.md)",
     )
 
     weight_prefix_affinity: float = Field(

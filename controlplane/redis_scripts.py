@@ -39,7 +39,7 @@ end
 local claim = ARGV[9] == '1'
 if not claim and free - used < tonumber(ARGV[2]) then return 0 end
 local placed = ARGV[3]
-if claim then placed = '0' end
+if claim then placed = '-1' end  -- reservations.CLAIM_PLACED_S
 redis.call('HSET', KEYS[2], ARGV[1],
            ARGV[2] .. ':0:' .. ARGV[4] .. ':' .. ARGV[7] .. ':' .. ARGV[8] .. ':' .. placed)
 redis.call('PEXPIRE', KEYS[2], ARGV[5])

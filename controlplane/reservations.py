@@ -16,6 +16,20 @@ class Reservation:
     cached_tokens: int = 0  # prompt tokens expected from the worker's prefix cache
     placed_s: float = 0.0  # router clock at reserve (0: not known, never taken as listed by a report)
 
+    @property
+    def is_claim(self) -> bool:
+        """A claim (placement/headroom_wait.py): its request still waits at the router, so no report lists
+        it; marked by a placed time of CLAIM_PLACED_S."""
+        return self.placed_s == CLAIM_PLACED_S
+
+
+CLAIM_PLACED_S = -1.0  # the placed time a claim is stored with
+
+
+def claimed_tokens(reservations: list[Reservation], now_s: float) -> int:
+    """Tokens of the live claims among a worker's reservations."""
+    return sum(r.tokens for r in reservations if r.is_claim and r.expires_s > now_s)
+
 
 def unseen_reserved(
     reservations: list[Reservation], report_received_s: float, now_s: float, delay_bound_s: float

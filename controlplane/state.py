@@ -44,7 +44,13 @@ import json
 from dataclasses import dataclass, replace
 from typing import Protocol
 
-from zipkv.controlplane.reservations import Reservation, prefill_accounting, unseen_reserved
+from zipkv.controlplane.reservations import (
+    CLAIM_PLACED_S,
+    Reservation,
+    claimed_tokens,
+    prefill_accounting,
+    unseen_reserved,
+)
 from zipkv.protos import zipkv_pb2 as pb
 from zipkv.protos.capacity import Capacity
 
@@ -63,6 +69,7 @@ class WorkerView:
     reserved_tokens: int = 0  # router reservations this report cannot have seen (see module doc)
     unseen_prefill_tokens: int = 0  # prompt tokens to prefill of reservations the report cannot list yet
     listed_done_tokens: int = 0  # of the reported queue, what needs no prefill (module doc: cached, done)
+    claimed_tokens: int = 0  # of reserved_tokens, what claims hold (placement/headroom_wait.py)
     pinned: bool = False  # kept past expiry: the shared state is unreachable and this is the last known view
 
     @property
@@ -92,7 +99,7 @@ def view_from_report(report: pb.CapacityReport, received_s: float) -> WorkerView
 
 # Each router computes these from the reservations when it takes a snapshot; the shared copy of a report
 # leaves them out (a router from before a field existed could not read it back).
-ROUTER_SIDE = ("reserved_tokens", "unseen_prefill_tokens", "listed_done_tokens")
+ROUTER_SIDE = ("reserved_tokens", "unseen_prefill_tokens", "listed_done_tokens", "claimed_tokens")
 
 
 def view_to_json(view: WorkerView) -> str:
@@ -118,7 +125,7 @@ def out_of_order(prev: WorkerView | None, new: WorkerView) -> bool:
 
 def bare(view: WorkerView) -> WorkerView:
     """`view` with no reservation counted on it (the report alone)."""
-    return replace(view, reserved_tokens=0, unseen_prefill_tokens=0, listed_done_tokens=0)
+    return replace(view, reserved_tokens=0, unseen_prefill_tokens=0, listed_done_tokens=0, claimed_tokens=0)
 
 
 def with_reservations(
@@ -131,6 +138,7 @@ def with_reservations(
         reserved_tokens=unseen_reserved(reservations, view.received_s, now_s, delay_bound_s),
         unseen_prefill_tokens=unseen,
         listed_done_tokens=listed_done,
+        claimed_tokens=claimed_tokens(reservations, now_s),
     )
 
 
@@ -260,7 +268,7 @@ class MemoryStore:
             expires_s=now_s + self._res_ttl_s,
             prefill_tokens=prefill_tokens,
             cached_tokens=cached_tokens,
-            placed_s=0.0 if claim else now_s,  # a claim is not at the worker: no report lists it
+            placed_s=CLAIM_PLACED_S if claim else now_s,  # a claim is not at the worker: no report lists it
         )
         self._cache = None
         return True

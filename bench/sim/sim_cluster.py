@@ -57,6 +57,7 @@ class ZipkvVariant:
     shed_wait_over_ttft: float
     weight_prefix_affinity: float | None  # None: the router's default (placement.weight_prefix_affinity)
     headroom_wait_ms: int = 0  # 0: refused at once, as the router did when the first rows were run
+    claim_headroom: bool = False  # a waiting request claims a worker (placement.claim_headroom)
 
 
 # `zipkv` and `zipkv_no_shed` are the router as first simulated (no prefix affinity), so their rows stay
@@ -71,6 +72,12 @@ ZIPKV_POLICIES = {
     "zipkv_affinity_no_shed_wait": ZipkvVariant(0.0, None, 5000),
     # the serving sweep's `zipkv_shed` (bench/serving/zipkv_systems.py): the shed at the whole TTFT target
     "zipkv_affinity_shed_1x_wait": ZipkvVariant(1.0, None, 5000),
+    # the wait with claims (placement.claim_headroom, placement/headroom_wait.py; off by default)
+    "zipkv_affinity_no_shed_claim": ZipkvVariant(0.0, None, 5000, claim_headroom=True),
+    "zipkv_affinity_claim": ZipkvVariant(ZIPKV_SHED_WAIT_OVER_TTFT, None, 5000, claim_headroom=True),
+    # a longer wait, which claims make worth waiting (a worker queue would hold the request as long)
+    "zipkv_affinity_no_shed_claim_30s": ZipkvVariant(0.0, None, 30_000, claim_headroom=True),
+    "zipkv_affinity_no_shed_wait_30s": ZipkvVariant(0.0, None, 30_000),
 }
 
 
@@ -87,7 +94,10 @@ def zipkv_config(
     if weight is not None:
         extra["weight_prefix_affinity"] = weight
     return PlacementConfig(
-        shed_wait_over_ttft=variant.shed_wait_over_ttft, headroom_wait_ms=variant.headroom_wait_ms, **extra
+        shed_wait_over_ttft=variant.shed_wait_over_ttft,
+        headroom_wait_ms=variant.headroom_wait_ms,
+        claim_headroom=variant.claim_headroom,
+        **extra,
     )
 
 

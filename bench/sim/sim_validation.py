@@ -69,7 +69,8 @@ def step_system(system: str, models: dict[str, StepModel] | None = None) -> str:
 
 
 # The sweep runs zipkv's router with its placement defaults (controlplane/config.py: shed_wait_over_ttft 0,
-# headroom_wait_ms 5000, the default prefix-affinity weight), but for the settings a system of
+# headroom_wait_ms 5000, claim_headroom off, the default prefix-affinity weight), but for the settings a
+# system of
 # bench/serving/zipkv_systems.py names: the sim_cluster.py policy with the same settings. (The `zipkv`
 # policy, shedding at a quarter of the TTFT target, shed 21-24 of the 32 requests where the GPU runs shed
 # 0-3.)

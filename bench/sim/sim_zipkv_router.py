@@ -32,7 +32,7 @@ from bench.serving.trace_workload import BLOCK_TOKENS, KV_BYTES_PER_TOKEN
 from bench.sim.sim_worker import SimRequest, SimWorker
 from zipkv.controlplane.config import PlacementConfig
 from zipkv.controlplane.placement import RequestShape, place, prefill_wait_ms
-from zipkv.controlplane.placement.headroom_wait import wait_for_headroom
+from zipkv.controlplane.placement.headroom_wait import claim_state, claim_target, wait_for_headroom
 from zipkv.controlplane.prefix_index import PrefixIndex, PrefixMatch, chain_hashes
 from zipkv.controlplane.state import MemoryStore, WorkerView
 from zipkv.protos.capacity import Capacity
@@ -113,7 +113,8 @@ class ZipkvRouter:
         self.placed: dict[int, str] = {}  # rid -> reservation id
         self.prefix: PrefixIndex | None = None
         self.stats = {
-            "shed": 0, "shed_slo_wait": 0, "slo_wait_drops": 0, "held": 0, "to_holder": 0, "waited": 0
+            "shed": 0, "shed_slo_wait": 0, "slo_wait_drops": 0, "held": 0, "to_holder": 0, "waited": 0,
+            "claimed": 0, "claim_placed": 0,
         }  # fmt: skip
         self.last_filtered: dict[str, int] = {}  # the last decision's workers dropped per reason
         self.est_wait_ms: dict[int, float] = {}  # rid -> the wait estimated on the chosen worker
@@ -172,17 +173,60 @@ class ZipkvRouter:
         submit(r, i)
 
     def _held(self, r: SimRequest, submit: Callable[[SimRequest, int | None], None]) -> Any:
-        """A request held for headroom: placed again at each report, or shed at the bound."""
-        t0 = self.env.now
+        """A request held for headroom: placed again at each report, or shed at the bound. With
+        placement.claim_headroom it claims a worker as `Dispatcher.start` does (headroom_claim.py): the
+        claim is tried as its reservation at each report and given back if placed elsewhere or shed."""
+        t0, rid = self.env.now, f"r{r.rid}"
+        claim = self._claim(r)
         while True:
             yield self.env.timeout(self._interval_s)
             i = self.try_place(r, retry=True)
+            if i is None and claim is not None:
+                i, lost = self._convert(r, claim)
+                if lost:
+                    run_now(self.store.release(claim, rid))
+                    claim = None
             if i is not None or not self.may_wait(self.env.now - t0):
                 self.stats["waited"] += 1
+                if claim is not None and self.placed.get(r.rid) != claim:
+                    run_now(self.store.release(claim, rid))  # placed elsewhere, or shed
                 if i is None:
                     self.count_shed()
                 submit(r, i)
                 return
+            if claim is None:
+                claim = self._claim(r)
+
+    def _claim(self, r: SimRequest) -> str | None:
+        """Claim the worker placement/headroom_wait.py picks for `r` (its id), if claims are on."""
+        if not self.cfg.claim_headroom:
+            return None
+        shape = self.shape(r)
+        target = claim_target(self.store.snapshot(), shape, self.cfg, self.clock())
+        if target is None:
+            return None
+        wid, need, prefill = target.worker_id, shape.need_tokens, shape.prompt_tokens
+        reserve = self.store.reserve(wid, f"r{r.rid}", need, self.clock(), prefill_tokens=prefill, claim=True)
+        self.stats["claimed"] += bool(run_now(reserve))
+        return wid
+
+    def _convert(self, r: SimRequest, wid: str) -> tuple[int | None, bool]:
+        """(the worker's index once the claim on `wid` became `r`'s reservation, or None; whether the
+        claimed worker is lost), as headroom_claim.py's `_convert`."""
+        shape = self.shape(r)
+        snap = self.store.snapshot()
+        state = claim_state(snap, wid, shape, self.cfg, self.clock())
+        if state != "fits":
+            return None, state == "lost"
+        need, prefill = shape.need_tokens, shape.prompt_tokens
+        reserve = self.store.reserve(wid, f"r{r.rid}", need, self.clock(), prefill_tokens=prefill)
+        if not run_now(reserve):
+            return None, False
+        self.placed[r.rid] = wid
+        self.stats["claim_placed"] += 1
+        view = next(v for v in snap.workers if v.worker_id == wid)
+        self.est_wait_ms[r.rid] = prefill_wait_ms(view, shape)
+        return int(wid[1:]), False
 
     def may_wait(self, waited_s: float) -> bool:
         """Whether the request the last `try_place` could not place waits for headroom, as

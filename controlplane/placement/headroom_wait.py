@@ -22,10 +22,8 @@ worker's headroom like any reservation, in every router through the shared state
 takes the room it waits for; the worker's other requests finish and free it. Once the room is there the
 claim becomes the request's reservation, atomically (a reserve under the same request id fits when the
 headroom less every other reservation holds it). The claimed worker is the one short of the fewest
-tokens (`claim_target`); one whose reports stop or that a filter other than headroom drops is given up
-(`claim_state`) and the request is placed again. Claims queue on a worker in the order they were taken:
-a later claim also counts against an earlier one's room, so both are placed when the worker has room for
-both, and neither jumps the other.
+tokens that no claim holds yet (`claim_target`: one claim a worker); one whose reports stop or that a
+filter other than headroom drops is given up (`claim_state`) and the request is placed again.
 """
 
 from __future__ import annotations
@@ -55,10 +53,12 @@ def wait_for_headroom(filtered: Mapping[str, int], waited_ms: float, limit_ms: f
 
 
 def claim_target(snap: Snapshot, req: RequestShape, cfg: PlacementConfig, now_s: float) -> WorkerView | None:
-    """The worker a waiting request claims: of those only headroom keeps out, the one short of the fewest
-    tokens (ties on worker_id); None when there is none."""
+    """The worker a waiting request claims: of those only headroom keeps out and no claim holds yet, the
+    one short of the fewest tokens (ties on worker_id); None when there is none (the request then only
+    waits). One claim a worker: claims stacked on one worker would each wait for the room of all of them,
+    which may never come (the cluster simulation shed more with them: docs/benchmarks.md)."""
     f = FilterInput(req, cfg, now_s)
-    short = [v for v in snap.workers if drop_reason(v, f) == (True, "headroom")]
+    short = [v for v in snap.workers if v.claimed_tokens == 0 and drop_reason(v, f) == (True, "headroom")]
     return min(short, key=lambda v: (req.need_tokens - v.headroom_tokens, v.worker_id), default=None)
 
 
