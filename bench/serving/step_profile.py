@@ -104,12 +104,14 @@ async def profile_decode_steps(
     layers: int,
     after_tokens: int = 40,
 ) -> dict[str, Any]:
-    """Resubmit ``prompts``; once the first request has ``after_tokens`` tokens, profile ``steps`` forward
-    passes. Returns the summary of the trace SGLang wrote (and where it is) or what went wrong."""
-    from sglang.srt.managers.io_struct import ProfileReq
-
+    """Resubmit ``prompts``; once the first request has ``after_tokens`` tokens (at most half its
+    ``max_new_tokens``), profile ``steps`` forward passes. Returns the summary of the trace SGLang wrote
+    (and where it is) or what went wrong. The profile starts only if the requests are still decoding: a
+    workload of 32 output tokens against the fixed 40 once left the trigger waiting after every request had
+    finished, and the pass hung until its process was killed (H100, 2026-12-06)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     started = asyncio.Event()
+    after_tokens = min(after_tokens, max(1, int(sampling.get("max_new_tokens", after_tokens)) // 2))
 
     async def one(i: int) -> None:
         stream = await eng.async_generate(input_ids=list(prompts[i]), sampling_params=sampling, stream=True)
@@ -119,11 +121,18 @@ async def profile_decode_steps(
 
     async def trigger() -> None:
         await started.wait()
+        from sglang.srt.managers.io_struct import ProfileReq
+
         req = ProfileReq(output_dir=str(out_dir), num_steps=steps, activities=["GPU"], with_stack=False,
                          record_shapes=False, profile_prefix="decode")  # fmt: skip
         await eng.tokenizer_manager.start_profile(req)
 
-    await asyncio.gather(trigger(), *(one(i) for i in range(len(prompts))))
+    profiling = asyncio.ensure_future(trigger())
+    await asyncio.gather(*(one(i) for i in range(len(prompts))))
+    if not started.is_set():
+        profiling.cancel()
+        return {"error": f"no request reached {after_tokens} output tokens: nothing was profiled"}
+    await profiling
     traces = sorted(out_dir.glob("*.trace.json*"))
     if not traces:
         return {"error": f"SGLang wrote no trace under {out_dir} (see the scheduler log)"}

@@ -3,13 +3,15 @@ the e2e bench's log cut at its profile pass."""
 
 from __future__ import annotations
 
+import asyncio
 import gzip
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from bench.serving import bench_sglang_e2e
+from bench.serving import bench_sglang_e2e, step_profile
 from bench.serving.step_profile import kernel_group, load_trace, summarize_trace
 
 
@@ -89,3 +91,29 @@ def test_the_profile_pass_stays_out_of_the_timed_metrics() -> None:
     assert metrics["decode_tokens_per_s_at_max_batch"] == 2940.0
     assert bench_sglang_e2e.timed_log_metrics(timed) == metrics  # a run without a profile pass
     assert bench_sglang_e2e.log_metrics(log_text)["max_running_requests"] == 64  # what the cut prevents
+
+
+class _ShortEngine:
+    """An engine whose requests each stream ``tokens`` output tokens, one at a time (no GPU, no SGLang)."""
+
+    def __init__(self, tokens: int) -> None:
+        self.tokens = tokens
+
+    async def async_generate(
+        self, input_ids: list[int], sampling_params: dict[str, Any], stream: bool
+    ) -> Any:
+        async def gen() -> Any:
+            for n in range(1, self.tokens + 1):
+                await asyncio.sleep(0)
+                yield {"output_ids": list(range(n))}
+
+        return gen()
+
+
+def test_a_workload_too_short_to_profile_returns_instead_of_hanging(tmp_path: Path) -> None:
+    # 8 output tokens: the profile would start after 4 (half of max_new_tokens), but the engine's streams
+    # end after 3; the pass returns an error instead of waiting for a start that never comes.
+    eng = _ShortEngine(tokens=3)
+    run = step_profile.profile_decode_steps(eng, [[1, 2]] * 2, {"max_new_tokens": 8}, tmp_path, 4, layers=2)
+    out = asyncio.run(asyncio.wait_for(run, timeout=10))
+    assert out == {"error": "no request reached 4 output tokens: nothing was profiled"}
