@@ -25,6 +25,11 @@ from bench.serving.step_profile import kernel_group, load_trace, summarize_trace
         ("sm90_xmma_gemm_bf16bf16_bf16f32", "gemm"),
         ("_encode_pages_kernel", "kv_store"),
         ("fused_add_rmsnorm_kernel", "norm_rope_act"),
+        ("void flashinfer::norm::FusedAddRMSNormKernel<8u, __nv_bfloat16>(__nv_bfloat16*)", "norm_rope_act"),
+        ("void flashinfer::BatchPrefillWithPagedKVCacheKernel<KernelTraits<>>", "attention_flashinfer"),
+        ("alloc_decode_kernel", "other"),  # SGLang's page allocation, not attention
+        ("create_flashinfer_kv_indices_triton", "other"),
+        ("void flashinfer::PersistentVariableLengthMergeStatesKernel<8u, 16u>", "attention_merge"),
         ("elementwise_kernel_argmax", "sampling"),
         ("void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<int>>", "other"),
     ],
