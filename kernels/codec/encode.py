@@ -118,15 +118,17 @@ def _store_head(heap_i16, src_row, dst_page_head, t, D: tl.constexpr, R: tl.cons
 
 @triton.jit
 def _store_tokens_kernel(
-    heap_i16, page_loc, slots, k_i16, v_i16, H,
+    heap_i16, page_loc, slots, k_i16, v_i16, H, k_token_stride, v_token_stride,
     D: tl.constexpr, KR: tl.constexpr, KC: tl.constexpr, VR: tl.constexpr, VC: tl.constexpr,
 ):  # fmt: skip
+    # A token's k (and v) row is its H heads of D values one after another; rows may be apart by any
+    # stride (k and v as views of the QKV projection's output: no copy before the store).
     n = tl.program_id(0).to(tl.int64)
     ph = tl.program_id(1)
     slot = tl.load(slots + n)
     t = slot % _TOKENS
     page_head = tl.load(page_loc + slot // _TOKENS) // 2 + ph * (_TOKENS * D)
     if ph < H:
-        _store_head(heap_i16, k_i16 + (n * H + ph) * D, page_head, t, D, KR, KC)
+        _store_head(heap_i16, k_i16 + n * k_token_stride + ph * D, page_head, t, D, KR, KC)
     else:
-        _store_head(heap_i16, v_i16 + (n * H + ph - H) * D, page_head, t, D, VR, VC)
+        _store_head(heap_i16, v_i16 + n * v_token_stride + (ph - H) * D, page_head, t, D, VR, VC)

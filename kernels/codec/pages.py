@@ -49,6 +49,16 @@ def _check(
         )
 
 
+def _check_rows(name: str, x: torch.Tensor, shape: tuple[int, ...], device: torch.device) -> None:
+    """A bf16 [n, H, D] tensor whose tokens may lie any stride apart, each token's H x D values contiguous."""
+    rows_ok = x.dim() == 3 and x.stride(2) == 1 and (x.shape[1] == 1 or x.stride(1) == shape[2])
+    if x.dtype != torch.bfloat16 or tuple(x.shape) != shape or x.device != device or not rows_ok:
+        raise ValueError(
+            f"{name} must be a bf16 tensor of shape {list(shape)} on {device} with each token's values "
+            f"contiguous, got {x.dtype} {list(x.shape)} strides {list(x.stride())} on {x.device}"
+        )
+
+
 def _geometry_args(fmt: PageFormat) -> dict[str, int]:
     """The block geometry a raw page is laid out in: v3's raw pages are plain [2, H, 16, D] bf16, which is
     v1/v2's token-major raw page."""
@@ -162,14 +172,17 @@ def store_tokens(
     v: torch.Tensor,
     fmt: PageFormat,
 ) -> None:
-    """Write tokens ``k``, ``v`` (bf16 [n, H, D]) into their raw pages; ``slot = page_id * 16 + offset``."""
+    """Write tokens ``k``, ``v`` (bf16 [n, H, D]) into their raw pages; ``slot = page_id * 16 + offset``.
+    ``k`` and ``v`` may be views whose tokens lie any stride apart (each token's heads contiguous): SGLang
+    hands over slices of the QKV projection, and copying them cost two launches a layer and step (the H100
+    profile, docs/benchmarks.md)."""
     _check_heap(heap)
     n = slots.numel()
     dev = heap.device
     h, d = fmt.num_kv_heads, fmt.head_dim
     _check("slots", slots, torch.int64, (n,), dev)
-    _check("k", k, torch.bfloat16, (n, h, d), dev)
-    _check("v", v, torch.bfloat16, (n, h, d), dev)
+    _check_rows("k", k, (n, h, d), dev)
+    _check_rows("v", v, (n, h, d), dev)
     if page_loc_layer.dtype != torch.int64 or page_loc_layer.device != dev:
         raise ValueError(
             f"page_loc_layer must be int64 on {dev}, got {page_loc_layer.dtype} on {page_loc_layer.device}"
@@ -177,6 +190,6 @@ def store_tokens(
     if n == 0:
         return
     _store_tokens_kernel[(n, 2 * h)](
-        heap.view(torch.int16), page_loc_layer, slots, k.view(torch.int16), v.view(torch.int16), h, D=d,
-        num_warps=1, **_geometry_args(fmt),
+        heap.view(torch.int16), page_loc_layer, slots, k.view(torch.int16), v.view(torch.int16), h,
+        k.stride(0), v.stride(0), D=d, num_warps=1, **_geometry_args(fmt),
     )  # fmt: skip

@@ -128,6 +128,28 @@ def test_store_tokens_matches_reference(device: str) -> None:
     assert torch.equal(got.cpu(), want)
 
 
+def test_store_tokens_reads_k_and_v_as_slices_of_the_qkv_projection(device: str) -> None:
+    # SGLang hands the store k and v as views of one [n, (Hq + 2H) * D] projection output: tokens a whole
+    # row apart. The kernel reads them in place and writes what the contiguous copies would have.
+    fmt = formats()[3]
+    gen = torch.Generator().manual_seed(8)
+    h, d, hq = fmt.num_kv_heads, fmt.head_dim, 2 * fmt.num_kv_heads
+    page_loc = torch.tensor([1, 3, 0, 2]) * fmt.raw_page_bytes
+    slots = torch.randperm(64, generator=gen)[:24]
+    qkv = torch.randn(24, (hq + 2 * h) * d, generator=gen).bfloat16().to(device)
+    k = qkv[:, hq * d : (hq + h) * d].view(24, h, d)
+    v = qkv[:, (hq + h) * d :].view(24, h, d)
+    assert not k.is_contiguous() and k.stride(0) == (hq + 2 * h) * d
+    want = torch.zeros(4 * fmt.raw_page_bytes, dtype=torch.uint8)
+    ref.store_tokens(want, page_loc, slots, k.cpu().contiguous(), v.cpu().contiguous(), fmt)
+    got = torch.zeros_like(want, device=device)
+    codec.store_tokens(got, page_loc.to(device), slots.to(device), k, v, fmt)
+    assert torch.equal(got.cpu(), want)
+    head_major = k.transpose(0, 1).contiguous().transpose(0, 1)  # a token's heads lie apart: refused
+    with pytest.raises(ValueError, match="each token's values contiguous"):
+        codec.store_tokens(got, page_loc.to(device), slots.to(device), head_major, v, fmt)
+
+
 def test_bad_arguments_are_refused(device: str) -> None:
     fmt = formats()[2]
     heap = torch.zeros(2 * fmt.raw_page_bytes, dtype=torch.uint8, device=device)

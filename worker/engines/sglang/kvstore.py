@@ -43,7 +43,8 @@ class ZipkvKV:
                 f"zipkv stores bf16 KV; this model runs {k.dtype}: start SGLang with dtype=bfloat16"
             )
         pages = self.pages(layer_id)
-        self._store(pages.heap, pages.loc, slots, k.contiguous(), v.contiguous(), self.fmt)
+        k, v = _rows(k), _rows(v)  # the QKV projection's slices as they are (store_tokens takes any stride)
+        self._store(pages.heap, pages.loc, slots, k, v, self.fmt)
 
     def read_pages(self, layer_id: int, page_ids: torch.Tensor) -> torch.Tensor:
         """Pages of one layer, raw or compressed, restored: bf16 [n, 2, H, 16, D]."""
@@ -65,3 +66,10 @@ class ZipkvKV:
         with self.pool.device_timers["restore"].span():
             self._decode_pages(pages.heap, pages.loc[page_ids], pages.meta[page_ids], out, fmt)
         return out
+
+
+def _rows(x: torch.Tensor) -> torch.Tensor:
+    """``x`` (bf16 [n, H, D]) itself when each token's values are contiguous (a slice of the QKV
+    projection's output), else a contiguous copy."""
+    rows = x.stride(2) == 1 and (x.shape[1] == 1 or x.stride(1) == x.shape[2])
+    return x if rows else x.contiguous()
