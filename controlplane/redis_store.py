@@ -65,6 +65,7 @@ class RedisStore:
         self._local = MemoryStore(pl.expire_after_ms, pl.reservation_ttl_s, clock, pl.report_delay_bound_ms)
         self._local_res: set[tuple[str, str]] = set()  # reservations made while degraded
         self._pending_release: list[tuple[str, str]] = []
+        self._claims_in_redis: set[tuple[str, str]] = set()  # claims Redis holds (released there too)
         self._snap = Snapshot((), 0.0)
         self._degraded = False
         self._timeouts = 0
@@ -218,9 +219,10 @@ class RedisStore:
                 int(claim),
             ]
             try:
-                return bool(
-                    await self._reserve(keys=[self._w(worker_id), self._r(worker_id)], args=args) == 1
-                )
+                ok = await self._reserve(keys=[self._w(worker_id), self._r(worker_id)], args=args) == 1
+                if ok and claim:
+                    self._claims_in_redis.add((worker_id, request_id))
+                return bool(ok)
             except ERRORS as exc:
                 self._failed(exc)
                 if not self._degraded:
@@ -250,11 +252,13 @@ class RedisStore:
             self._failed(exc)  # the reservation keeps counting until released: the safe side
 
     async def release(self, worker_id: str, request_id: str) -> None:
+        claimed_in_redis = (worker_id, request_id) in self._claims_in_redis
+        self._claims_in_redis.discard((worker_id, request_id))
         if (worker_id, request_id) in self._local_res:
             self._local_res.discard((worker_id, request_id))
             await self._local.release(worker_id, request_id)
-            # a claim this request took in Redis before the outage is still there: undo it on recovery
-            self._pending_release.append((worker_id, request_id))
+            if claimed_in_redis:  # claimed in Redis before the outage: still there, undone on recovery
+                self._pending_release.append((worker_id, request_id))
             return
         try:
             await self._redis.hdel(self._r(worker_id), request_id)
