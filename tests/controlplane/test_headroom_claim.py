@@ -210,3 +210,45 @@ def test_a_claim_on_a_worker_that_starts_draining_moves_to_another() -> None:
         metrics = httpx.get(st.url + "/metrics").text
         assert 'zipkv_router_claims_total{outcome="lost"} 1.0' in metrics
         assert b.peak_committed_tokens >= 802 and a.peak_committed_tokens == 0
+
+
+def test_a_claim_redis_holds_is_released_there_after_an_outage(
+    redis_server: tuple[str, subprocess.Popen[bytes]],
+) -> None:
+    # The claim is taken in Redis; then Redis stops answering this router (its calls refused), which
+    # degrades it: the claim turns into a local reservation and is released locally. Redis still holds
+    # the claim, so its release is replayed there once Redis answers again; a request that never claimed
+    # leaves nothing to replay.
+    url, _ = redis_server
+    cfg = make_config(state={"backend": "redis", "redis_url": url})
+
+    async def scenario() -> tuple[dict[str, str], dict[str, str], int]:
+        store = RedisStore(cfg, clock=time.time)
+        try:
+            now = time.time()
+            assert await store.put_report(_view(100, now, 1)) is None
+            assert await store.reserve("w", "long", 800, now, prefill_tokens=798, claim=True)
+            held = dict(await store._redis.hgetall(store._r("w")))
+            real_reserve = store._reserve
+
+            async def refused(**_: Any) -> Any:
+                raise ConnectionRefusedError("redis down")
+
+            store._reserve = refused  # type: ignore[method-assign]
+            assert await store.put_report(_view(900, now + 0.5, 2)) is None
+            assert await store.reserve("w", "long", 800, now + 0.5)  # degraded: taken locally
+            assert store.degraded
+            assert await store.reserve("w", "short", 50, now + 0.5)
+            await store.release("w", "long")
+            await store.release("w", "short")
+            pending = len(store._pending_release)
+            store._reserve = real_reserve  # type: ignore[method-assign]
+            await store._flush_releases()  # what the refresh loop runs once Redis answers
+            return held, dict(await store._redis.hgetall(store._r("w"))), pending
+        finally:
+            await store.close()
+
+    held, after, pending = asyncio.run(scenario())
+    assert list(held) == ["long"] and held["long"].endswith(":-1")  # stored as a claim
+    assert pending == 1  # the claim's release only, not the request that never claimed
+    assert after == {}
