@@ -49,9 +49,21 @@ def _check(
         )
 
 
+def _rows_contiguous(x: torch.Tensor) -> bool:
+    """Whether each token of ``x`` ([n, H, D]) has its H x D values one after another (tokens any stride
+    apart): the layout ``store_tokens`` reads."""
+    return x.dim() == 3 and x.stride(2) == 1 and (x.shape[1] == 1 or x.stride(1) == x.shape[2])
+
+
+def as_token_rows(x: torch.Tensor) -> torch.Tensor:
+    """``x`` ([n, H, D]) itself when ``store_tokens`` can read it in place (a slice of the QKV projection's
+    output), else a contiguous copy."""
+    return x if _rows_contiguous(x) else x.contiguous()
+
+
 def _check_rows(name: str, x: torch.Tensor, shape: tuple[int, ...], device: torch.device) -> None:
     """A bf16 [n, H, D] tensor whose tokens may lie any stride apart, each token's H x D values contiguous."""
-    rows_ok = x.dim() == 3 and x.stride(2) == 1 and (x.shape[1] == 1 or x.stride(1) == shape[2])
+    rows_ok = _rows_contiguous(x)
     if x.dtype != torch.bfloat16 or tuple(x.shape) != shape or x.device != device or not rows_ok:
         raise ValueError(
             f"{name} must be a bf16 tensor of shape {list(shape)} on {device} with each token's values "

@@ -25,11 +25,13 @@ class ZipkvKV:
             from zipkv.kernels.codec import pages as codec
 
             self._store = codec.store_tokens
+            self._as_rows: Callable[[torch.Tensor], torch.Tensor] = codec.as_token_rows
             self._decode_pages: Callable[..., None] | None = codec.decode_pages
         except ImportError:
             from zipkv.kernels.reference import pages as reference
 
             self._store = reference.store_tokens
+            self._as_rows = _as_is  # the reference indexes any layout
             self._decode_pages = None
 
     def pages(self, layer_id: int) -> LayerPages:
@@ -43,8 +45,8 @@ class ZipkvKV:
                 f"zipkv stores bf16 KV; this model runs {k.dtype}: start SGLang with dtype=bfloat16"
             )
         pages = self.pages(layer_id)
-        k, v = _rows(k), _rows(v)  # the QKV projection's slices as they are (store_tokens takes any stride)
-        self._store(pages.heap, pages.loc, slots, k, v, self.fmt)
+        # the QKV projection's slices as they are: the store reads tokens any stride apart
+        self._store(pages.heap, pages.loc, slots, self._as_rows(k), self._as_rows(v), self.fmt)
 
     def read_pages(self, layer_id: int, page_ids: torch.Tensor) -> torch.Tensor:
         """Pages of one layer, raw or compressed, restored: bf16 [n, 2, H, 16, D]."""
@@ -68,8 +70,5 @@ class ZipkvKV:
         return out
 
 
-def _rows(x: torch.Tensor) -> torch.Tensor:
-    """``x`` (bf16 [n, H, D]) itself when each token's values are contiguous (a slice of the QKV
-    projection's output), else a contiguous copy."""
-    rows = x.stride(2) == 1 and (x.shape[1] == 1 or x.stride(1) == x.shape[2])
-    return x if rows else x.contiguous()
+def _as_is(x: torch.Tensor) -> torch.Tensor:
+    return x
