@@ -85,21 +85,11 @@ async def decide_or_wait(
 
 
 async def _take(d: Placer, shape: RequestShape, claim_id: str) -> str | None:
-    """Claim the worker placement/headroom_wait.py picks (its id), or None when there is none to claim.
-    The whole prompt counts as the claim's prefill (the prefix index's cached share is not subtracted: the
-    prediction errs long)."""
+    """Claim the worker placement/headroom_wait.py picks (its id), or None when there is none to claim."""
     target = claim_target(d.store.snapshot(), shape, d.cfg.placement, d.clock())
     if target is None:
         return None
-    ok = await d.store.reserve(
-        target.worker_id,
-        claim_id,
-        shape.need_tokens,
-        d.clock(),
-        prefill_tokens=shape.prompt_tokens,
-        claim=True,
-    )
-    return target.worker_id if ok else None
+    return target.worker_id if await _reserve(d, shape, target.worker_id, claim_id, claim=True) else None
 
 
 async def _convert(
@@ -110,11 +100,18 @@ async def _convert(
     state = claim_state(snap, worker_id, shape, d.cfg.placement, d.clock())
     if state != "fits":
         return None, state == "lost"
-    ok = await d.store.reserve(
-        worker_id, claim_id, shape.need_tokens, d.clock(), prefill_tokens=shape.prompt_tokens
-    )
+    if not await _reserve(d, shape, worker_id, claim_id, claim=False):
+        return None, False
     view = next(v for v in snap.workers if v.worker_id == worker_id)
-    return (Claimed(view, claim_id) if ok else None), False
+    return Claimed(view, claim_id), False
+
+
+async def _reserve(d: Placer, shape: RequestShape, worker_id: str, claim_id: str, claim: bool) -> bool:
+    """The claim (`claim`), or the reservation it turns into, of the request's whole need. The whole prompt
+    counts as its prefill (the prefix index's cached share is not subtracted: the prediction errs long)."""
+    return await d.store.reserve(
+        worker_id, claim_id, shape.need_tokens, d.clock(), prefill_tokens=shape.prompt_tokens, claim=claim
+    )
 
 
 async def _give_back(d: Placer, worker_id: str, claim_id: str, ending: str) -> None:
