@@ -207,7 +207,9 @@ class ZipkvRouter:
             return None
         wid, need, prefill = target.worker_id, shape.need_tokens, shape.prompt_tokens
         reserve = self.store.reserve(wid, f"r{r.rid}", need, self.clock(), prefill_tokens=prefill, claim=True)
-        self.stats["claimed"] += bool(run_now(reserve))
+        if not run_now(reserve):  # as the dispatcher's `_take`: no claim without the reservation
+            return None
+        self.stats["claimed"] += 1
         return wid
 
     def _convert(self, r: SimRequest, wid: str) -> tuple[int | None, bool]:
