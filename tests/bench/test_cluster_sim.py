@@ -335,3 +335,18 @@ def test_the_sustained_simulation_replays_one_long_window_from_the_start() -> No
     got = next(r for r in out["rows"] if (r["slo"], r["rate_rps"]) == ("relaxed", 2.0))
     assert (got["goodput_rps"], got["attainment"]) == (want["goodput_rps"], want["attainment"])
     assert want["requests"] == 40
+
+
+def test_a_router_with_claims_claims_and_places_through_them() -> None:
+    # The same short-of-headroom case with placement.claim_headroom: waiting requests claim the worker, and
+    # some of those claims become their reservations; every request is still served or shed once.
+    models, _ = calibrated_models()
+    reqs = load_trace(limit=300)
+    small = replace(spec_for("zipkv", models["zipkv"]), budget_tokens=budget_tokens() // 4)
+    res = simulate([small], "zipkv_affinity_no_shed_claim", reqs, arrivals_s(reqs, 1.5), SLOS[0], 0.03)
+    st = res.router
+    assert st is not None and st["waited"] > 0
+    assert 0 < st["claim_placed"] <= st["claimed"] <= st["waited"]
+    assert sum(res.per_worker_requests) + sum(o.shed for o in res.outcomes) == len(reqs)
+    assert zipkv_config("zipkv_affinity_no_shed_claim").claim_headroom
+    assert not zipkv_config("zipkv_affinity_no_shed_wait").claim_headroom
