@@ -22,11 +22,13 @@ as ``ceil(w * s / slots) / s`` (:func:`choose_max_splits`).
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
 
+from ..env_choice import env_choice
 from ..format.layout import PAGE_TOKENS, PageFormat
 from .decode_config import (
     HOPPER_CONFIG,
@@ -37,9 +39,11 @@ from .decode_config import (
     kernel_config,
 )
 from .split_plan import balanced_splits, even_split_tiles, work_items
+from .split_plan_triton import split_work_triton
 
 MAX_SPLITS = 128
 CPU_NUM_SMS = 4  # the Triton interpreter: keep grids small
+SPLIT_PLAN_ENV = "ZIPKV_SPLIT_PLAN"
 
 
 @dataclass(frozen=True)
@@ -152,10 +156,18 @@ def pair_slots(
     return pairs, min(cap, pairs - batch + 1)  # one request takes what the others' one split each leave
 
 
+def split_plan_impl(env: Mapping[str, str] | None = None) -> str:
+    """``$ZIPKV_SPLIT_PLAN``: "kernel" (default; one Triton launch on a GPU, split_plan_triton.py) or
+    "torch" (split_plan.py's ops, some 60 small kernels a step: the reference). The CPU always takes torch."""
+    return env_choice(SPLIT_PLAN_ENV, ("kernel", "torch"), "kernel", env, hint="how the decode plan is built")
+
+
 def _split_work(
     kv_lens: torch.Tensor, page_indptr: torch.Tensor, block_n: int, num_pairs: int, max_splits: int
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """(splits, split_tokens, work, pair_start): the batch cut into balanced splits (split_plan.py)."""
+    if kv_lens.is_cuda and split_plan_impl() == "kernel":
+        return split_work_triton(kv_lens, page_indptr, block_n, num_pairs, max_splits)
     tiles = (kv_lens.to(torch.int64) + block_n - 1) // block_n
     splits, split_tiles = even_split_tiles(tiles, balanced_splits(tiles, num_pairs, max_splits))
     split_tokens = split_tiles * block_n
@@ -212,7 +224,7 @@ def plan_decode(
     hd = fmt.head_dim
     return DecodePlan(
         fmt=fmt, page_ids=page_ids, page_indptr=page_indptr, kv_lens=kv_lens,
-        num_splits=splits.to(torch.int32),
+        num_splits=splits.to(torch.int32),  # (no copy when the kernel built them)
         split_tokens=split_tokens.to(torch.int32),
         work=work,
         pair_start=pair_start,

@@ -12,7 +12,22 @@ import torch
 MIN_SPLIT_TILES = 2  # a split reads at least this many tiles, so its fixed cost stays small
 SPLIT_LENGTH_STEPS = 8  # candidate split lengths per octave (a split at most 9% longer than balance needs)
 SPLIT_LENGTH_OCTAVES = 20  # candidates from MIN_SPLIT_TILES up to 2^20 times that
+LADDER_FRACTION_BITS = 40  # the ladder's fixed point (ladder_tiles)
 WORK_FIELDS = 4  # a work item: (request or -1, first token, end token, the request's first page index)
+
+
+def ladder_tiles(device: torch.device) -> torch.Tensor:
+    """int64 [C]: the candidate split lengths in tiles, ``ceil(MIN_SPLIT_TILES * 2^(c / STEPS))``.
+
+    In fixed point, so that every device and the plan's Triton kernel (split_plan_triton.py) get the same
+    integers: float32 ``exp2`` rounds two of them (c = 146, 154) up by one, and a GPU's may differ from the
+    CPU's. A mantissa off by one unit of 2^-LADDER_FRACTION_BITS moves no ceiling: the exact values stay at
+    least 0.002 from an integer."""
+    steps = torch.arange(SPLIT_LENGTH_STEPS * SPLIT_LENGTH_OCTAVES, device=device)
+    fraction = (steps % SPLIT_LENGTH_STEPS).to(torch.float64) / SPLIT_LENGTH_STEPS
+    mantissa = torch.floor(torch.exp2(fraction) * 2.0**LADDER_FRACTION_BITS).to(torch.int64) * MIN_SPLIT_TILES
+    one = 1 << LADDER_FRACTION_BITS
+    return (torch.bitwise_left_shift(mantissa, steps // SPLIT_LENGTH_STEPS) + one - 1) >> LADDER_FRACTION_BITS
 
 
 def balanced_splits(tiles: torch.Tensor, pair_slots: int, max_splits: int) -> torch.Tensor:
@@ -21,8 +36,7 @@ def balanced_splits(tiles: torch.Tensor, pair_slots: int, max_splits: int) -> to
     One split length for the whole batch, the shortest on a geometric ladder (from MIN_SPLIT_TILES tiles)
     whose splits, at most ``max_splits`` and at least one per request, number ``pair_slots`` or fewer;
     when even one split each is too many, one split each."""
-    steps = torch.arange(SPLIT_LENGTH_STEPS * SPLIT_LENGTH_OCTAVES, device=tiles.device)
-    ladder = torch.ceil(MIN_SPLIT_TILES * torch.exp2(steps / SPLIT_LENGTH_STEPS)).to(torch.int64)  # [C]
+    ladder = ladder_tiles(tiles.device)  # [C]
     need = ((tiles[:, None] + ladder[None, :] - 1) // ladder[None, :]).clamp(1, max_splits).sum(0)  # [C]
     fits = (need <= pair_slots).to(torch.int32)
     first = torch.argmax(fits).view(1)  # the first (shortest) length that fits; 0 when none does

@@ -5,13 +5,16 @@ and the work list covers every request's tokens once, in order."""
 from __future__ import annotations
 
 import itertools
+import math
+import random
 
 import pytest
 import torch
 from paged_cases import make_case, rel_err, run_both
 
-from zipkv.kernels.attention.decode_plan import pair_slots, plan_decode
-from zipkv.kernels.attention.split_plan import balanced_splits, even_split_tiles, work_items
+from zipkv.kernels.attention.decode_plan import _split_work, pair_slots, plan_decode, split_plan_impl
+from zipkv.kernels.attention.split_plan import balanced_splits, even_split_tiles, ladder_tiles, work_items
+from zipkv.kernels.attention.split_plan_triton import split_work_triton
 from zipkv.kernels.format.layout import PageFormat
 
 CASES = [  # (tiles per request, work items, most splits a request may have, expected splits)
@@ -113,6 +116,58 @@ def test_a_skewed_batch_through_the_kernel(device) -> None:  # type: ignore[no-u
     packed, twin = run_both(case, plan)
     assert torch.equal(packed.view(torch.int16), twin.view(torch.int16))
     assert rel_err(case, packed) < 1e-2
+
+
+def test_the_ladder_is_exact_on_every_rung() -> None:
+    """Fixed point, not float32 exp2 (which rounds rungs 146 and 154 up by one)."""
+    want = [math.ceil(2 ** (c // 8 + 1) * 2 ** ((c % 8) / 8)) for c in range(160)]
+    assert ladder_tiles(torch.device("cpu")).tolist() == want
+
+
+def _batch(lens: list[int], device: str) -> tuple[torch.Tensor, torch.Tensor]:
+    kv = torch.tensor(lens, dtype=torch.int32)
+    indptr = torch.cat([torch.zeros(1, dtype=torch.int32), ((kv + 15) // 16).cumsum(0).to(torch.int32)])
+    return kv.to(device), indptr.to(device)
+
+
+KERNEL_CASES = [  # (context lengths, block_n, work items, most splits a request may have)
+    ([8192], 32, 66, 66),  # batch 1: a wave of splits
+    ([8192] * 32, 32, 66, 35),
+    ([87000] + [6400] * 39, 32, 66, 27),  # the long request among short ones
+    ([1, 16, 17, 33, 700], 16, 20, 16),  # a split of at least two tiles; idle items after the last split
+    ([5] * 70, 64, 70, 1),  # more requests than a chunk of the kernel's loops, one split each
+    ([2**31 - 64], 32, 132, 128),  # the longest context an int32 holds: past the ladder's top rung
+]
+
+
+@pytest.mark.parametrize(("lens", "block_n", "pairs", "most"), KERNEL_CASES)
+def test_the_plan_kernel_gives_the_torch_plan_integer_for_integer(
+    lens: list[int], block_n: int, pairs: int, most: int, device: str
+) -> None:
+    kv, indptr = _batch(lens, device)
+    got = split_work_triton(kv, indptr, block_n, pairs, most)
+    want = _split_work(kv.cpu(), indptr.cpu(), block_n, pairs, most)  # the CPU takes the torch ops
+    for name, g, w in zip(("splits", "split_tokens", "work", "pair_start"), got, want, strict=True):
+        assert g.dtype == torch.int32 and torch.equal(g.cpu(), w.to(torch.int32)), name
+
+
+def test_the_plan_kernel_on_random_batches(device: str) -> None:
+    rng = random.Random(7)
+    for _ in range(12):
+        batch = rng.choice([1, 2, 3, 8, 33, 40])
+        lens = [rng.choice([1, 16, 17, 8192, 87000, rng.randint(1, 20000)]) for _ in range(batch)]
+        pairs = max(batch, rng.choice([66, 132, 2 * batch]))
+        most, block_n = min(rng.choice([1, 8, 66, 128]), pairs - batch + 1), rng.choice([16, 32, 64])
+        kv, indptr = _batch(lens, device)
+        got = split_work_triton(kv, indptr, block_n, pairs, most)
+        want = _split_work(kv.cpu(), indptr.cpu(), block_n, pairs, most)
+        assert all(torch.equal(g.cpu(), w.to(torch.int32)) for g, w in zip(got, want, strict=True)), lens
+
+
+def test_an_unknown_split_plan_is_refused() -> None:
+    assert split_plan_impl({}) == "kernel" and split_plan_impl({"ZIPKV_SPLIT_PLAN": " Torch "}) == "torch"
+    with pytest.raises(ValueError, match="ZIPKV_SPLIT_PLAN"):
+        split_plan_impl({"ZIPKV_SPLIT_PLAN": "fast"})
 
 
 @pytest.mark.gpu

@@ -107,10 +107,12 @@ class ZipkvAttention:
             hopper_lean,
             hopper_warp_softmax,
         )
+        from zipkv.kernels.attention.decode_plan import split_plan_impl
         from zipkv.kernels.attention.extend import extend_kernel_choice
 
         # the kernels' choices for every step, read at start-up: malformed $ZIPKV_DECODE_KERNEL,
-        # $ZIPKV_EXTEND_KERNEL or $ZIPKV_HOPPER_* values fail here
+        # $ZIPKV_EXTEND_KERNEL, $ZIPKV_SPLIT_PLAN or $ZIPKV_HOPPER_* values fail here
+        split_plan_impl()
         hopper_warp_softmax()
         hopper_lazy_rescale()
         hopper_lean()
