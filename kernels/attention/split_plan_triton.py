@@ -55,7 +55,8 @@ def _splits_needed(kv_lens_ptr, batch, length, max_splits, BLOCK_N: tl.constexpr
     return need
 
 
-@triton.jit
+# Not specialised on the batch's numbers: one compile serves every CUDA-graph batch size SGLang captures.
+@triton.jit(do_not_specialize=["batch", "num_pairs", "max_splits"])
 def _split_plan_kernel(
     kv_lens_ptr, indptr_ptr, splits_ptr, split_tokens_ptr, work_ptr, pair_start_ptr,
     batch, num_pairs, max_splits,
