@@ -4,6 +4,7 @@ in raw tokens, the backend, the measured milestone's flags, tracing) and their p
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,8 @@ from zipkv.worker.engines.sglang import telemetry as sglang_telemetry
 from zipkv.worker.engines.sglang.engine_args import engine_kwargs, kv_bytes_per_token
 from zipkv.worker.engines.sglang.telemetry import scheduler_env
 from zipkv.worker.settings import WorkerSettings
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_engine_kwargs_size_the_budget_in_raw_tokens_and_pick_the_backend(tmp_path: Path) -> None:
@@ -65,15 +68,19 @@ def test_a_replica_given_several_gpus_runs_sglang_over_all_of_them(tmp_path: Pat
         WorkerSettings(engine="sglang", gpus=-1)
 
 
-def test_worker_defaults_are_the_measured_sglang_milestone(tmp_path: Path) -> None:
-    """The replica runs SGLang with the flags the H200 end-to-end benchmark measured (milestone 2)."""
-    import importlib
-
-    module = importlib.import_module("bench.serving.bench_sglang_e2e")
+def test_worker_defaults_are_the_serving_benchmarks_sglang_flags(tmp_path: Path) -> None:
+    """The replica runs SGLang with the flags the serving benchmark measures (bench/run_serving_gpu.sh's
+    SGLANG_ARGS): radix cache and chunked prefill on, the prefill CUDA graph off."""
+    script = (ROOT / "bench" / "run_serving_gpu.sh").read_text()
+    measured = json.loads(re.search(r"SGLANG_ARGS=\$\{SGLANG_ARGS:-'(\{.*?\})'\}", script).group(1))  # type: ignore[union-attr]
     (tmp_path / "config.json").write_text(json.dumps(LLAMA_8B))
     kw = engine_kwargs(WorkerSettings(engine="sglang", model_path=str(tmp_path)), str(tmp_path))
     for key in ("disable_radix_cache", "chunked_prefill_size", "disable_prefill_cuda_graph"):
-        assert kw[key] == module.MILESTONES["m2"][key], key
+        assert kw[key] == measured[key], key
+    off = WorkerSettings(
+        engine="sglang", model_path=str(tmp_path), sglang_args='{"disable_radix_cache": true}'
+    )
+    assert engine_kwargs(off, str(tmp_path))["disable_radix_cache"] is True  # sglang_args still win
 
 
 def test_otlp_export_turns_on_sglangs_scheduler_tracing_without_per_token_spans(

@@ -15,6 +15,8 @@ from zipkv.worker.engine import SamplingOptions
 from zipkv.worker.engines.sglang.telemetry import tracing_kwargs
 from zipkv.worker.settings import WorkerSettings
 
+CHUNKED_PREFILL_TOKENS = 8192  # the serving benchmark's chunk (SGLang's own default depends on GPU memory)
+
 
 def engine_kwargs(settings: WorkerSettings, model_path: str, **overrides: Any) -> dict[str, Any]:
     """The ``sglang.Engine`` arguments for zipkv; `settings.sglang_args` win over these, overrides over
@@ -28,11 +30,12 @@ def engine_kwargs(settings: WorkerSettings, model_path: str, **overrides: Any) -
         "max_total_tokens": settings.kv_budget_bytes // kv_bytes_per_token(model_path),
         **({"context_length": settings.max_context_tokens} if settings.max_context_tokens else {}),
         "disable_prefill_cuda_graph": True,  # zipkv's extend runs eagerly (milestone 2 covers decode graphs)
-        # Milestone 3 (radix cache, chunked prefill) runs on the GPU with identical greedy tokens, but its
-        # extend restores cached prefix pages into scratch (slower TTFT) and is measured only at a small
-        # scale: the default is milestone 2, measured end to end; sglang_args can turn them back on.
-        "disable_radix_cache": True,
-        "chunked_prefill_size": -1,
+        # SGLang's radix cache and chunked prefill, as the serving benchmark runs them
+        # (bench/run_serving_gpu.sh): greedy tokens identical to compression off with cached prefixes and
+        # under eviction pressure, no failed allocation or retraction with 793k prompt tokens against a 389k
+        # budget (docs/benchmarks.md, "The radix cache under memory pressure"); sglang_args turn either off.
+        "disable_radix_cache": False,
+        "chunked_prefill_size": CHUNKED_PREFILL_TOKENS,
         "sampling_backend": "pytorch",
         "skip_tokenizer_init": True,  # the router tokenizes; the worker sees token ids
         "log_level": "warning",
