@@ -26,7 +26,7 @@ from .split_plan import (
     WORK_FIELDS,
 )
 
-CHUNK_REQUESTS = 32  # requests (or idle items) a loop step handles
+CHUNK_REQUESTS = 128  # requests (or idle items) a loop step handles: one a thread of the 4 warps
 NUM_LENGTHS = SPLIT_LENGTH_STEPS * SPLIT_LENGTH_OCTAVES  # the ladder's candidate split lengths
 SEARCH_STEPS = NUM_LENGTHS.bit_length()  # a binary search over NUM_LENGTHS + 1 outcomes
 

@@ -135,7 +135,8 @@ KERNEL_CASES = [  # (context lengths, block_n, work items, most splits a request
     ([8192] * 32, 32, 66, 35),
     ([87000] + [6400] * 39, 32, 66, 27),  # the long request among short ones
     ([1, 16, 17, 33, 700], 16, 20, 16),  # a split of at least two tiles; idle items after the last split
-    ([5] * 70, 64, 70, 1),  # more requests than a chunk of the kernel's loops, one split each
+    ([5] * 70, 64, 70, 1),  # one split each
+    ([5] * 70 + [3000] * 70 + [1], 32, 150, 10),  # more requests than a chunk of the kernel's loops (128)
     ([2**31 - 64], 32, 132, 128),  # the longest context an int32 holds: past the ladder's top rung
 ]
 
