@@ -170,6 +170,13 @@ def test_a_malformed_extend_kernel_choice_fails_at_start(monkeypatch: pytest.Mon
         ZipkvAttention(kv, alloc, r2t, HQ, True, extend_twin)
 
 
+def test_a_malformed_split_plan_choice_fails_at_start(monkeypatch: pytest.MonkeyPatch) -> None:
+    alloc, kv, r2t = setup()
+    monkeypatch.setenv("ZIPKV_SPLIT_PLAN", "fast")
+    with pytest.raises(ValueError, match="ZIPKV_SPLIT_PLAN='fast': expected one of kernel, torch"):
+        ZipkvAttention(kv, alloc, r2t, HQ, True, extend_twin)
+
+
 def test_a_malformed_hopper_switch_fails_at_start(monkeypatch: pytest.MonkeyPatch) -> None:
     alloc, kv, r2t = setup()
     for name in ("ZIPKV_HOPPER_WARP_SOFTMAX", "ZIPKV_HOPPER_LAZY_RESCALE", "ZIPKV_HOPPER_LEAN"):

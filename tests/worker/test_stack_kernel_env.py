@@ -15,11 +15,12 @@ def test_only_the_kernel_choices_are_passed_on() -> None:
 
 def test_every_choice_the_worker_reads_is_listed() -> None:
     from zipkv.allocator import pack
-    from zipkv.kernels.attention import decode_config, extend
+    from zipkv.kernels.attention import decode_config, decode_plan, extend
     from zipkv.worker.engines.sglang import flashinfer_prefill
 
     read = {decode_config.KERNEL_CONFIG_ENV, decode_config.DECODE_IMPL_ENV, decode_config.PAGE_FORMAT_ENV,
             decode_config.HOPPER_WARP_SOFTMAX_ENV, decode_config.HOPPER_LAZY_RESCALE_ENV,
             decode_config.HOPPER_LEAN_ENV,
-            extend.EXTEND_KERNEL_ENV, flashinfer_prefill.PREFILL_KERNEL_ENV, pack.POOL_PACK_ENV}  # fmt: skip
+            extend.EXTEND_KERNEL_ENV, flashinfer_prefill.PREFILL_KERNEL_ENV, pack.POOL_PACK_ENV,
+            decode_plan.SPLIT_PLAN_ENV}  # fmt: skip
     assert read == set(KERNEL_CHOICE_ENV)
