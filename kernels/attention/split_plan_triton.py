@@ -42,6 +42,20 @@ def _ladder(c, MIN_TILES: tl.constexpr, STEPS: tl.constexpr, FRACTION_BITS: tl.c
 
 
 @triton.jit
+def _split_count(tiles, length, max_splits):
+    """split_plan.balanced_splits' count for a context of ``tiles``: splits of ``length``, 1..max_splits."""
+    return tl.minimum(tl.maximum((tiles + length - 1) // length, 1), max_splits)
+
+
+@triton.jit
+def _even_splits(tiles, length, max_splits):
+    """(splits, tiles per split): the count evened out, no empty split (split_plan.even_split_tiles)."""
+    count = _split_count(tiles, length, max_splits)
+    split_tiles = (tiles + count - 1) // count
+    return (tiles + split_tiles - 1) // split_tiles, split_tiles
+
+
+@triton.jit
 def _splits_needed(kv_lens_ptr, batch, length, max_splits, BLOCK_N: tl.constexpr, CHUNK: tl.constexpr):
     """Work items the batch takes when its splits are ``length`` tiles long (each request 1..max_splits)."""
     rows = tl.arange(0, CHUNK)
@@ -49,8 +63,7 @@ def _splits_needed(kv_lens_ptr, batch, length, max_splits, BLOCK_N: tl.constexpr
     for b0 in range(0, batch, CHUNK):
         live = b0 + rows < batch
         tiles = (tl.load(kv_lens_ptr + b0 + rows, mask=live, other=0).to(tl.int64) + BLOCK_N - 1) // BLOCK_N
-        n = tl.minimum(tl.maximum((tiles + length - 1) // length, 1), max_splits)
-        need += tl.sum(tl.where(live, n, 0), 0)
+        need += tl.sum(tl.where(live, _split_count(tiles, length, max_splits), 0), 0)
     return need
 
 
@@ -83,10 +96,8 @@ def _split_plan_kernel(
     for b0 in range(0, batch, CHUNK):  # each request's even splits, and where its items start
         live = b0 + rows < batch
         kv = tl.load(kv_lens_ptr + b0 + rows, mask=live, other=1).to(tl.int64)
-        tiles = (kv + BLOCK_N - 1) // BLOCK_N
-        splits = tl.minimum(tl.maximum((tiles + length - 1) // length, 1), max_splits)
-        split_tiles = (tiles + splits - 1) // splits
-        splits = tl.where(live, (tiles + split_tiles - 1) // split_tiles, 0)
+        splits, split_tiles = _even_splits((kv + BLOCK_N - 1) // BLOCK_N, length, max_splits)
+        splits = tl.where(live, splits, 0)
         start = total + tl.cumsum(splits, 0) - splits
         total += tl.sum(splits, 0)
         tl.store(splits_ptr + b0 + rows, splits.to(tl.int32), mask=live)
@@ -114,10 +125,7 @@ def _idle_items(
     """Items past the last split: request -1, and the other fields as split_plan.work_items gives them
     (the last request's numbers carried on), so the two plans are equal integer for integer."""
     kv = tl.load(kv_lens_ptr + batch - 1).to(tl.int64)
-    tiles = (kv + BLOCK_N - 1) // BLOCK_N
-    splits = tl.minimum(tl.maximum((tiles + length - 1) // length, 1), max_splits)
-    split_tiles = (tiles + splits - 1) // splits
-    splits = (tiles + split_tiles - 1) // split_tiles
+    splits, split_tiles = _even_splits((kv + BLOCK_N - 1) // BLOCK_N, length, max_splits)
     start = total - splits
     page0 = tl.load(indptr_ptr + batch - 1)
     offs = tl.arange(0, CHUNK)
