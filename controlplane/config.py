@@ -167,6 +167,8 @@ class DispatchConfig(Strict):
     deadline_s: float = Field(default=600.0, gt=0, description="gRPC deadline of one Generate call")
     connect_timeout_s: float = Field(default=2.0, gt=0)
     retries: int = Field(default=1, ge=0, le=3, description="retries elsewhere before any token was sent")
+    mid_request_retries: int = Field(default=1, ge=0, le=3)  # a non-streamed request's, after a worker loss
+    unreachable_cooldown_s: float = Field(default=5.0, ge=0)  # a worker refusing connections goes last
 
 
 class TelemetryConfig(Strict):

@@ -15,17 +15,17 @@ import logging
 import time
 import uuid
 from collections.abc import Callable, Coroutine
-from dataclasses import dataclass
 from typing import Any
 
 import grpc
 from opentelemetry import trace
 
 from zipkv.controlplane.config import RouterConfig
+from zipkv.controlplane.dispatch_request import Opening, Sampling, UnreachableWorkers
 from zipkv.controlplane.grpc_auth import bearer_metadata, open_channel
 from zipkv.controlplane.headroom_claim import decide_or_wait
 from zipkv.controlplane.metrics import RouterMetrics
-from zipkv.controlplane.placement import Decision, RequestShape, place
+from zipkv.controlplane.placement import Candidate, Decision, RequestShape, place
 from zipkv.controlplane.prefix_index import PrefixIndex, PrefixMatch
 from zipkv.controlplane.state import Store, WorkerView
 from zipkv.controlplane.telemetry import trace_metadata
@@ -44,41 +44,6 @@ from zipkv.protos import zipkv_pb2_grpc as pb_grpc
 log = logging.getLogger("zipkv.controlplane.dispatch")
 
 
-@dataclass(frozen=True, slots=True)
-class Sampling:
-    """How the worker samples a request, as the HTTP layer parsed it (the dispatcher builds the wire
-    message). ``seed`` None: the worker's own."""
-
-    temperature: float
-    top_p: float
-    top_k: int  # 0: off
-    stop_token_ids: tuple[int, ...]
-    ignore_eos: bool
-    seed: int | None
-
-    def wire(self, max_new_tokens: int) -> pb.SamplingParams:
-        return pb.SamplingParams(
-            temperature=self.temperature,
-            top_p=self.top_p,
-            top_k=max(self.top_k, 0),
-            max_new_tokens=max_new_tokens,
-            stop_token_ids=list(self.stop_token_ids),
-            ignore_eos=self.ignore_eos,
-            seed=0 if self.seed is None else self.seed + 1,  # 0 on the wire: no seed
-        )
-
-
-@dataclass(frozen=True, slots=True)
-class Opening:
-    """What every attempt of one request sends: the prompt, the sampling, and its prompt blocks' hashes
-    (recorded in the prefix index once a worker took it)."""
-
-    model: str
-    prompt_ids: list[int]
-    sampling: pb.SamplingParams
-    hashes: tuple[int, ...]
-
-
 class Dispatcher:
     def __init__(
         self,
@@ -93,6 +58,7 @@ class Dispatcher:
         self._tasks: set[asyncio.Future[None]] = set()
         # Candidates kept per decision: the retries plus room for reservations lost to other routers.
         self._top_k = cfg.dispatch.retries + 8
+        self.unreachable = UnreachableWorkers(cfg.dispatch.unreachable_cooldown_s)
         sec = cfg.security
         self._tls = sec.tls.files(sec.tls.worker_server_name) if sec.tls else None
         self._auth = bearer_metadata(sec.dispatch_token)
@@ -183,7 +149,24 @@ class Dispatcher:
         hashes = self.prefix.hashes(prompt_ids, shape.model)
         return hashes, self.prefix.match(hashes)
 
-    async def start(self, shape: RequestShape, prompt_ids: list[int], sampling: Sampling) -> Stream:
+    def _in_order(self, decision: Decision, avoid: frozenset[str]) -> list[Candidate]:
+        """The ranked candidates to try: those in `avoid` dropped, those lately unreachable moved last."""
+        now = self.clock()
+        ranked = [c for c in decision.ranked if c.worker.worker_id not in avoid]
+        cooling = [self.unreachable.cooling(c.worker.worker_id, now) for c in ranked]
+        return [c for c, cool in zip(ranked, cooling, strict=True) if not cool] + [
+            c for c, cool in zip(ranked, cooling, strict=True) if cool
+        ]
+
+    async def start(
+        self,
+        shape: RequestShape,
+        prompt_ids: list[int],
+        sampling: Sampling,
+        avoid: frozenset[str] = frozenset(),
+    ) -> Stream:
+        """The request opened on a worker (its first event in hand). `avoid`: workers not to try (one that
+        already failed this request mid-generation)."""
         hashes, match = self._prefix_match(shape, prompt_ids)
         base_id = uuid.uuid4().hex
         decision, claimed = await decide_or_wait(self, shape, match, f"{base_id}-claim")
@@ -197,7 +180,7 @@ class Dispatcher:
             if stream is not None:
                 return stream
             attempts += 1
-        for cand in decision.ranked:
+        for cand in self._in_order(decision, avoid):
             if attempts > self.cfg.dispatch.retries:
                 break
             w = cand.worker
@@ -238,12 +221,15 @@ class Dispatcher:
             await self.release(w.worker_id, rid)
             if exc.code() in CALLER_ERRORS or exc.code() not in RETRYABLE:
                 raise final_error(w.worker_id, exc) from None
+            if exc.code() == grpc.StatusCode.UNAVAILABLE:
+                self.unreachable.mark(w.worker_id, self.clock())
             self.metrics.retries.labels(exc.code().name.lower()).inc()
             log.info("retrying elsewhere", extra={"worker": w.worker_id, "code": exc.code().name})
             return None
         except BaseException:
             await self.release(w.worker_id, rid)
             raise
+        self.unreachable.clear(w.worker_id)
         if self.prefix is not None:  # the worker took it: its prefix cache now holds these blocks
             self.prefix.record(opening.hashes, w.worker_id)
         return stream

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -52,6 +52,12 @@ class Outcome:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     error: str | None = None
+    lost_worker: bool = False  # the error is the worker going away mid-stream (`Failed`), not its answer
+
+
+# A non-streamed request's second chance: given the workers that failed it, the request opened again on
+# another one, or None when nobody takes it.
+Redispatch = Callable[[frozenset[str]], Awaitable[Stream | None]]
 
 
 def sse(body: dict[str, Any]) -> bytes:
@@ -79,17 +85,20 @@ class Relay:
         self._ttft_ms, self._itl_ms = metrics.ttft_ms.labels(model), metrics.itl_ms.labels(model)
         self.slo_ttft_ms, self.slo_tpot_ms = slo_ms  # 0 = no target
         self._first_chunk_s = 0.0
+        self._tokenizer = tokenizer
         self.detok = IncrementalDetokenizer(tokenizer)
         self.stops = StopMatcher(stops)
         self.outcome = Outcome(prompt_tokens=prompt_tokens)
         self._last_chunk_s = 0.0
         self._finished = False
+        self._retried = False  # switched to another worker (switch_to)
 
     def _timing(self) -> None:
         now = time.perf_counter()
         if self._last_chunk_s == 0.0:
             self._first_chunk_s = now
-            self._ttft_ms.observe((now - self.t_in) * 1000.0)
+            if not self._retried:
+                self._ttft_ms.observe((now - self.t_in) * 1000.0)
         else:
             self._itl_ms.observe((now - self._last_chunk_s) * 1000.0)
         self._last_chunk_s = now
@@ -122,8 +131,21 @@ class Relay:
                     )
                 return
             elif isinstance(ev, Failed):
-                out.error = ev.message
+                out.error, out.lost_worker = ev.message, True
                 return
+
+    async def switch_to(self, stream: Stream) -> None:
+        """Go on with `stream`, the same request opened on another worker, from scratch: only for a response
+        nobody has seen yet (non-streamed). The old stream is closed (Abort, reservation released); the
+        request's TTFT was observed once, on the first worker, and is not observed again."""
+        await self.stream.close()
+        self.stream = stream
+        self.span.set_attribute("zipkv.worker.id", stream.worker_id)
+        self.detok = IncrementalDetokenizer(self._tokenizer)
+        self.stops = StopMatcher(self.stops.stops)
+        self.outcome = Outcome(prompt_tokens=self.outcome.prompt_tokens)
+        self._retried = True
+        self._first_chunk_s = self._last_chunk_s = 0.0
 
     async def finish(self, on_done: Callable[[], None]) -> None:
         """Release everything, once (shielded: runs even when the client went away and we were cancelled)."""
@@ -223,10 +245,23 @@ async def stream_sse(
         await relay.finish(on_done)
 
 
-async def collect(relay: Relay, on_done: Callable[[], None]) -> Outcome:
+async def collect(
+    relay: Relay, on_done: Callable[[], None], redispatch: Redispatch | None = None, retries: int = 0
+) -> Outcome:
+    """A non-streamed response, whole. A worker lost mid-generation is replaced up to `retries` times
+    through `redispatch` (the client has seen nothing, so the request starts again on another worker)."""
+    lost: set[str] = set()
     try:
-        async for _ in relay.pieces():
-            pass
+        while True:
+            async for _ in relay.pieces():
+                pass
+            if not relay.outcome.lost_worker or redispatch is None or len(lost) >= retries:
+                break
+            lost.add(relay.stream.worker_id)
+            stream = await redispatch(frozenset(lost))
+            if stream is None:
+                break
+            await relay.switch_to(stream)
     finally:
         await relay.finish(on_done)
     return relay.outcome

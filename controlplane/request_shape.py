@@ -12,7 +12,7 @@ from zipkv.controlplane import gate
 from zipkv.controlplane.chat_template import NoChatTemplate
 from zipkv.controlplane.config import ModelConfig, RouterConfig
 from zipkv.controlplane.context import fits_context
-from zipkv.controlplane.dispatch import Sampling
+from zipkv.controlplane.dispatch_request import Sampling
 from zipkv.controlplane.openai_api import ChatRequest, CompletionRequest
 from zipkv.controlplane.placement import RequestShape
 from zipkv.controlplane.tokenizer import Tokenizer

@@ -12,7 +12,8 @@ import contextlib
 import logging
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Coroutine
+from typing import Any
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
@@ -21,7 +22,8 @@ from opentelemetry import trace
 from zipkv.controlplane import gate
 from zipkv.controlplane.config import ModelConfig, RouterConfig
 from zipkv.controlplane.context import model_context_tokens
-from zipkv.controlplane.dispatch import Dispatcher, Sampling
+from zipkv.controlplane.dispatch import Dispatcher
+from zipkv.controlplane.dispatch_request import Sampling
 from zipkv.controlplane.metrics import RouterMetrics
 from zipkv.controlplane.openai_api import (
     ChatRequest,
@@ -31,7 +33,7 @@ from zipkv.controlplane.openai_api import (
     unsupported_field,
 )
 from zipkv.controlplane.placement import RequestShape
-from zipkv.controlplane.relay import Outcome, Relay, RelayResponse, collect, stream_sse
+from zipkv.controlplane.relay import Outcome, Redispatch, Relay, RelayResponse, collect, stream_sse
 from zipkv.controlplane.request_shape import find_model, prompt_ids, request_shape, sampling
 from zipkv.controlplane.state import MemoryStore, Store
 from zipkv.controlplane.telemetry import tracer
@@ -150,7 +152,8 @@ class Router:
         ids = prompt_ids(self.cfg, req, tok)
         slo = gate.slo_from_headers(request, self.cfg)
         shape = request_shape(req, model, len(ids), slo, self.context_tokens(model))
-        stream, span = await self._start(kind, req, shape, ids, sampling(req, tok))
+        samp = sampling(req, tok)
+        stream, span = await self._start(kind, req, shape, ids, samp)
         relay = Relay(
             stream,
             tok,
@@ -163,7 +166,24 @@ class Router:
             slo_ms=(shape.slo_ttft_ms, shape.slo_tpot_ms),
         )
         owner.append(relay)
-        return await self._respond(request, kind, req, relay, stream.worker_id, model.name)
+        redispatch = None if req.stream else self._redispatch(shape, ids, samp, relay.span)
+        return await self._respond(request, kind, req, relay, model.name, redispatch)
+
+    def _redispatch(
+        self, shape: RequestShape, prompt_ids: list[int], sampling: Sampling, span: trace.Span
+    ) -> Redispatch:
+        """A non-streamed request opened again, avoiding the workers that failed it mid-generation."""
+
+        async def again(lost: frozenset[str]) -> Stream | None:
+            self.metrics.retries.labels("lost_mid_request").inc()
+            try:
+                with trace.use_span(span, end_on_exit=False):
+                    return await self.dispatcher.start(shape, prompt_ids, sampling, avoid=lost)
+            except DispatchError as exc:
+                log.info("no worker took the request again", extra={"reason": exc.reason})
+                return None
+
+        return again
 
     async def _parse(self, request: Request, kind: str) -> ChatRequest | CompletionRequest:
         """The body as the request model of ``kind``; 400 for a field this server does not support."""
@@ -227,16 +247,17 @@ class Router:
         kind: str,
         req: ChatRequest | CompletionRequest,
         relay: Relay,
-        worker_id: str,
         model_name: str,
+        redispatch: Redispatch | None,
     ) -> Response:
         """Server-sent events while the relay streams, or one JSON body once it finished."""
         shape_out = ResponseShape("chat" if kind == "chat" else "text", model_name, uuid.uuid4().hex[:24])
         if req.stream:
             body = stream_sse(relay, shape_out, req.include_usage, self._done)
-            headers = {"cache-control": "no-cache", "x-zipkv-worker": worker_id}
+            headers = {"cache-control": "no-cache", "x-zipkv-worker": relay.stream.worker_id}
             return RelayResponse(relay, self._done, body, headers)
-        out = await _collect_unless_gone(request, relay, self._done)
+        retries = self.cfg.dispatch.mid_request_retries
+        out = await _collect_unless_gone(request, collect(relay, self._done, redispatch, retries))
         if out.error:
             self.metrics.rejections.labels("worker_failed").inc()
             return JSONResponse(
@@ -244,13 +265,13 @@ class Router:
             )
         return JSONResponse(
             shape_out.full(out.text, out.finish_reason, out.prompt_tokens, out.completion_tokens),
-            headers={"x-zipkv-worker": worker_id},
+            headers={"x-zipkv-worker": relay.stream.worker_id},
         )
 
 
-async def _collect_unless_gone(request: Request, relay: Relay, on_done: Callable[[], None]) -> Outcome:
+async def _collect_unless_gone(request: Request, collecting: Coroutine[Any, Any, Outcome]) -> Outcome:
     """Collect a non-streamed response; if the client goes away first, stop (the worker gets Abort)."""
-    task = asyncio.ensure_future(collect(relay, on_done))
+    task = asyncio.ensure_future(collecting)
     while not task.done():
         await asyncio.wait([task], timeout=0.25)
         if not task.done() and await request.is_disconnected():
