@@ -5,8 +5,9 @@
 #   3. locust on router 0 while router 1 is SIGKILLed (zipkv up restarts it) and Redis is SIGKILLed
 #      and restarted empty (routers serve from their snapshot, /readyz degraded, Redis repopulated)
 #   4. locust on both routers while one Ray Serve worker replica is SIGKILLed mid-stream (its streams end
-#      with an error; Serve places a replacement; the routers drop the dead worker when its reports stop,
-#      count the new one when it reports, and /readyz stays 200 meanwhile)
+#      with an error, its non-streamed requests are dispatched again; 8 long probes make sure some run on
+#      it; Serve places a replacement; the routers drop the dead worker when its reports stop, count the
+#      new one when it reports, and /readyz stays 200 meanwhile)
 # Figures land in $OUT (summary.json, locust CSVs, /readyz samples); docs/reliability.md quotes a run.
 #   DURATION=180 FAULT_S=90 OUT=/tmp/zipkv-faults bash scripts/fault_suite.sh
 set -euo pipefail
@@ -77,10 +78,43 @@ ready_workers() {
     2>/dev/null || echo 0
 }
 for _ in $(seq 120); do [ "$(ready_workers "$R0")" = 2 ] && [ "$(ready_workers "$R1")" = 2 ] && break; sleep 0.5; done
-log "replica kill: $USERS users on both routers for ${FAULT_S}s; one worker replica SIGKILLed at 15 s"
+log "replica kill: $USERS users on both routers for ${FAULT_S}s; one worker replica SIGKILLed at 15 s, 8 long probes from 13 s"
 ZIPKV_ROUTERS="$R0,$R1" $PY -m locust -f bench/router/locustfile.py --headless -u "$USERS" -r "$USERS" -t "${FAULT_S}s" \
   --host "$R0" --csv "$OUT/replica" --only-summary >"$OUT/replica.log" 2>&1 & LOCUST_PID=$!
-sleep 15
+sleep 13
+# Probes, so that the kill surely lands mid-generation (locust's replies take ~0.1 s): 4 non-streamed and
+# 4 streamed completions of 600 tokens (ignore_eos) over both routers, 2 s before the kill. A non-streamed
+# one whose worker dies is dispatched again and must still come back whole (200, 600 tokens); a streamed
+# one on the killed replica ends with an error event (its client had tokens already).
+$PY - "$OUT/probes.json" "$R0" "$R1" <<'PY' & PROBES_PID=$!
+import json, sys, threading, time, httpx
+out, routers = sys.argv[1], sys.argv[2:]
+results = []
+def probe(i: int) -> None:
+    url, stream = routers[i % 2] + "/v1/completions", i >= 4
+    body = {"model": "zipkv-tiny", "prompt": f"probe {i}", "max_tokens": 600, "ignore_eos": True, "stream": stream}
+    rec = {"probe": i, "stream": stream, "t_start": time.time()}
+    try:
+        with httpx.stream("POST", url, json=body, timeout=120) as r:
+            rec.update(status=r.status_code, worker=r.headers.get("x-zipkv-worker"))
+            if stream:
+                lines = [ln for ln in r.iter_lines() if ln]
+                rec.update(done=lines[-1:] == ["data: [DONE]"], error_event=any('"error"' in ln for ln in lines))
+            else:
+                r.read()
+                rec.update(completion_tokens=r.json().get("usage", {}).get("completion_tokens"))
+    except httpx.HTTPError as e:
+        rec.update(status=0, error=str(e))
+    rec["t_end"] = time.time()  # against killed_at_s: which probes were running at the kill
+    results.append(rec)
+threads = [threading.Thread(target=probe, args=(i,)) for i in range(8)]
+for t in threads:
+    t.start()
+for t in threads:
+    t.join()
+json.dump(sorted(results, key=lambda r: r["probe"]), open(out, "w"), indent=1)
+PY
+sleep 2
 # Which process is a replica: Ray names each actor's process after it (`ray::ServeReplica:<app>:<deployment>`,
 # `.method` appended while it runs one), and the replicas are the raylet's children, so descendants of this
 # stack's `zipkv up`: another Ray on the machine (a test run) cannot be picked. Which worker id it is: the
@@ -118,7 +152,7 @@ PY
 )
 read -r REPLICA_PID REPLICA_ID REPLICA_RUNNING <<<"$REPLICA"
 router_counters "$OUT/counters-before-replica-kill.json"
-kill -9 "$REPLICA_PID"; KILLED_AT=$(date +%s.%N)
+kill -9 "$REPLICA_PID"; KILLED_AT=$(date +%s.%N); echo "$KILLED_AT" >"$OUT/killed_at_s"
 log "killed worker replica $REPLICA_ID (pid $REPLICA_PID; $REPLICA_RUNNING running requests at its last report)"
 # Both routers' /readyz every 0.25 s until each has counted 2 ready workers again after its count left 2
 # (dead worker expired, replacement reporting: either order) and the status tap (written every 0.5 s) has
@@ -184,6 +218,7 @@ PY
 )
 log "replica kill: $RECOVERY"
 wait "$LOCUST_PID" || true
+wait "$PROBES_PID" || true
 router_counters "$OUT/counters-after-replica-kill.json"
 $PY - "$OUT" <<'PY'
 import csv, json, sys
@@ -202,6 +237,8 @@ summary = {"clean": agg("clean"), "faults": agg("faults"),
 before, after = (json.load(open(f"{out}/counters-{w}-replica-kill.json")) for w in ("before", "after"))
 counters = {k: v - before.get(k, 0) for k, v in after.items() if v - before.get(k, 0)}
 summary["replica_kill"] = {**agg("replica"), "failed": failures("replica"),
+                           "killed_at_s": float(open(f"{out}/killed_at_s").read()),
+                           "probes": json.load(open(f"{out}/probes.json")),
                            "router_counters_from_kill_to_end": counters,
                            **json.load(open(f"{out}/replica-kill.json"))}
 json.dump(summary, open(f"{out}/summary.json", "w"), indent=2)

@@ -47,11 +47,12 @@ def test_worker_sigkill_mid_stream_ends_cleanly_or_retries(tmp_path: Path) -> No
             outcomes = running.stop()
         after_kill = sum(outcomes.values()) - before
         print(f"worker SIGKILL: {dict(outcomes)}; {after_kill} requests after the kill")  # with -s
-        # In-flight streams on the dead worker end with a last error event (or 502 when not streamed);
-        # requests that had no token yet were retried on the survivor. Nothing hangs (the load client's
-        # threads all joined), nothing else fails, and the survivor keeps serving.
-        assert failures(outcomes, allowed=("clean_stream_error", "clean_502")) == {}, outcomes
-        assert outcomes["clean_stream_error"] + outcomes["clean_502"] <= 8, outcomes
+        # In-flight streams on the dead worker end with a last error event; its non-streamed requests are
+        # dispatched again to the survivor and come back whole (no 502: nobody had seen their text), as
+        # do the requests that had no token yet. Nothing hangs (the load client's threads all joined),
+        # nothing else fails, and the survivor keeps serving.
+        assert failures(outcomes, allowed=("clean_stream_error",)) == {}, outcomes
+        assert outcomes["clean_stream_error"] <= 8, outcomes
         assert after_kill >= 10, outcomes
         ready = httpx.get(url + "/readyz").json()
         assert ready["status"] in ("ok", "degraded") and ready["models"]["zipkv-tiny"]["ready"] >= 1
