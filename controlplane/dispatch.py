@@ -20,6 +20,7 @@ from typing import Any
 import grpc
 from opentelemetry import trace
 
+from zipkv.controlplane import grpc_keepalive as keepalive
 from zipkv.controlplane.config import RouterConfig
 from zipkv.controlplane.dispatch_request import Opening, Sampling, UnreachableWorkers
 from zipkv.controlplane.grpc_auth import bearer_metadata, open_channel
@@ -62,6 +63,7 @@ class Dispatcher:
         sec = cfg.security
         self._tls = sec.tls.files(sec.tls.worker_server_name) if sec.tls else None
         self._auth = bearer_metadata(sec.dispatch_token)
+        self._keepalive = keepalive.client_options(cfg.dispatch.keepalive_s, cfg.dispatch.keepalive_timeout_s)
         # Where each prompt block went (prefix affinity); router-local, bounded (prefix_index.py).
         pl = cfg.placement
         self.prefix: PrefixIndex | None = (
@@ -77,7 +79,7 @@ class Dispatcher:
 
     def _stub(self, address: str) -> tuple[grpc.aio.Channel, pb_grpc.WorkerStub]:
         if address not in self._stubs:
-            channel = open_channel(address, self._tls)
+            channel = open_channel(address, self._tls, self._keepalive)
             self._stubs[address] = (channel, pb_grpc.WorkerStub(channel))
         return self._stubs[address]
 

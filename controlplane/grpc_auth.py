@@ -50,13 +50,17 @@ def channel_options(tls: TlsFiles | None) -> list[tuple[str, Any]]:
     return [("grpc.ssl_target_name_override", tls.peer_name)] if tls and tls.peer_name else []
 
 
-def open_channel(address: str, tls: TlsFiles | None) -> grpc.aio.Channel:
-    """A grpc.aio channel: mutual TLS when `tls` is given, else plaintext (the caller logged that)."""
+def open_channel(
+    address: str, tls: TlsFiles | None, options: list[tuple[str, Any]] | None = None
+) -> grpc.aio.Channel:
+    """A grpc.aio channel: mutual TLS when `tls` is given, else plaintext (the caller logged that);
+    `options`: further channel options (the router's keepalive, grpc_keepalive.py)."""
+    extra = options or []
     if tls is None:
-        return grpc.aio.insecure_channel(address)
+        return grpc.aio.insecure_channel(address, options=extra)
     cert, key, ca = tls.read()
     creds = grpc.ssl_channel_credentials(root_certificates=ca, private_key=key, certificate_chain=cert)
-    return grpc.aio.secure_channel(address, creds, options=channel_options(tls))
+    return grpc.aio.secure_channel(address, creds, options=channel_options(tls) + extra)
 
 
 def add_port(server: grpc.aio.Server, address: str, tls: TlsFiles | None) -> int:

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 import grpc
 
+from zipkv.controlplane import grpc_keepalive as keepalive
 from zipkv.controlplane.grpc_auth import TlsFiles, add_port
 from zipkv.protos import zipkv_pb2 as pb
 from zipkv.protos import zipkv_pb2_grpc as pb_grpc
@@ -68,7 +69,7 @@ class ScriptedWorker(pb_grpc.WorkerServicer):
 
     async def start(self, port: int = 0, tls: TlsFiles | None = None) -> str:
         """Serve on loopback (plaintext, or mutual TLS with `tls`); returns the address."""
-        self._server = grpc.aio.server()
+        self._server = grpc.aio.server(options=keepalive.SERVER_OPTIONS)  # as the real worker's
         pb_grpc.add_WorkerServicer_to_server(self, self._server)
         bound = add_port(self._server, f"127.0.0.1:{port}", tls)
         await self._server.start()

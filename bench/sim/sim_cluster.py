@@ -21,7 +21,7 @@ from bench.sim.http_ingest import ingest_order
 from bench.sim.sim_policies import BASELINES, Policy
 from bench.sim.sim_worker import GapHistogram, SimRequest, SimWorker, WorkerSpec
 from bench.sim.sim_zipkv_router import ZipkvRouter
-from zipkv.controlplane.config import PlacementConfig
+from zipkv.controlplane.placement_config import PlacementConfig
 
 
 @dataclass(frozen=True, slots=True)

@@ -32,10 +32,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from zipkv.controlplane.config import PlacementConfig
 from zipkv.controlplane.context import fits_context
 from zipkv.controlplane.placement.predict import cached_prompt_tokens, shed_wait_ms
 from zipkv.controlplane.placement.shapes import RequestShape
+from zipkv.controlplane.placement_config import PlacementConfig
 from zipkv.controlplane.prefix_index import PrefixMatch
 from zipkv.controlplane.state import Snapshot, WorkerView
 

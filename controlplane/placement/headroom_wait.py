@@ -31,9 +31,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Literal
 
-from zipkv.controlplane.config import PlacementConfig
 from zipkv.controlplane.placement.filters import FILTERS, FilterInput, drop_reason
 from zipkv.controlplane.placement.shapes import RequestShape
+from zipkv.controlplane.placement_config import PlacementConfig
 from zipkv.controlplane.state import Snapshot, WorkerView
 
 WAITABLE_REASONS = frozenset({"headroom"})

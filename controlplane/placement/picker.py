@@ -11,8 +11,8 @@ from __future__ import annotations
 import heapq
 from dataclasses import dataclass
 
-from zipkv.controlplane.config import PlacementConfig
 from zipkv.controlplane.placement.shapes import Candidate
+from zipkv.controlplane.placement_config import PlacementConfig
 
 
 @dataclass(frozen=True, slots=True)

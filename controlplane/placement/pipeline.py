@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from zipkv.controlplane.config import PlacementConfig
 from zipkv.controlplane.placement import picker
 from zipkv.controlplane.placement.filters import apply_filters
 from zipkv.controlplane.placement.predict import cached_prompt_tokens, peer_itl_ms, predict_ms
 from zipkv.controlplane.placement.scorers import ScoreInput, headroom, prefix_affinity, queue, slo
 from zipkv.controlplane.placement.shapes import Candidate, Decision, RequestShape
+from zipkv.controlplane.placement_config import PlacementConfig
 from zipkv.controlplane.prefix_index import PrefixMatch
 from zipkv.controlplane.state import Snapshot
 

@@ -37,8 +37,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from zipkv.controlplane.config import PlacementConfig
 from zipkv.controlplane.placement.shapes import RequestShape
+from zipkv.controlplane.placement_config import PlacementConfig
 from zipkv.controlplane.prefix_index import PrefixMatch
 from zipkv.controlplane.state import WorkerView
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from zipkv.controlplane.config import PlacementConfig
 from zipkv.controlplane.placement.shapes import RequestShape
+from zipkv.controlplane.placement_config import PlacementConfig
 from zipkv.controlplane.state import WorkerView
 
 
