@@ -37,8 +37,17 @@ class _Abort:
 
 
 class EngineLoop:
-    def __init__(self, engine: Engine, loop: asyncio.AbstractEventLoop, idle_wait_s: float = 0.02) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        loop: asyncio.AbstractEventLoop,
+        idle_wait_s: float = 0.02,
+        stall_after_s: float = 0.0,
+    ) -> None:
+        """``stall_after_s``: a step running longer than this makes the loop not `alive` (0 = never)."""
         self.engine = engine
+        self.stall_after_s = stall_after_s
+        self._step_since_s: float | None = None  # monotonic start of the step in progress (None: none)
         self._loop = loop
         self._inbox: queue.Queue[_Submit | _Abort] = queue.Queue()
         self._streams: dict[str, asyncio.Queue[EngineEvent]] = {}
@@ -60,7 +69,25 @@ class EngineLoop:
 
     @property
     def alive(self) -> bool:
-        return self._thread.is_alive() and self.error is None
+        return self._thread.is_alive() and self.error is None and self.stalled_s() == 0.0
+
+    def trouble(self) -> str:
+        """Why the loop is not `alive`, in words ('' while it is)."""
+        if self.error is not None:
+            return f"engine failed: {self.error}"
+        if stalled := self.stalled_s():
+            return f"engine step stuck for {stalled:.0f} s (step_stall_s {self.stall_after_s:g})"
+        return "" if self._thread.is_alive() else "engine loop stopped"
+
+    def stalled_s(self) -> float:
+        """How long the step in progress has run, once past ``stall_after_s`` (else 0). A stuck step (a GPU
+        hang, a collective that never completes) keeps the thread alive and every stream silent: this is
+        how the replica's health check, its reports and its Generate see it."""
+        since = self._step_since_s
+        if not self.stall_after_s or since is None:
+            return 0.0
+        running_s = time.monotonic() - since
+        return running_s if running_s > self.stall_after_s else 0.0
 
     # ---- asyncio side -------------------------------------------------------------------------------
     async def submit(self, request: EngineRequest) -> asyncio.Queue[EngineEvent]:
@@ -99,7 +126,9 @@ class EngineLoop:
                 if self._drain_inbox(block=not self.engine.has_work()):
                     self._publish_capacity()
                 if self.engine.has_work():
+                    self._step_since_s = time.monotonic()
                     self._deliver(self.engine.step(on_scheduled=self._publish_capacity))
+                    self._step_since_s = None
                 self._publish_capacity()
                 if time.monotonic() - self._kv_stats_s >= KV_STATS_EVERY_S:
                     self._kv_stats, self._kv_stats_s = self.engine.kv_stats(), time.monotonic()

@@ -52,7 +52,7 @@ class WorkerRuntime:
         self.metrics_address = ""
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="zipkv-worker-io", daemon=True)
-        self.engine_loop = EngineLoop(engine, self._loop)
+        self.engine_loop = EngineLoop(engine, self._loop, stall_after_s=settings.step_stall_s)
         tls = settings.tls_files()
         self._own_provider = tracer_provider is None
         self.tracer_provider = tracer_provider or make_tracer_provider(self.worker_id)
@@ -123,7 +123,8 @@ class WorkerRuntime:
                 self.address,
                 self.engine.model_name,
                 capacity=self.engine_loop.capacity,
-                draining=lambda: self.service.draining,
+                # a stuck engine reports draining: routers stop placing on it until Serve replaces it
+                draining=lambda: self.service.draining or not self.engine_loop.alive,
                 interval_ms=self.settings.report_interval_ms,
                 tls=tls,
                 epoch=epoch,

@@ -112,7 +112,10 @@ class WorkerService(pb_grpc.WorkerServicer):
                 grpc.StatusCode.UNAVAILABLE, f"worker {self.worker_id} is draining: retry elsewhere"
             )
         if not self.loop.alive:
-            await context.abort(grpc.StatusCode.UNAVAILABLE, f"worker {self.worker_id} engine is not running")
+            why = self.loop.trouble() or "engine is not running"
+            await context.abort(
+                grpc.StatusCode.UNAVAILABLE, f"worker {self.worker_id}: {why}; retry elsewhere"
+            )
         if request.model and request.model != self.model:
             await context.abort(
                 grpc.StatusCode.NOT_FOUND,
