@@ -44,10 +44,12 @@ class EngineLoop:
         idle_wait_s: float = 0.02,
         stall_after_s: float = 0.0,
     ) -> None:
-        """``stall_after_s``: a step running longer than this makes the loop not `alive` (0 = never)."""
+        """``stall_after_s``: requests in the engine and no event (token, finish) for this long make the
+        loop not `alive` (0 = never)."""
         self.engine = engine
         self.stall_after_s = stall_after_s
-        self._step_since_s: float | None = None  # monotonic start of the step in progress (None: none)
+        # monotonic time of the last event delivered, or of the work starting (None: no work)
+        self._progress_s: float | None = None
         self._loop = loop
         self._inbox: queue.Queue[_Submit | _Abort] = queue.Queue()
         self._streams: dict[str, asyncio.Queue[EngineEvent]] = {}
@@ -76,14 +78,15 @@ class EngineLoop:
         if self.error is not None:
             return f"engine failed: {self.error}"
         if stalled := self.stalled_s():
-            return f"engine step stuck for {stalled:.0f} s (step_stall_s {self.stall_after_s:g})"
+            return f"engine stuck: no token for {stalled:.0f} s (engine_stall_s {self.stall_after_s:g})"
         return "" if self._thread.is_alive() else "engine loop stopped"
 
     def stalled_s(self) -> float:
-        """How long the step in progress has run, once past ``stall_after_s`` (else 0). A stuck step (a GPU
-        hang, a collective that never completes) keeps the thread alive and every stream silent: this is
-        how the replica's health check, its reports and its Generate see it."""
-        since = self._step_since_s
+        """How long the engine has held requests without an event, once past ``stall_after_s`` (else 0). A
+        hung GPU (a kernel or a collective that never completes) keeps this thread alive and every stream
+        silent, whether the step blocks (the reference engine) or returns empty (SGLang's scheduler runs in
+        its own process): this is how the replica's health check, its reports and its Generate see it."""
+        since = self._progress_s
         if not self.stall_after_s or since is None:
             return 0.0
         running_s = time.monotonic() - since
@@ -126,9 +129,13 @@ class EngineLoop:
                 if self._drain_inbox(block=not self.engine.has_work()):
                     self._publish_capacity()
                 if self.engine.has_work():
-                    self._step_since_s = time.monotonic()
-                    self._deliver(self.engine.step(on_scheduled=self._publish_capacity))
-                    self._step_since_s = None
+                    self._progress_s = self._progress_s or time.monotonic()
+                    events = self.engine.step(on_scheduled=self._publish_capacity)
+                    if events:
+                        self._progress_s = time.monotonic()
+                    self._deliver(events)
+                else:
+                    self._progress_s = None
                 self._publish_capacity()
                 if time.monotonic() - self._kv_stats_s >= KV_STATS_EVERY_S:
                     self._kv_stats, self._kv_stats_s = self.engine.kv_stats(), time.monotonic()

@@ -52,7 +52,7 @@ class WorkerRuntime:
         self.metrics_address = ""
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="zipkv-worker-io", daemon=True)
-        self.engine_loop = EngineLoop(engine, self._loop, stall_after_s=settings.step_stall_s)
+        self.engine_loop = EngineLoop(engine, self._loop, stall_after_s=settings.engine_stall_s)
         tls = settings.tls_files()
         self._own_provider = tracer_provider is None
         self.tracer_provider = tracer_provider or make_tracer_provider(self.worker_id)

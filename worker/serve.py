@@ -117,7 +117,7 @@ def settings_from_args(args: dict[str, Any]) -> tuple[WorkerSettings, int, float
         "engine", "model", "model_name", "router", "num_replicas", "gpus_per_replica", "cpus_per_replica",
         "kv_budget_mib", "compression", "device", "bind_host", "advertise_host", "max_running_requests",
         "report_interval_ms", "drain_timeout_s", "sglang_args", "max_context_tokens", "metrics_port",
-        "metrics_ports", "step_stall_s",
+        "metrics_ports", "engine_stall_s",
     }  # fmt: skip
     unknown = sorted(set(args) - known)
     if unknown:
@@ -137,7 +137,7 @@ def settings_from_args(args: dict[str, Any]) -> tuple[WorkerSettings, int, float
         bind_host=args.get("bind_host", "0.0.0.0"),
         advertise_host=args.get("advertise_host") or None,
         drain_timeout_s=float(args.get("drain_timeout_s", 30)),
-        step_stall_s=float(args.get("step_stall_s", 300)),
+        engine_stall_s=float(args.get("engine_stall_s", 300)),
         sglang_args=args.get("sglang_args", ""),
         metrics_port=int(args.get("metrics_port", 0)),
         metrics_ports=int(args.get("metrics_ports", 1)),

@@ -55,9 +55,10 @@ class WorkerSettings:
     advertise_host: str | None = None  # what the router dials; default bind_host
     port: int = 0  # 0 = any free port
     drain_timeout_s: float = 30.0
-    # An engine step running longer than this marks the replica unhealthy: Ray Serve's health check fails
-    # and it replaces the replica; meanwhile it reports draining and refuses Generate. 0 = never.
-    step_stall_s: float = 300.0
+    # Requests in the engine and no token for this long (a hung GPU) mark the replica unhealthy: Ray Serve's
+    # health check fails and it replaces the replica; meanwhile it reports draining and refuses Generate.
+    # 0 = never. Far above a step's length, a long prompt's whole prefill and a kernel's first compile.
+    engine_stall_s: float = 300.0
     # Prometheus /metrics of this replica: the first free port of metrics_port .. metrics_port +
     # metrics_ports - 1 (replicas sharing a pod take one each); 0 = any free port; -1 = no endpoint.
     metrics_port: int = 0
@@ -75,8 +76,8 @@ class WorkerSettings:
             raise ValueError(f"engine must be 'reference' or 'sglang', got {self.engine!r}")
         if self.kv_budget_bytes <= 0:
             raise ValueError(f"kv_budget_bytes must be > 0, got {self.kv_budget_bytes}")
-        if self.step_stall_s < 0:
-            raise ValueError(f"step_stall_s must be >= 0 (0 = never), got {self.step_stall_s}")
+        if self.engine_stall_s < 0:
+            raise ValueError(f"engine_stall_s must be >= 0 (0 = never), got {self.engine_stall_s}")
         if self.max_context_tokens < 0:
             raise ValueError(
                 f"max_context_tokens must be >= 0 (0 = the model's), got {self.max_context_tokens}"
