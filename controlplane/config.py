@@ -88,7 +88,8 @@ class DispatchConfig(Strict):
     deadline_s: float = Field(default=600.0, gt=0, description="gRPC deadline of one Generate call")
     connect_timeout_s: float = Field(default=2.0, gt=0)
     retries: int = Field(default=1, ge=0, le=3, description="retries elsewhere before any token was sent")
-    mid_request_retries: int = Field(default=1, ge=0, le=3)  # a non-streamed request's, after a worker loss
+    mid_request_retries: int = Field(default=1, ge=0, le=3)  # a request's, after a worker loss mid-generation
+    resume_streams: bool = True  # a stream whose worker is lost goes on from its tokens on another worker
     unreachable_cooldown_s: float = Field(default=5.0, ge=0)  # a worker refusing connections goes last
     # ping workers this often while calls are open; no answer in keepalive_timeout_s: the worker is lost
     keepalive_s: float = Field(default=10.0, ge=MIN_PING_INTERVAL_MS / 1000)

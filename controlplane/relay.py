@@ -19,30 +19,9 @@ from opentelemetry import trace
 
 from zipkv.controlplane.metrics import RouterMetrics
 from zipkv.controlplane.openai_api import ResponseShape, error_body
+from zipkv.controlplane.stop_strings import StopMatcher
 from zipkv.controlplane.tokenizer import IncrementalDetokenizer, Tokenizer
 from zipkv.controlplane.worker_stream import Failed, Finished, Stream, Tokens
-
-
-class StopMatcher:
-    def __init__(self, stops: list[str]) -> None:
-        self.stops = stops
-        self._keep = max((len(s) for s in stops), default=1) - 1
-        self._pending = ""
-
-    def push(self, delta: str) -> tuple[str, bool]:
-        """(text safe to emit, whether a stop string was hit)."""
-        buf = self._pending + delta
-        hits = [i for i in (buf.find(s) for s in self.stops) if i >= 0]
-        if hits:
-            self._pending = ""
-            return buf[: min(hits)], True
-        cut = max(len(buf) - self._keep, 0)
-        self._pending = buf[cut:]
-        return buf[:cut], False
-
-    def flush(self) -> str:
-        out, self._pending = self._pending, ""
-        return out
 
 
 @dataclass
@@ -92,6 +71,8 @@ class Relay:
         self._last_chunk_s = 0.0
         self._finished = False
         self._retried = False  # switched to another worker (switch_to)
+        self.emitted_ids: list[int] = []  # every token id received so far (what a resumed stream follows)
+        self._tokens_before = 0  # tokens from the workers before this one (a resumed stream)
 
     def _timing(self) -> None:
         now = time.perf_counter()
@@ -108,6 +89,7 @@ class Relay:
         async for ev in self.stream.events():
             if isinstance(ev, Tokens):
                 self._timing()
+                self.emitted_ids.extend(ev.token_ids)
                 out.completion_tokens += len(ev.token_ids)
                 text, stopped = self.stops.push(self.detok.push(ev.token_ids))
                 if text:
@@ -123,8 +105,10 @@ class Relay:
                     out.text += tail
                     yield tail
                 out.finish_reason = ev.reason
-                out.prompt_tokens = ev.prompt_tokens or out.prompt_tokens
-                out.completion_tokens = ev.completion_tokens or out.completion_tokens
+                if not self._tokens_before:  # a resumed worker's prompt held the earlier tokens too
+                    out.prompt_tokens = ev.prompt_tokens or out.prompt_tokens
+                if ev.completion_tokens:
+                    out.completion_tokens = self._tokens_before + ev.completion_tokens
                 if ev.reason == "error":
                     out.error = (
                         f"worker {self.stream.worker_id} failed the request: {ev.message or 'no detail'}"
@@ -134,17 +118,24 @@ class Relay:
                 out.error, out.lost_worker = ev.message, True
                 return
 
-    async def switch_to(self, stream: Stream) -> None:
-        """Go on with `stream`, the same request opened on another worker, from scratch: only for a response
-        nobody has seen yet (non-streamed). The old stream is closed (Abort, reservation released); the
-        request's TTFT was observed once, on the first worker, and is not observed again."""
+    async def switch_to(self, stream: Stream, resume: bool) -> None:
+        """Go on with `stream`, the request opened on another worker after its worker was lost; the old
+        stream is closed (Abort, reservation released). ``resume``: the new worker continues from the tokens
+        received so far (its prompt holds them), the client keeps what it has. Else it starts again from
+        scratch: only for a response nobody has seen yet (non-streamed). TTFT is observed once, on the
+        first worker."""
         await self.stream.close()
         self.stream = stream
         self.span.set_attribute("zipkv.worker.id", stream.worker_id)
+        self._retried = True
+        if resume:
+            self._tokens_before = len(self.emitted_ids)
+            self.outcome.error, self.outcome.lost_worker = None, False
+            return
         self.detok = IncrementalDetokenizer(self._tokenizer)
         self.stops = StopMatcher(self.stops.stops)
         self.outcome = Outcome(prompt_tokens=self.outcome.prompt_tokens)
-        self._retried = True
+        self.emitted_ids = []
         self._first_chunk_s = self._last_chunk_s = 0.0
 
     async def finish(self, on_done: Callable[[], None]) -> None:
@@ -224,12 +215,38 @@ class RelayResponse(StreamingResponse):
             await self._relay.finish(self._on_done)
 
 
+async def _replaced(
+    relay: Relay, lost: set[str], redispatch: Redispatch | None, retries: int, resume: bool
+) -> bool:
+    """After `relay.pieces()` ended: if its worker was lost and a retry is left, open the request on another
+    worker (never one that failed it) and switch the relay to it; whether it did."""
+    if not relay.outcome.lost_worker or redispatch is None or len(lost) >= retries:
+        return False
+    lost.add(relay.stream.worker_id)
+    stream = await redispatch(frozenset(lost))
+    if stream is None:
+        return False
+    await relay.switch_to(stream, resume)
+    return True
+
+
 async def stream_sse(
-    relay: Relay, shape: ResponseShape, include_usage: bool, on_done: Callable[[], None]
+    relay: Relay,
+    shape: ResponseShape,
+    include_usage: bool,
+    on_done: Callable[[], None],
+    resume: Redispatch | None = None,
+    retries: int = 0,
 ) -> AsyncIterator[bytes]:
+    """The SSE body. A worker lost mid-stream is replaced up to `retries` times through `resume`, which
+    opens the request again continuing from the tokens sent so far; else the stream ends with an error."""
+    lost: set[str] = set()
     try:
-        async for text in relay.pieces():
-            yield b"data: " + shape.delta_json(text) + b"\n\n"
+        while True:
+            async for text in relay.pieces():
+                yield b"data: " + shape.delta_json(text) + b"\n\n"
+            if not await _replaced(relay, lost, resume, retries, resume=True):
+                break
         out = relay.outcome
         if out.error:
             relay.metrics.rejections.labels("worker_failed").inc()
@@ -255,13 +272,8 @@ async def collect(
         while True:
             async for _ in relay.pieces():
                 pass
-            if not relay.outcome.lost_worker or redispatch is None or len(lost) >= retries:
+            if not await _replaced(relay, lost, redispatch, retries, resume=False):
                 break
-            lost.add(relay.stream.worker_id)
-            stream = await redispatch(frozenset(lost))
-            if stream is None:
-                break
-            await relay.switch_to(stream)
     finally:
         await relay.finish(on_done)
     return relay.outcome

@@ -34,6 +34,7 @@ from zipkv.controlplane.openai_api import (
 )
 from zipkv.controlplane.placement import RequestShape
 from zipkv.controlplane.relay import Outcome, Redispatch, Relay, RelayResponse, collect, stream_sse
+from zipkv.controlplane.reopen import Reopener
 from zipkv.controlplane.request_shape import find_model, prompt_ids, request_shape, sampling
 from zipkv.controlplane.state import MemoryStore, Store
 from zipkv.controlplane.telemetry import tracer
@@ -63,6 +64,7 @@ class Router:
         self.metrics = RouterMetrics(tuple(m.name for m in cfg.models))
         self.tracer = tracer(provider)
         self.dispatcher = Dispatcher(cfg, store, self.metrics, self.tracer)
+        self.reopen = Reopener(cfg, self.dispatcher, self.metrics)
         if cfg.security.tls is not None:
             cfg.security.tls.check_readable()
         self.tokenizers: dict[str, Tokenizer] = {
@@ -166,24 +168,11 @@ class Router:
             slo_ms=(shape.slo_ttft_ms, shape.slo_tpot_ms),
         )
         owner.append(relay)
-        redispatch = None if req.stream else self._redispatch(shape, ids, samp, relay.span)
-        return await self._respond(request, kind, req, relay, model.name, redispatch)
-
-    def _redispatch(
-        self, shape: RequestShape, prompt_ids: list[int], sampling: Sampling, span: trace.Span
-    ) -> Redispatch:
-        """A non-streamed request opened again, avoiding the workers that failed it mid-generation."""
-
-        async def again(lost: frozenset[str]) -> Stream | None:
-            self.metrics.retries.labels("lost_mid_request").inc()
-            try:
-                with trace.use_span(span, end_on_exit=False):
-                    return await self.dispatcher.start(shape, prompt_ids, sampling, avoid=lost)
-            except DispatchError as exc:
-                log.info("no worker took the request again", extra={"reason": exc.reason})
-                return None
-
-        return again
+        if req.stream:
+            again = self.reopen.resume(shape, ids, samp, relay)
+        else:
+            again = self.reopen.restart(shape, ids, samp, span)
+        return await self._respond(request, kind, req, relay, model.name, again)
 
     async def _parse(self, request: Request, kind: str) -> ChatRequest | CompletionRequest:
         """The body as the request model of ``kind``; 400 for a field this server does not support."""
@@ -248,16 +237,17 @@ class Router:
         req: ChatRequest | CompletionRequest,
         relay: Relay,
         model_name: str,
-        redispatch: Redispatch | None,
+        again: Redispatch | None,
     ) -> Response:
         """Server-sent events while the relay streams, or one JSON body once it finished."""
         shape_out = ResponseShape("chat" if kind == "chat" else "text", model_name, uuid.uuid4().hex[:24])
         if req.stream:
-            body = stream_sse(relay, shape_out, req.include_usage, self._done)
+            retries = self.cfg.dispatch.mid_request_retries
+            body = stream_sse(relay, shape_out, req.include_usage, self._done, again, retries)
             headers = {"cache-control": "no-cache", "x-zipkv-worker": relay.stream.worker_id}
             return RelayResponse(relay, self._done, body, headers)
         retries = self.cfg.dispatch.mid_request_retries
-        out = await _collect_unless_gone(request, collect(relay, self._done, redispatch, retries))
+        out = await _collect_unless_gone(request, collect(relay, self._done, again, retries))
         if out.error:
             self.metrics.rejections.labels("worker_failed").inc()
             return JSONResponse(

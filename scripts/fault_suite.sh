@@ -83,16 +83,18 @@ ZIPKV_ROUTERS="$R0,$R1" $PY -m locust -f bench/router/locustfile.py --headless -
   --host "$R0" --csv "$OUT/replica" --only-summary >"$OUT/replica.log" 2>&1 & LOCUST_PID=$!
 sleep 13
 # Probes, so that the kill surely lands mid-generation (locust's replies take ~0.1 s): 4 non-streamed and
-# 4 streamed completions of 600 tokens (ignore_eos) over both routers, 2 s before the kill. A non-streamed
-# one whose worker dies is dispatched again and must still come back whole (200, 600 tokens); a streamed
-# one on the killed replica ends with an error event (its client had tokens already).
+# 4 streamed completions of 600 tokens (ignore_eos) over both routers, 2 s before the kill. Each must come
+# back whole (200, 600 tokens; a stream with [DONE] and no error event): a non-streamed one whose worker
+# dies starts again on the other, a streamed one goes on there from the tokens it sent.
 $PY - "$OUT/probes.json" "$R0" "$R1" <<'PY' & PROBES_PID=$!
 import json, sys, threading, time, httpx
 out, routers = sys.argv[1], sys.argv[2:]
 results = []
 def probe(i: int) -> None:
     url, stream = routers[i % 2] + "/v1/completions", i >= 4
-    body = {"model": "zipkv-tiny", "prompt": f"probe {i}", "max_tokens": 600, "ignore_eos": True, "stream": stream}
+    body = {"model": "zipkv-tiny", "prompt": f"probe {i}", "max_tokens": 600, "ignore_eos": True, "stream": stream,
+            "stream_options": {"include_usage": True}} if stream else {
+            "model": "zipkv-tiny", "prompt": f"probe {i}", "max_tokens": 600, "ignore_eos": True}
     rec = {"probe": i, "stream": stream, "t_start": time.time()}
     try:
         with httpx.stream("POST", url, json=body, timeout=120) as r:
@@ -100,6 +102,8 @@ def probe(i: int) -> None:
             if stream:
                 lines = [ln for ln in r.iter_lines() if ln]
                 rec.update(done=lines[-1:] == ["data: [DONE]"], error_event=any('"error"' in ln for ln in lines))
+                usage = [json.loads(ln[6:])["usage"] for ln in lines if ln.startswith("data: {") and '"usage"' in ln]
+                rec.update(completion_tokens=usage[-1]["completion_tokens"] if usage else None)
             else:
                 r.read()
                 rec.update(completion_tokens=r.json().get("usage", {}).get("completion_tokens"))

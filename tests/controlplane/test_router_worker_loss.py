@@ -1,12 +1,15 @@
 """A worker lost while it serves: over real gRPC to scripted workers (stand-ins for GPU workers).
 
-A non-streamed request whose worker fails mid-generation is opened again on another worker (its client has
-seen nothing); a streamed one cannot be (its client has the first tokens) and ends with an error event. A
+A non-streamed request whose worker fails mid-generation is opened again on another worker from scratch (its
+client has seen nothing); a streamed one goes on from the tokens it sent, on another worker, in the same
+stream (not for seeded sampling, whose promise of the same text a continuation cannot keep). A
 worker whose connection was refused is tried last for `dispatch.unreachable_cooldown_s`, so that the
 requests after the first do not each pay a connect attempt on it while its last report is still fresh.
 """
 
 from __future__ import annotations
+
+import json
 
 import httpx
 from router_harness import MODEL, Stack, stack
@@ -45,15 +48,49 @@ def test_a_non_streamed_request_is_answered_by_another_worker_when_its_worker_di
         assert reserved(s) == 0 and s.router.router.inflight == 0
 
 
-def test_a_streamed_request_is_not_opened_again() -> None:
+def sse_events(s: Stack, body: dict[str, object]) -> list[str]:
+    with httpx.stream("POST", s.url + "/v1/completions", json={**body, "stream": True}) as r:
+        assert r.status_code == 200
+        return [line for line in r.iter_lines() if line]
+
+
+def streamed_text(events: list[str]) -> str:
+    chunks = [json.loads(e[6:]) for e in events if e.startswith("data: {") and '"choices"' in e]
+    return "".join(c["choices"][0]["text"] for c in chunks if c["choices"])
+
+
+def test_a_stream_goes_on_from_its_tokens_on_another_worker() -> None:
     with stack() as s:
+        dying = s.add_worker(Script(die_after_tokens=2), total_tokens=200_000)  # most headroom: first
+        good = s.add_worker(total_tokens=100_000)
+        body = {**BODY, "max_tokens": 6, "stream_options": {"include_usage": True}}
+        events = sse_events(s, body)
+        assert events[-1] == "data: [DONE]" and not any('"error"' in e for e in events)
+        # the dying worker's 2 tokens, then the good worker's 4 (the scripted reply from its start)
+        assert streamed_text(events) == "he" + "hell"
+        first, then = dying.seen.requests[0], good.seen.requests[0]
+        assert list(then.prompt_token_ids) == [*first.prompt_token_ids, *b"he"]  # the prompt goes on
+        assert then.sampling.max_new_tokens == 4  # 6 asked, 2 sent
+        usage = json.loads(events[-2][6:])["usage"]
+        assert usage["prompt_tokens"] == len(first.prompt_token_ids) and usage["completion_tokens"] == 6
+        assert metric(s, 'zipkv_router_retries_total{reason="lost_mid_request"}') == 1.0
+        assert reserved(s) == 0 and s.router.router.inflight == 0
+
+
+def test_a_seeded_sampled_stream_or_resume_off_is_not_continued() -> None:
+    with stack() as s:  # a seed promises the same text on a rerun: a continuation cannot keep that
         s.add_worker(Script(die_after_tokens=2), total_tokens=200_000)
         good = s.add_worker(total_tokens=100_000)
-        with httpx.stream("POST", s.url + "/v1/completions", json={**BODY, "stream": True}) as r:
-            events = [line for line in r.iter_lines() if line]
-        assert r.status_code == 200
+        events = sse_events(s, {**BODY, "temperature": 0.8, "seed": 7})
         assert '"error"' in events[-1] and "failed mid-stream" in events[-1]
-        assert good.seen.requests == []  # the client had two tokens already: no second worker
+        assert good.seen.requests == []
+        events = sse_events(s, {**BODY, "temperature": 0.0, "seed": 7})  # greedy: the seed changes nothing
+        assert events[-1] == "data: [DONE]" and len(good.seen.requests) == 1
+    with stack(dispatch={"resume_streams": False}) as s:
+        s.add_worker(Script(die_after_tokens=2), total_tokens=200_000)
+        good = s.add_worker(total_tokens=100_000)
+        events = sse_events(s, BODY)
+        assert '"error"' in events[-1] and good.seen.requests == []
         assert metric(s, 'zipkv_router_retries_total{reason="lost_mid_request"}') == 0.0
         assert reserved(s) == 0
 

@@ -29,7 +29,7 @@ from servers import free_port, free_port_run, start_redis
 from zipkv.testing.scripted_worker import ScriptedWorker, report_forever
 
 
-def test_worker_sigkill_mid_stream_ends_cleanly_or_retries(tmp_path: Path) -> None:
+def test_worker_sigkill_mid_stream_loses_nothing(tmp_path: Path) -> None:
     http, grpc_port = free_port(), free_port()
     router = start_router(write_router_config(tmp_path / "r.json", http, grpc_port), tmp_path / "router.log")
     workers: list[subprocess.Popen[str]] = []
@@ -47,12 +47,11 @@ def test_worker_sigkill_mid_stream_ends_cleanly_or_retries(tmp_path: Path) -> No
             outcomes = running.stop()
         after_kill = sum(outcomes.values()) - before
         print(f"worker SIGKILL: {dict(outcomes)}; {after_kill} requests after the kill")  # with -s
-        # In-flight streams on the dead worker end with a last error event; its non-streamed requests are
-        # dispatched again to the survivor and come back whole (no 502: nobody had seen their text), as
-        # do the requests that had no token yet. Nothing hangs (the load client's threads all joined),
-        # nothing else fails, and the survivor keeps serving.
-        assert failures(outcomes, allowed=("clean_stream_error",)) == {}, outcomes
-        assert outcomes["clean_stream_error"] <= 8, outcomes
+        # Nothing is lost: streams in flight on the dead worker go on from their tokens on the survivor
+        # (no error event), its non-streamed requests start again there (no 502: nobody had seen their
+        # text), and requests that had no token yet are retried there. Nothing hangs (the load client's
+        # threads all joined) and the survivor keeps serving.
+        assert failures(outcomes) == {}, outcomes
         assert after_kill >= 10, outcomes
         ready = httpx.get(url + "/readyz").json()
         assert ready["status"] in ("ok", "degraded") and ready["models"]["zipkv-tiny"]["ready"] >= 1
