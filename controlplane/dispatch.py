@@ -3,8 +3,8 @@
 `Dispatcher.start` returns only once the chosen worker sent its first event, so a worker that refuses
 (RESOURCE_EXHAUSTED, UNAVAILABLE) or cannot be reached before any token was sent is retried on the
 next-best candidate, and the HTTP layer can still answer 503 when nobody takes the request.
-After the first token a failure cannot be retried (the client already has text): it ends the stream
-with a `Failed` event.
+After the first token a failure ends the worker's stream with a `Failed` event; reopen.py then opens the
+request on another worker (`start(avoid=...)`), from scratch or from the tokens already sent.
 """
 
 from __future__ import annotations
