@@ -81,16 +81,18 @@ class EngineLoop:
             return f"engine stuck: no token for {stalled:.0f} s (engine_stall_s {self.stall_after_s:g})"
         return "" if self._thread.is_alive() else "engine loop stopped"
 
-    def stalled_s(self) -> float:
-        """How long the engine has held requests without an event, once past ``stall_after_s`` (else 0). A
-        hung GPU (a kernel or a collective that never completes) keeps this thread alive and every stream
-        silent, whether the step blocks (the reference engine) or returns empty (SGLang's scheduler runs in
-        its own process): this is how the replica's health check, its reports and its Generate see it."""
+    def silent_s(self) -> float:
+        """How long the engine has held requests without an event (a token, a finish); 0 while idle."""
         since = self._progress_s
-        if not self.stall_after_s or since is None:
-            return 0.0
-        running_s = time.monotonic() - since
-        return running_s if running_s > self.stall_after_s else 0.0
+        return 0.0 if since is None else time.monotonic() - since
+
+    def stalled_s(self) -> float:
+        """`silent_s`, once past ``stall_after_s`` (else 0). A hung GPU (a kernel or a collective that never
+        completes) keeps this thread alive and every stream silent, whether the step blocks (the reference
+        engine) or returns empty (SGLang's scheduler runs in its own process): this is how the replica's
+        health check, its reports and its Generate see it."""
+        silent = self.silent_s()
+        return silent if self.stall_after_s and silent > self.stall_after_s else 0.0
 
     # ---- asyncio side -------------------------------------------------------------------------------
     async def submit(self, request: EngineRequest) -> asyncio.Queue[EngineEvent]:

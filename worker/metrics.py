@@ -34,6 +34,7 @@ class WorkerMetrics:
         kv_stats: Callable[[], KVStats | None],
         capacity: Callable[[], Capacity],
         draining: Callable[[], bool] = lambda: False,
+        silent_s: Callable[[], float] = lambda: 0.0,
     ) -> None:
         self.labels = (worker_id, model)
         r = self.registry = CollectorRegistry()
@@ -61,7 +62,7 @@ class WorkerMetrics:
         self.generated_tokens = Counter(
             "zipkv_worker_generated_tokens_total", "output tokens", _LABELS, registry=r
         )
-        r.register(_EngineCollector(self.labels, kv_stats, capacity, draining))
+        r.register(_EngineCollector(self.labels, kv_stats, capacity, draining, silent_s))
         self._server: Any = None
         self.port = 0
 
@@ -119,12 +120,16 @@ class _EngineCollector(Collector):
         kv_stats: Callable[[], KVStats | None],
         capacity: Callable[[], Capacity],
         draining: Callable[[], bool],
+        silent_s: Callable[[], float],
     ) -> None:
         self._labels, self._kv_stats, self._capacity, self._draining = labels, kv_stats, capacity, draining
+        self._silent_s = silent_s
 
     def collect(self) -> Iterator[Metric]:
         lab = list(self._labels)
         yield from _capacity_metrics(lab, self._capacity(), self._draining())
+        silent_doc = "seconds with requests and no token (0 idle); past engine_stall_s: unhealthy"
+        yield _gauge("zipkv_worker_silent_seconds", silent_doc, lab, self._silent_s())
         kv = self._kv_stats()
         if kv is not None:
             yield from _kv_metrics(lab, kv)

@@ -62,6 +62,7 @@ class WorkerRuntime:
             self.engine_loop.kv_stats,
             self.engine_loop.capacity,
             lambda: self.service.draining,
+            self.engine_loop.silent_s,
         )
         self.service = WorkerService(
             self.engine_loop,

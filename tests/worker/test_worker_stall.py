@@ -17,6 +17,7 @@ from collections.abc import Iterator
 
 import grpc
 import pytest
+from prometheus_client import generate_latest
 from test_capacity_in_prefill import HeldForward
 from test_worker_grpc import gen
 from worker_helpers import RecordingControlPlane
@@ -62,6 +63,13 @@ async def generate(address: str, rid: str, timeout_s: float = 2.0) -> grpc.Statu
         return None
 
 
+def silent_seconds(runtime: WorkerRuntime) -> float:
+    """The replica's zipkv_worker_silent_seconds, as its /metrics would show it."""
+    text = generate_latest(runtime.metrics.registry).decode()
+    (line,) = [ln for ln in text.splitlines() if ln.startswith("zipkv_worker_silent_seconds{")]
+    return float(line.split()[-1])
+
+
 def last_report(recorder: RecordingControlPlane) -> pb.CapacityReport:
     time.sleep(0.3)  # at least two report intervals
     with recorder.lock:
@@ -80,6 +88,7 @@ def test_a_step_past_the_limit_makes_the_replica_unhealthy_until_it_ends(
     time.sleep(STALL_S)
     assert not runtime.healthy()
     assert "engine stuck: no token for" in runtime.engine_loop.trouble()
+    assert silent_seconds(runtime) > STALL_S  # what an operator's alert reads
     assert last_report(recorder).draining  # routers stop placing here
     assert asyncio.run(generate(runtime.address, "next")) == grpc.StatusCode.UNAVAILABLE
     runtime.engine._forward = held._inner  # type: ignore[attr-defined]  # later passes run free
@@ -88,6 +97,7 @@ def test_a_step_past_the_limit_makes_the_replica_unhealthy_until_it_ends(
     assert not last_report(recorder).draining
     client.join(10)
     assert first == [None]  # the held request got its first token once the step ended
+    assert wait_until(lambda: silent_seconds(runtime) == 0.0, 5)  # its 2 tokens done: idle
 
 
 def test_engine_stall_s_is_validated_and_reaches_the_replica() -> None:
