@@ -124,8 +124,14 @@ class Relay:
         received so far (its prompt holds them), the client keeps what it has. Else it starts again from
         scratch: only for a response nobody has seen yet (non-streamed). TTFT is observed once, on the
         first worker."""
+        lost = self.stream.worker_id
         await self.stream.close()
         self.stream = stream
+        self.span.add_event(
+            "zipkv.worker_lost",
+            {"zipkv.worker.lost": lost, "zipkv.worker.next": stream.worker_id, "zipkv.resumed": resume,
+             "zipkv.tokens_sent": len(self.emitted_ids)},
+        )  # fmt: skip
         self.span.set_attribute("zipkv.worker.id", stream.worker_id)
         self._retried = True
         if resume:

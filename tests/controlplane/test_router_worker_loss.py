@@ -10,8 +10,12 @@ requests after the first do not each pay a connect attempt on it while its last 
 from __future__ import annotations
 
 import json
+import time
 
 import httpx
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from router_harness import MODEL, Stack, stack
 
 from zipkv.controlplane.dispatch_request import UnreachableWorkers
@@ -146,3 +150,31 @@ def test_the_cooldown_ends_and_a_worker_that_answers_is_cleared() -> None:
     u.mark("b", now_s=300.0)
     u.mark("c", now_s=306.0)  # b's cooldown is over: its entry goes
     assert u.cooling("c", now_s=306.0) and not u.cooling("b", now_s=304.0)
+
+
+def test_the_trace_tells_which_worker_was_lost_and_what_went_on() -> None:
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    with stack(app_kwargs={"tracer_provider": provider}) as s:
+        dying = s.add_worker(Script(die_after_tokens=2), total_tokens=200_000)
+        good = s.add_worker(total_tokens=100_000)
+        assert sse_events(s, {**BODY, "max_tokens": 6})[-1] == "data: [DONE]"
+        deadline = time.monotonic() + 5
+        while not any(sp.name == f"text_completion {MODEL}" for sp in exporter.get_finished_spans()):
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+    root = next(sp for sp in exporter.get_finished_spans() if sp.name == f"text_completion {MODEL}")
+    (event,) = [e for e in root.events if e.name == "zipkv.worker_lost"]
+    assert dict(event.attributes or {}) == {
+        "zipkv.worker.lost": dying.worker_id,
+        "zipkv.worker.next": good.worker_id,
+        "zipkv.resumed": True,
+        "zipkv.tokens_sent": 2,
+    }
+    assert (root.attributes or {})["zipkv.worker.id"] == good.worker_id
+    assert (root.attributes or {})["gen_ai.usage.output_tokens"] == 6
+    dispatches = [sp for sp in exporter.get_finished_spans() if sp.name == "zipkv.dispatch"]
+    assert len(dispatches) == 2 and all(
+        d.parent and d.parent.span_id == root.context.span_id for d in dispatches
+    )
