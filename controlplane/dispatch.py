@@ -155,10 +155,7 @@ class Dispatcher:
         """The ranked candidates to try: those in `avoid` dropped, those lately unreachable moved last."""
         now = self.clock()
         ranked = [c for c in decision.ranked if c.worker.worker_id not in avoid]
-        cooling = [self.unreachable.cooling(c.worker.worker_id, now) for c in ranked]
-        return [c for c, cool in zip(ranked, cooling, strict=True) if not cool] + [
-            c for c, cool in zip(ranked, cooling, strict=True) if cool
-        ]
+        return sorted(ranked, key=lambda c: self.unreachable.cooling(c.worker.worker_id, now))  # stable
 
     async def start(
         self,

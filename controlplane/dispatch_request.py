@@ -66,9 +66,4 @@ class UnreachableWorkers:
 
     def cooling(self, worker_id: str, now_s: float) -> bool:
         since = self._since_s.get(worker_id)
-        if since is None:
-            return False
-        if now_s - since >= self.cooldown_s:
-            del self._since_s[worker_id]  # bounded: an entry lives at most one cooldown past a lookup
-            return False
-        return True
+        return since is not None and now_s - since < self.cooldown_s

@@ -2,8 +2,8 @@
 partitioned: no reset ever arrives) fails its streams within seconds instead of at the Generate deadline.
 
 The router pings every `dispatch.keepalive_s` while calls are open and gives a worker
-`dispatch.keepalive_timeout_s` to answer; the gRPC stream then fails with UNAVAILABLE and dispatch treats it
-as a lost worker (a non-streamed request is dispatched again, a stream ends with an error event). A gRPC
+`dispatch.keepalive_timeout_s` to answer; the gRPC stream then fails with UNAVAILABLE and the request goes
+on as after any lost worker (reopen.py: a non-streamed one starts again elsewhere, a stream resumes). A gRPC
 server refuses pings more often than every 5 minutes by default, and answers a pinging client with GOAWAY,
 which would fail a long prefill's silent stream; so every worker server accepts them (`SERVER_OPTIONS`).
 """

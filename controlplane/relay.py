@@ -34,8 +34,8 @@ class Outcome:
     lost_worker: bool = False  # the error is the worker going away mid-stream (`Failed`), not its answer
 
 
-# A non-streamed request's second chance: given the workers that failed it, the request opened again on
-# another one, or None when nobody takes it.
+# A request's second chance after a lost worker (reopen.py): given the workers that failed it, the request
+# opened again on another one, or None when nobody takes it.
 Redispatch = Callable[[frozenset[str]], Awaitable[Stream | None]]
 
 

@@ -241,12 +241,11 @@ class Router:
     ) -> Response:
         """Server-sent events while the relay streams, or one JSON body once it finished."""
         shape_out = ResponseShape("chat" if kind == "chat" else "text", model_name, uuid.uuid4().hex[:24])
+        retries = self.cfg.dispatch.mid_request_retries
         if req.stream:
-            retries = self.cfg.dispatch.mid_request_retries
             body = stream_sse(relay, shape_out, req.include_usage, self._done, again, retries)
             headers = {"cache-control": "no-cache", "x-zipkv-worker": relay.stream.worker_id}
             return RelayResponse(relay, self._done, body, headers)
-        retries = self.cfg.dispatch.mid_request_retries
         out = await _collect_unless_gone(request, collect(relay, self._done, again, retries))
         if out.error:
             self.metrics.rejections.labels("worker_failed").inc()
