@@ -13,7 +13,10 @@
 #   Ray is used when there is one, else the carried one), MODEL (default .carry/llama31_8b for sglang),
 #   KV_BUDGET_MIB (512 = 4096 tokens of Llama-3.1-8B), SGLANG_ARGS (JSON: extra sglang.Engine arguments),
 #   READY_S (300: how long the replica may take to send its first report), COMPRESSION (true | false: zipkv's
-#   uncompressed twin, the same pool and kernel with no page compressed).
+#   uncompressed twin, the same pool and kernel with no page compressed), DEADLINE_S (420: the whole run),
+#   DRILL=replica_faults: instead of the two requests, the replica fault drill (bench/serving/replica_faults_gpu.py:
+#   a replica SIGKILLed, then its engine SIGSTOPped, mid-generation; FAULTS=kill,hang, ENGINE_STALL_S=20):
+#     DRILL=replica_faults DEADLINE_S=560 bash bench/run_ray_serve_gpu.sh
 # Duration (H200, 2026-11-30, call 1 ran SGLang engines so the JIT caches were warm): 103 s in all; Ray up
 # in 7.7 s, the replica's first report 64.5 s after serve.run, both requests < 1 s, stop 3 s. Cold caches
 # (call 1 only extracted SGLang) add ~190 s of nvcc JIT inside the replica, inside READY_S and the 420 s
@@ -69,12 +72,16 @@ fi
 step "versions: $(timeout 60 python3 -c 'import ray, grpc, google.protobuf as p; print("ray", ray.__version__, "grpcio", grpc.__version__, "protobuf", p.__version__)')"
 [ "$ENGINE" = sglang ] && nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used --format=csv,noheader
 
-LEFT=$(( 420 - ($(date +%s) - T0) ))
-step "starting router + Ray Serve replica (engine $ENGINE); deadline ${LEFT}s"
-timeout -k 10 "$LEFT" python3 -m bench.serving.ray_serve_gpu --engine "$ENGINE" --model "$MODEL" \
-  --kv-budget-mib "${KV_BUDGET_MIB:-512}" --compression "${COMPRESSION:-true}" --sglang-args "$SGLANG_ARGS" \
-  --ready-timeout-s "${READY_S:-300}" \
-  --out "$OUT/ray_serve_gpu.json"
+LEFT=$(( ${DEADLINE_S:-420} - ($(date +%s) - T0) ))
+step "starting router + Ray Serve replica (engine $ENGINE${DRILL:+, drill $DRILL}); deadline ${LEFT}s"
+COMMON=(--engine "$ENGINE" --model "$MODEL" --kv-budget-mib "${KV_BUDGET_MIB:-512}" --compression "${COMPRESSION:-true}"
+  --sglang-args "$SGLANG_ARGS" --ready-timeout-s "${READY_S:-300}")
+if [ "${DRILL:-}" = replica_faults ]; then
+  timeout -k 10 "$LEFT" python3 -m bench.serving.replica_faults_gpu "${COMMON[@]}" --faults "${FAULTS:-kill,hang}" \
+    --engine-stall-s "${ENGINE_STALL_S:-20}" --out "$OUT/replica_faults.json"
+else
+  timeout -k 10 "$LEFT" python3 -m bench.serving.ray_serve_gpu "${COMMON[@]}" --out "$OUT/ray_serve_gpu.json"
+fi
 RC=$?
 # The replica's Serve log, and the stdout/stderr of its actor process (SGLang's own log goes there).
 for f in /tmp/ray/session_latest/logs/serve/replica_*.log; do [ -f "$f" ] && cp "$f" "$OUT/replica.log"; done

@@ -69,6 +69,7 @@ class WorkerDeployment:
         cap = self.runtime.engine_loop.capacity()
         return {
             "worker_id": self.runtime.worker_id,
+            "pid": os.getpid(),  # the replica process: what a fault drill signals, what ps shows
             "address": self.runtime.address,
             "metrics_address": self.runtime.metrics_address,
             "model": self.runtime.engine.model_name,

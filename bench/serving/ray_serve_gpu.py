@@ -92,14 +92,14 @@ def _requests(base_url: str, model: str, max_tokens: int, timeout_s: float) -> d
     }
 
 
-def _worker_args(args: argparse.Namespace) -> dict[str, Any]:
+def worker_args_for(args: argparse.Namespace) -> dict[str, Any]:
     worker_args: dict[str, Any] = {"engine": args.engine, "max_running_requests": args.max_running_requests}
     if args.engine == "sglang":
         worker_args.update(gpus_per_replica=1, sglang_args=args.sglang_args)
     return worker_args
 
 
-def _stack(args: argparse.Namespace, worker_args: dict[str, Any]) -> ServeStack:
+def serve_stack(args: argparse.Namespace, worker_args: dict[str, Any]) -> ServeStack:
     options = StackOptions(
         port=free_port(),
         workers=1,
@@ -136,7 +136,7 @@ def _record_header(args: argparse.Namespace, worker_args: dict[str, Any]) -> dic
 def _start_and_check(stack: ServeStack, args: argparse.Namespace, record: dict[str, Any]) -> None:
     """Start the stack, send both requests and fill `record` with what the router and the replica saw."""
     t0 = time.monotonic()
-    _versions(record)
+    record_versions(record)
     stack.start(ready_timeout_s=args.ready_timeout_s)
     timings = stack.timings_s
     timings["replica_ready"] = time.monotonic() - timings.pop("serve_run_at")
@@ -154,8 +154,8 @@ def _start_and_check(stack: ServeStack, args: argparse.Namespace, record: dict[s
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    worker_args = _worker_args(args)
-    stack = _stack(args, worker_args)
+    worker_args = worker_args_for(args)
+    stack = serve_stack(args, worker_args)
     record = _record_header(args, worker_args)
     try:
         _start_and_check(stack, args, record)
@@ -176,7 +176,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     return record
 
 
-def _versions(record: dict[str, Any]) -> None:
+def record_versions(record: dict[str, Any]) -> None:
     import importlib.metadata as md
 
     versions: dict[str, str | None] = {}
