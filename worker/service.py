@@ -91,7 +91,7 @@ class WorkerService(pb_grpc.WorkerServicer):
         )
         try:
             events = await self._submit(request, context, trace_headers(span))
-            async for msg in self._stream(request, events, span):
+            async for msg in self._stream(request, events, span, context):
                 yield msg
         except (GeneratorExit, asyncio.CancelledError):
             raise  # the caller went away: _stream marks the span cancelled
@@ -132,13 +132,38 @@ class WorkerService(pb_grpc.WorkerServicer):
             await context.abort(code, str(exc))
         raise AssertionError("unreachable: context.abort raises")
 
+    async def _next_event(
+        self, events: asyncio.Queue[EngineEvent], context: grpc.aio.ServicerContext
+    ) -> EngineEvent:
+        """The request's next event. Once the engine is stalled (`engine_stall_s`) the call fails with
+        UNAVAILABLE: the replica is about to be replaced (its health check fails), and a router that sees the
+        stream break moves the request to another worker now, from its tokens so far, rather than when Serve
+        kills this replica (three failed health checks and a graceful shutdown later)."""
+        stall_s = self.loop.stall_after_s
+        if not stall_s:
+            return await events.get()
+        while True:
+            try:  # a timed-out get leaves the queue as it was: no event is lost
+                return await asyncio.wait_for(events.get(), timeout=min(1.0, max(0.05, stall_s / 4)))
+            except TimeoutError:
+                if self.loop.stalled_s():
+                    log.warning("generate failed: %s; the router moves the request", self.loop.trouble())
+                    await context.abort(
+                        grpc.StatusCode.UNAVAILABLE,
+                        f"worker {self.worker_id}: {self.loop.trouble()}; retry elsewhere",
+                    )
+
     async def _stream(
-        self, request: pb.GenerateRequest, events: asyncio.Queue[EngineEvent], span: trace.Span
+        self,
+        request: pb.GenerateRequest,
+        events: asyncio.Queue[EngineEvent],
+        span: trace.Span,
+        context: grpc.aio.ServicerContext,
     ) -> AsyncIterator[pb.GenerateResponse]:
         finished = False
         try:
             while True:
-                event = await events.get()
+                event = await self._next_event(events, context)
                 if event.token_ids:
                     yield pb.GenerateResponse(chunk=pb.TokenChunk(token_ids=list(event.token_ids)))
                 if event.finish is not None:

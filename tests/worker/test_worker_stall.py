@@ -1,7 +1,8 @@
 """A hung engine (a GPU kernel or a collective that never completes): the engine thread stays alive and
 every stream goes silent. Past `engine_stall_s` with requests in the engine and no token, the replica is
-unhealthy (Ray Serve's health check replaces it), reports draining (routers stop placing on it) and refuses
-Generate with UNAVAILABLE (the router retries elsewhere); a token in time changes nothing.
+unhealthy (Ray Serve's health check replaces it), reports draining (routers stop placing on it), refuses
+Generate and fails the calls it holds with UNAVAILABLE (the router retries or resumes them elsewhere); a
+token in time changes nothing.
 
 Two shapes of hang: a step that blocks (the reference engine on CPU over real gRPC, its model pass held by
 the test, HeldForward) and steps that keep returning nothing (as SGLang's do when its scheduler process
@@ -91,13 +92,15 @@ def test_a_step_past_the_limit_makes_the_replica_unhealthy_until_it_ends(
     assert silent_seconds(runtime) > STALL_S  # what an operator's alert reads
     assert last_report(recorder).draining  # routers stop placing here
     assert asyncio.run(generate(runtime.address, "next")) == grpc.StatusCode.UNAVAILABLE
+    # The held request's call fails too, at once, so that its router moves it to another worker now.
+    client.join(5)
+    assert first == [grpc.StatusCode.UNAVAILABLE]
     runtime.engine._forward = held._inner  # type: ignore[attr-defined]  # later passes run free
     held.release.set()  # the step ends after all (a slow step, not a dead one): healthy again
     assert wait_until(runtime.healthy, 5)
     assert not last_report(recorder).draining
-    client.join(10)
-    assert first == [None]  # the held request got its first token once the step ended
-    assert wait_until(lambda: silent_seconds(runtime) == 0.0, 5)  # its 2 tokens done: idle
+    assert wait_until(lambda: silent_seconds(runtime) == 0.0, 5)  # the failed request aborted: idle
+    assert asyncio.run(generate(runtime.address, "after")) is None  # serving again
 
 
 def test_engine_stall_s_is_validated_and_reaches_the_replica() -> None:
