@@ -21,6 +21,7 @@ import platform
 import re
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -216,8 +217,8 @@ def _summary(record: dict[str, Any]) -> None:
         print(f"{key.ljust(width)}  {value}")
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+def add_stack_args(p: argparse.ArgumentParser, ready_timeout_s: float) -> None:
+    """The stack's options (engine, model, KV budget, replica limits), shared with the replica fault drill."""
     p.add_argument("--engine", choices=["sglang", "reference"], default="sglang")
     p.add_argument("--model", default="", help="model folder (config.json); empty = the built-in tiny model")
     p.add_argument("--kv-budget-mib", type=float, default=512.0, help="KV budget of the replica (MiB)")
@@ -226,17 +227,31 @@ def main(argv: list[str] | None = None) -> int:
         "--compression", choices=["true", "false"], default="true", help="false: the uncompressed twin"
     )
     p.add_argument("--sglang-args", default="", help="JSON object of extra sglang.Engine arguments")
-    p.add_argument("--max-tokens", type=int, default=16)
     p.add_argument("--max-context-tokens", type=int, default=2048)
     p.add_argument("--ray-num-cpus", type=int, default=4)
-    p.add_argument("--ready-timeout-s", type=float, default=240.0)
+    p.add_argument("--ready-timeout-s", type=float, default=ready_timeout_s)
+
+
+def run_or_report(
+    run: Callable[[argparse.Namespace], dict[str, Any]], args: argparse.Namespace
+) -> dict[str, Any] | None:
+    """`run(args)`'s record, or None once its failure is printed (the record on disk has its details)."""
+    try:
+        return run(args)
+    except BaseException as exc:
+        print(f"FAILED: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+        return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    add_stack_args(p, ready_timeout_s=240.0)
+    p.add_argument("--max-tokens", type=int, default=16)
     p.add_argument("--request-timeout-s", type=float, default=60.0)
     p.add_argument("--out", required=True, help="JSON record to write")
     args = p.parse_args(argv)
-    try:
-        record = run(args)
-    except BaseException as exc:
-        print(f"FAILED: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+    record = run_or_report(run, args)
+    if record is None:
         return 1
     _summary(record)
     return 0 if record["ok"] else 1

@@ -17,7 +17,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.serving.ray_serve_gpu import record_versions, serve_stack, worker_args_for
+from bench.serving.ray_serve_gpu import (
+    add_stack_args,
+    record_versions,
+    run_or_report,
+    serve_stack,
+    worker_args_for,
+)
 from bench.serving.ray_serve_gpu_stack import ServeStack, replica_info, replica_log_tail
 from bench.serving.replica_faults import (
     InFlight,
@@ -116,27 +122,17 @@ def _say(f: dict[str, Any]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    p.add_argument("--engine", choices=["sglang", "reference"], default="sglang")
-    p.add_argument("--model", default="", help="model folder (config.json); empty = the built-in tiny model")
+    add_stack_args(p, ready_timeout_s=300.0)
     p.add_argument("--faults", default="kill,hang", help="comma-separated, in order: kill, hang")
-    p.add_argument("--kv-budget-mib", type=float, default=512.0)
-    p.add_argument("--max-running-requests", type=int, default=4)
-    p.add_argument("--compression", choices=["true", "false"], default="true")
-    p.add_argument("--sglang-args", default="", help="JSON object of extra sglang.Engine arguments")
     p.add_argument("--max-tokens", type=int, default=1900, help="per request: outlasts the fault")
-    p.add_argument("--max-context-tokens", type=int, default=2048)
     p.add_argument("--fault-after-s", type=float, default=3.0, help="from the requests' start to the fault")
     p.add_argument("--engine-stall-s", type=float, default=20.0, help="the replica's stall watchdog")
-    p.add_argument("--ray-num-cpus", type=int, default=4)
-    p.add_argument("--ready-timeout-s", type=float, default=300.0)
     p.add_argument("--recover-timeout-s", type=float, default=240.0)
     p.add_argument("--request-timeout-s", type=float, default=120.0)
     p.add_argument("--out", required=True)
     args = p.parse_args(argv)
-    try:
-        record = run(args)
-    except BaseException as exc:
-        print(f"FAILED: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+    record = run_or_report(run, args)
+    if record is None:
         return 1
     return 0 if record["ok"] else 1
 
