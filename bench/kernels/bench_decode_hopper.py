@@ -65,7 +65,8 @@ def _zipkv_fns(
         tag = "zipkv" if cfg == configs[0] else "zipkv_" + "_".join(map(str, cfg))
         splits[tag] = int(plan.num_splits.max())  # the longest request's
         run = partial(
-            decode_attention_hopper, plan, q, sm_scale=scale, out=o, stages=stages, maxnreg=maxnreg,
+            decode_attention_hopper, plan, q, sm_scale=scale, out=o, stages=stages,
+            maxnreg=plan.maxnreg if not maxnreg and plan.maxnreg else maxnreg,  # 0: the plan's, if it caps
             warp_softmax=None if ws is None else bool(ws), lazy_rescale=None if lazy is None else bool(lazy),
             lean=None if lean is None else bool(lean),
         )  # fmt: skip

@@ -109,6 +109,22 @@ HOPPER_LAZY_RESCALE_ENV = "ZIPKV_HOPPER_LAZY_RESCALE"
 HOPPER_LEAN_ENV = "ZIPKV_HOPPER_LEAN"
 
 
+# The Hopper kernel's launch where the plan splits: "0" (the default) four programs per SM at the compiler's
+# registers for every plan; "1" where four per SM would split requests (one program per request and KV head
+# does not fill the GPU), registers capped at 168 and splits planned for six programs per SM. On the H200
+# with the lean tile (docs/benchmarks.md, 2026-12-06): 1.17-1.18x FlashInfer against 1.14-1.15x at
+# 32 x 8192, 1.24x against 1.20-1.21x at 32 x 32768, 47.2 against 50.1 us at 1 x 32768; where one split
+# already fills the GPU (64 and 128 x 8192) the cap loses (1.02-1.11x against 1.22-1.24x), so it is not
+# taken there. head_dim 128 at 2 warps only, where it was measured. Off until the GPU tests run with it.
+HOPPER_SPLIT_CAP_ENV = "ZIPKV_HOPPER_SPLIT_CAP"
+HOPPER_SPLIT_CAP = (6, 168)  # (programs per SM, registers per thread)
+
+
+def hopper_split_cap(env: Mapping[str, str] | None = None) -> bool:
+    """Whether a Hopper plan that splits caps registers for six programs per SM (see above)."""
+    return env_flag(HOPPER_SPLIT_CAP_ENV, "four programs per SM at the compiler's registers", env)
+
+
 def hopper_warp_softmax(env: Mapping[str, str] | None = None) -> bool:
     """Whether the Hopper kernel runs one softmax per warp (``$ZIPKV_HOPPER_WARP_SOFTMAX``, see above)."""
     return env_flag(HOPPER_WARP_SOFTMAX_ENV, "one softmax per program", env)

@@ -24,6 +24,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
+from functools import lru_cache
 from typing import Any
 
 import torch
@@ -34,8 +35,10 @@ from .decode_config import (
     HOPPER_CONFIG,
     HOPPER_MAX_SPLITS,
     HOPPER_MAX_WAVES,
+    HOPPER_SPLIT_CAP,
     DecodeKernelConfig,
     decode_impl,
+    hopper_split_cap,
     kernel_config,
 )
 from .split_plan import balanced_splits, even_split_tiles, work_items
@@ -70,6 +73,7 @@ class DecodePlan:
     twin_num_stages: int  # the uncompressed twin
     prefetch: bool  # compressed kernel: double-buffer tile loads in registers
     impl: str = "portable"  # which kernel runs the plan (DECODE_IMPLS)
+    maxnreg: int | None = None  # the Hopper launch's register cap (None: hopper/launch.py's default)
 
     @property
     def num_kv_heads(self) -> int:
@@ -121,6 +125,30 @@ def _check_batch(
     return batch
 
 
+def hopper_launch(
+    cfg: DecodeKernelConfig, batch: int, kv_heads: int, head_dim: int, num_sms: int, split_cap: bool
+) -> tuple[DecodeKernelConfig, int | None]:
+    """The Hopper plan's programs per SM and register cap (None: the launch's default). With ``split_cap``
+    (``$ZIPKV_HOPPER_SPLIT_CAP``, decode_config), a plan whose requests split at ``cfg.ctas_per_sm`` is
+    launched with HOPPER_SPLIT_CAP's registers and planned for its programs per SM instead."""
+    if not split_cap or head_dim != 128 or cfg.num_warps != 2:
+        return cfg, None
+    slots = num_sms * cfg.ctas_per_sm
+    if choose_max_splits(batch * kv_heads, slots, HOPPER_MAX_SPLITS, HOPPER_MAX_WAVES) == 1:
+        return cfg, None
+    ctas, regs = HOPPER_SPLIT_CAP
+    return replace(cfg, ctas_per_sm=ctas), regs
+
+
+def sm_count(num_sms: int | None, device: torch.device) -> int:
+    """``num_sms`` if given, else the device's (CPU_NUM_SMS for the interpreter)."""
+    if num_sms is not None:
+        return num_sms
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return CPU_NUM_SMS
+
+
 def pair_slots(
     max_splits: int | None,
     batch: int,
@@ -144,13 +172,7 @@ def pair_slots(
         if not 1 <= max_splits <= MAX_SPLITS:
             raise ValueError(f"max_splits must be in 1..{MAX_SPLITS}, got {max_splits}")
         return batch * max_splits, max_splits
-    if num_sms is None:
-        num_sms = (
-            torch.cuda.get_device_properties(device).multi_processor_count
-            if device.type == "cuda"
-            else CPU_NUM_SMS
-        )
-    slots = num_sms * ctas_per_sm
+    slots = sm_count(num_sms, device) * ctas_per_sm
     pairs = batch * choose_max_splits(batch * kv_heads, slots, cap, max_waves)
     pairs = max(pairs, min(slots // kv_heads, batch * cap))  # a wave's items: equal requests take no more
     return pairs, min(cap, pairs - batch + 1)  # one request takes what the others' one split each leave
@@ -173,6 +195,26 @@ def _split_work(
     split_tokens = split_tiles * block_n
     work, pair_start = work_items(splits, split_tokens, kv_lens, page_indptr, num_pairs)
     return splits, split_tokens, work, pair_start
+
+
+@lru_cache(maxsize=1)
+def _split_cap() -> bool:
+    """``$ZIPKV_HOPPER_SPLIT_CAP``, read once per process: a plan is built every step."""
+    return hopper_split_cap()
+
+
+def _hopper_shape(
+    cfg: DecodeKernelConfig,
+    fmt: PageFormat,
+    batch: int,
+    num_sms: int | None,
+    device: torch.device,
+    free: bool,
+) -> tuple[DecodeKernelConfig, int | None]:
+    """hopper_launch's choice where the caller left the shape to the plan (``free``), else ``cfg``."""
+    if not free or not _split_cap():
+        return cfg, None
+    return hopper_launch(cfg, batch, fmt.num_kv_heads, fmt.head_dim, sm_count(num_sms, device), True)
 
 
 def _overridden(base: DecodeKernelConfig, **asked: Any) -> DecodeKernelConfig:
@@ -215,20 +257,21 @@ def plan_decode(
                       twin_num_stages=twin_num_stages, ctas_per_sm=ctas_per_sm,
                       prefetch=prefetch)  # fmt: skip
     device, hopper = kv_lens.device, impl == "hopper"
+    free = hopper and config is None and ctas_per_sm is None and max_splits is None
+    cfg, maxnreg = _hopper_shape(cfg, fmt, batch, num_sms, device, free)
     num_pairs, max_splits = pair_slots(
         max_splits, batch, fmt.num_kv_heads, num_sms, cfg.ctas_per_sm, device,
         HOPPER_MAX_SPLITS if hopper else MAX_SPLITS, HOPPER_MAX_WAVES if hopper else 4,
     )  # fmt: skip
     splits, split_tokens, work, pair_start = _split_work(kv_lens, page_indptr, cfg.block_n, num_pairs,
                                                          max_splits)  # fmt: skip
-    hd = fmt.head_dim
     return DecodePlan(
         fmt=fmt, page_ids=page_ids, page_indptr=page_indptr, kv_lens=kv_lens,
         num_splits=splits.to(torch.int32),  # (no copy when the kernel built them)
         split_tokens=split_tokens.to(torch.int32),
         work=work,
         pair_start=pair_start,
-        o_partial=torch.empty(num_pairs, num_q_heads, hd, dtype=torch.float32, device=device),
+        o_partial=torch.empty(num_pairs, num_q_heads, fmt.head_dim, dtype=torch.float32, device=device),
         lse_partial=torch.empty(num_pairs, num_q_heads, dtype=torch.float32, device=device),
         batch_size=batch,
         num_q_heads=num_q_heads,
@@ -240,6 +283,7 @@ def plan_decode(
         twin_num_stages=cfg.twin_num_stages,
         prefetch=cfg.prefetch,
         impl=impl,
+        maxnreg=maxnreg,
     )  # fmt: skip
 
 

@@ -173,3 +173,52 @@ def test_the_lean_tile_is_asked_for_by_0_or_1_and_needs_the_shared_softmax() -> 
     _check_switch(dc.hopper_lean, dc.HOPPER_LEAN_ENV)  # off by default: the measured tile
     # Asked for with the per-warp softmax (whose exchanges it does not have): refused before any launch.
     _refused(2, 30, 32, "lean tile needs the shared softmax", warp_softmax=True, lean=True)
+
+
+H200_SMS = 132
+
+
+@pytest.mark.parametrize(
+    ("batch", "head_dim", "warps", "capped"),
+    [
+        (32, 128, 2, True),  # 256 programs split 2 ways at four per SM: capped, planned for six (3 splits)
+        (1, 128, 2, True),  # one long request: split
+        (64, 128, 2, False),  # 512 programs fill the 528 slots of four per SM: no split, no cap
+        (128, 128, 2, False),
+        (32, 64, 2, False),  # head_dims and warps not measured with the cap: unchanged
+        (32, 256, 2, False),
+        (32, 128, 4, False),
+    ],
+)
+def test_the_split_cap_takes_six_per_sm_where_four_per_sm_would_split(
+    batch: int, head_dim: int, warps: int, capped: bool
+) -> None:
+    from dataclasses import replace
+
+    from zipkv.kernels.attention.decode_config import HOPPER_CONFIG, HOPPER_SPLIT_CAP
+    from zipkv.kernels.attention.decode_plan import choose_max_splits, hopper_launch
+
+    base = replace(HOPPER_CONFIG, num_warps=warps)
+    cfg, regs = hopper_launch(base, batch, 8, head_dim, H200_SMS, split_cap=True)
+    assert (cfg.ctas_per_sm, regs) == ((HOPPER_SPLIT_CAP[0], HOPPER_SPLIT_CAP[1]) if capped else (4, None))
+    assert hopper_launch(base, batch, 8, head_dim, H200_SMS, split_cap=False) == (base, None)  # off: as ever
+    if batch == 32 and capped:  # the splits the H200 bench used: 3 at six per SM, 2 at four
+        assert choose_max_splits(batch * 8, H200_SMS * cfg.ctas_per_sm, 128, 1) == 3
+        assert choose_max_splits(batch * 8, H200_SMS * 4, 128, 1) == 2
+
+
+def test_the_launch_takes_the_plans_register_cap_unless_asked_otherwise() -> None:
+    from dataclasses import replace
+
+    from zipkv.kernels.attention import decode_config as dc
+    from zipkv.kernels.attention.hopper.launch import register_cap
+
+    _check_switch(dc.hopper_split_cap, dc.HOPPER_SPLIT_CAP_ENV)  # off by default
+    plan = _plan(PageFormat(head_dim=128, num_kv_heads=2, version=3))
+    assert plan.maxnreg is None  # a portable plan on the CPU: no cap
+    assert register_cap(None, 128, 2, plan) is None  # the compiler's registers at 2 warps
+    capped = replace(plan, maxnreg=168)
+    assert register_cap(None, 128, 2, capped) == 168
+    assert register_cap(0, 128, 2, capped) is None  # 0: the compiler's, whatever the plan says
+    assert register_cap(200, 128, 2, capped) == 200
+    assert register_cap(None, 128, 4, plan) == 168  # the 4-warp table entry, as before

@@ -133,7 +133,7 @@ def decode_attention_hopper(
         **consts,
         TIMING=timing is not None,
         num_warps=plan.num_warps,
-        **({"maxnreg": regs} if (regs := register_cap(maxnreg, fmt.head_dim, plan.num_warps)) else {}),
+        **({"maxnreg": regs} if (regs := register_cap(maxnreg, fmt.head_dim, plan.num_warps, plan)) else {}),
     )  # fmt: skip
     if plan.max_splits > 1:
         merge_splits(plan, out)
@@ -172,9 +172,16 @@ def _check_plan(plan: DecodePlan) -> None:
         raise ValueError(f"GQA group {plan.group_size} exceeds the kernel's {M_ROWS} rows")
 
 
-def register_cap(asked: int | None, head_dim: int, num_warps: int) -> int | None:
-    """None: HOPPER_MAXNREG's cap for (head_dim, num_warps); 0: the compiler's choice."""
-    return HOPPER_MAXNREG.get((head_dim, num_warps)) if asked is None else (asked or None)
+def register_cap(
+    asked: int | None, head_dim: int, num_warps: int, plan: DecodePlan | None = None
+) -> int | None:
+    """None: the plan's cap (decode_plan.hopper_launch), else HOPPER_MAXNREG's for (head_dim, num_warps);
+    0: the compiler's choice."""
+    if asked is not None:
+        return asked or None
+    if plan is not None and plan.maxnreg is not None:
+        return plan.maxnreg
+    return HOPPER_MAXNREG.get((head_dim, num_warps))
 
 
 _RAW_META: dict[tuple[tuple[int, ...], torch.device], torch.Tensor] = {}

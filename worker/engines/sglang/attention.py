@@ -105,6 +105,7 @@ class ZipkvAttention:
         from zipkv.kernels.attention.decode_config import (
             hopper_lazy_rescale,
             hopper_lean,
+            hopper_split_cap,
             hopper_warp_softmax,
         )
         from zipkv.kernels.attention.decode_plan import split_plan_impl
@@ -116,6 +117,7 @@ class ZipkvAttention:
         hopper_warp_softmax()
         hopper_lazy_rescale()
         hopper_lean()
+        hopper_split_cap()
         self.kernel_config = step_kernel_config(kv.fmt, req_to_token.device)
         self.fused_extend = extend_kernel_choice() == "fused"
         self.flashinfer = flashinfer_prefill_for(num_q_heads, kv.fmt, req_to_token.device)
