@@ -14,6 +14,7 @@
   decode_hopper_h100.json (H100), the Hopper kernel's speed against FlashInfer's;
   decode_hopper_h100_skewed.png: decode_hopper_h100_skewed.json, skewed batches, balanced splits against one
   split count per request.
+- decode_hopper_split_cap_h200.png: decode_hopper_split_cap_h200.json, the lean tile, split cap (H200).
 - decode_hopper_timeline.png: bench/results/decode_hopper_timing.json, one launch's programs per SM.
 - trace_timeline.png: bench/results/trace_cpu.json, one request's spans (bench/serving/trace_capture.py).
 """
@@ -254,6 +255,10 @@ def render_all(out: Path, results: Path = RESULTS) -> list[Path]:
     for name in ("decode_hopper", "decode_hopper_h100", "decode_hopper_h100_skewed"):
         if (results / f"{name}.json").is_file():
             figures.append((name, hopper_figure(json.loads((results / f"{name}.json").read_text()))))
+    cap = results / "decode_hopper_split_cap_h200.json"
+    if cap.is_file():
+        lean = "zipkv Hopper kernel, v3 pages, the lean tile with the split cap"
+        figures.append((cap.stem, hopper_figure(json.loads(cap.read_text()), lean)))
     if (results / "decode_hopper_timing.json").is_file():
         doc = json.loads((results / "decode_hopper_timing.json").read_text())
         figures.append(("decode_hopper_timeline", timeline_figure(doc)))

@@ -31,6 +31,7 @@ def test_one_command_renders_every_picture_from_the_committed_results(tmp_path: 
         "decode_hopper.png",
         "decode_hopper_h100.png",
         "decode_hopper_h100_skewed.png",
+        "decode_hopper_split_cap_h200.png",
         "decode_hopper_timeline.png",
     }
     for path in tmp_path.glob("*.png"):
@@ -45,6 +46,7 @@ def test_one_command_renders_every_picture_from_the_committed_results(tmp_path: 
         "decode_hopper.png",
         "decode_hopper_h100.png",
         "decode_hopper_h100_skewed.png",
+        "decode_hopper_split_cap_h200.png",
         "decode_hopper_timeline.png",
     ):
         assert (REPO / "docs" / "img" / name).is_file(), name
