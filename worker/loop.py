@@ -36,6 +36,11 @@ class _Abort:
     message: str
 
 
+# Put into each held stream's queue once the engine has stalled (`stall_after_s`): the call holding it fails
+# with UNAVAILABLE (service.py), so that its router moves the request now.
+STALLED = EngineEvent("", message="engine stalled")
+
+
 class EngineLoop:
     def __init__(
         self,
@@ -95,6 +100,22 @@ class EngineLoop:
         return silent if self.stall_after_s and silent > self.stall_after_s else 0.0
 
     # ---- asyncio side -------------------------------------------------------------------------------
+    async def watch_stall(self) -> None:
+        """Runs on the asyncio loop until stopped: once the engine has stalled, each held stream gets STALLED
+        once. One watcher for all streams, so that a token's way to its caller stays one queue get."""
+        if not self.stall_after_s:
+            return
+        told: set[str] = set()
+        while not self._stop.is_set():
+            await asyncio.sleep(min(1.0, max(0.05, self.stall_after_s / 4)))
+            if not self.stalled_s():
+                told.clear()
+                continue
+            for request_id, stream in list(self._streams.items()):
+                if request_id not in told:
+                    told.add(request_id)
+                    stream.put_nowait(STALLED)
+
     async def submit(self, request: EngineRequest) -> asyncio.Queue[EngineEvent]:
         """Queue a request; raises the engine's RequestRejected if it refuses it."""
         events: asyncio.Queue[EngineEvent] = asyncio.Queue()

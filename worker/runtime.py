@@ -83,6 +83,7 @@ class WorkerRuntime:
         """Start serving; returns the address the router dials (host:port)."""
         self._thread.start()
         self.engine_loop.start()
+        asyncio.run_coroutine_threadsafe(self.engine_loop.watch_stall(), self._loop)
         self._call(self._start_server())
         s = self.settings
         if s.metrics_port >= 0:

@@ -14,7 +14,7 @@ from zipkv.controlplane.grpc_auth import bearer_token, peer_identity, tokens_equ
 from zipkv.protos import zipkv_pb2 as pb
 from zipkv.protos import zipkv_pb2_grpc as pb_grpc
 from zipkv.worker.engine import EngineEvent, EngineRequest, FinishReason, RequestRejected, SamplingOptions
-from zipkv.worker.loop import EngineLoop
+from zipkv.worker.loop import STALLED, EngineLoop
 from zipkv.worker.metrics import WorkerMetrics
 from zipkv.worker.request_spans import generate_attributes, record_finish
 from zipkv.worker.telemetry import parent_context, trace_headers
@@ -132,27 +132,6 @@ class WorkerService(pb_grpc.WorkerServicer):
             await context.abort(code, str(exc))
         raise AssertionError("unreachable: context.abort raises")
 
-    async def _next_event(
-        self, events: asyncio.Queue[EngineEvent], context: grpc.aio.ServicerContext
-    ) -> EngineEvent:
-        """The request's next event. Once the engine is stalled (`engine_stall_s`) the call fails with
-        UNAVAILABLE: the replica is about to be replaced (its health check fails), and a router that sees the
-        stream break moves the request to another worker now, from its tokens so far, rather than when Serve
-        kills this replica (three failed health checks and a graceful shutdown later)."""
-        stall_s = self.loop.stall_after_s
-        if not stall_s:
-            return await events.get()
-        while True:
-            try:  # a timed-out get leaves the queue as it was: no event is lost
-                return await asyncio.wait_for(events.get(), timeout=min(1.0, max(0.05, stall_s / 4)))
-            except TimeoutError:
-                if self.loop.stalled_s():
-                    log.warning("generate failed: %s; the router moves the request", self.loop.trouble())
-                    await context.abort(
-                        grpc.StatusCode.UNAVAILABLE,
-                        f"worker {self.worker_id}: {self.loop.trouble()}; retry elsewhere",
-                    )
-
     async def _stream(
         self,
         request: pb.GenerateRequest,
@@ -163,7 +142,9 @@ class WorkerService(pb_grpc.WorkerServicer):
         finished = False
         try:
             while True:
-                event = await self._next_event(events, context)
+                event = await events.get()
+                if event is STALLED:
+                    await self._fail_stalled(context)
                 if event.token_ids:
                     yield pb.GenerateResponse(chunk=pb.TokenChunk(token_ids=list(event.token_ids)))
                 if event.finish is not None:
@@ -185,6 +166,15 @@ class WorkerService(pb_grpc.WorkerServicer):
                 self.loop.abort(request.request_id, "cancelled by the caller")
                 span.set_attribute("zipkv.cancelled", True)
                 log.info("generate cancelled request_id=%s", request.request_id)
+
+    async def _fail_stalled(self, context: grpc.aio.ServicerContext) -> None:
+        """The engine stalled (`engine_stall_s`, EngineLoop.watch_stall): the replica is about to be replaced
+        (its health check fails), so the call fails with UNAVAILABLE now and its router moves the request to
+        another worker, from its tokens so far, rather than when Serve kills this replica (three failed
+        health checks and a graceful shutdown later)."""
+        why = self.loop.trouble() or "engine stalled"
+        log.warning("generate failed: %s; the router moves the request", why)
+        await context.abort(grpc.StatusCode.UNAVAILABLE, f"worker {self.worker_id}: {why}; retry elsewhere")
 
     def _finished(self, event: EngineEvent, span: trace.Span) -> None:
         record_finish(span, self.tracer, event)
