@@ -56,7 +56,8 @@ class WorkerSettings:
     port: int = 0  # 0 = any free port
     drain_timeout_s: float = 30.0
     # Requests in the engine and no token for this long (a hung GPU) mark the replica unhealthy: Ray Serve's
-    # health check fails and it replaces the replica; meanwhile it reports draining and refuses Generate.
+    # health check fails and it replaces the replica; meanwhile it reports draining, refuses Generate and
+    # fails the calls it holds with UNAVAILABLE (EngineLoop.watch_stall), so routers move them at once.
     # 0 = never. Far above a step's length, a long prompt's whole prefill and a kernel's first compile.
     engine_stall_s: float = 300.0
     # Prometheus /metrics of this replica: the first free port of metrics_port .. metrics_port +

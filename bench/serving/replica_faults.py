@@ -3,12 +3,13 @@
     kill   the replica's process SIGKILLed mid-generation (a crash, an OOM kill)
     hang   the engine's child processes SIGSTOPped (SGLang's scheduler hung: the replica process itself, its
            gRPC server and its health check still answer); the stall watchdog (`engine_stall_s`) must fail
-           the health check so that Serve replaces the replica
+           the calls held and the health check, so that the clients are told and Serve replaces the replica
 
 One replica, so a lost worker's requests have nowhere else to go: what is measured is what each client saw
 (a clean error, never a hang or a truncated reply passed off as whole) and how long until a replacement
 replica serves, which on a GPU includes its model load and CUDA graph capture. Run by
-bench/run_replica_faults_gpu.sh (SGLang on the GPU machine; `--engine reference` runs the kill on a CPU).
+`DRILL=replica_faults bash bench/run_ray_serve_gpu.sh` (SGLang on the GPU machine; `python -m
+bench.serving.replica_faults_gpu --engine reference --faults kill` runs the kill on a CPU).
 The stack, its start and the JSON record's header are bench/serving/ray_serve_gpu.py's.
 """
 

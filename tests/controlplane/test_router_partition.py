@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from collections.abc import Callable
 
 import httpx
 import pytest
@@ -65,6 +66,9 @@ class PartitionProxy:
     def cut(self) -> None:
         self.cut_off = True
 
+    def slow_down(self, delay_s: float) -> None:
+        self.delay_s = delay_s
+
 
 def behind_proxy(
     s: Stack, script: Script, total_tokens: int, delay_s: float = 0.0
@@ -77,10 +81,12 @@ def behind_proxy(
     return worker, proxy
 
 
-def stream_until_cut(s: Stack, proxy: PartitionProxy, read_timeout_s: float) -> tuple[list[str], float]:
-    """A streamed request; the proxy is cut after its second event. Its events and the seconds from the cut
-    to the stream's end."""
-    body = {"model": MODEL, "prompt": "x", "max_tokens": 400, "stream": True}
+def stream_until_fault(
+    s: Stack, fault: Callable[[], None], read_timeout_s: float, max_tokens: int = 400
+) -> tuple[list[str], float]:
+    """A streamed request; `fault` is done to its link after its second event. Its events and the seconds
+    from the fault to the stream's end."""
+    body = {"model": MODEL, "prompt": "x", "max_tokens": max_tokens, "stream": True}
     events: list[str] = []
     timeout = httpx.Timeout(10.0, read=read_timeout_s)
     with httpx.stream("POST", s.url + "/v1/completions", json=body, timeout=timeout) as r:
@@ -88,15 +94,15 @@ def stream_until_cut(s: Stack, proxy: PartitionProxy, read_timeout_s: float) -> 
             if line:
                 events.append(line)
             if len(events) == 2:
-                proxy.cut()
-                cut_at = time.monotonic()
-    return events, time.monotonic() - cut_at
+                fault()
+                fault_at = time.monotonic()
+    return events, time.monotonic() - fault_at
 
 
 def test_a_stream_on_a_partitioned_worker_ends_with_an_error_within_the_keepalive() -> None:
     with stack(dispatch=FAST_KEEPALIVE) as s:
         _, proxy = behind_proxy(s, Script(itl_s=0.05), 100_000)
-        events, after_cut_s = stream_until_cut(s, proxy, read_timeout_s=10.0)
+        events, after_cut_s = stream_until_fault(s, proxy.cut, read_timeout_s=10.0)
         assert '"error"' in events[-1] and "failed mid-stream: UNAVAILABLE" in events[-1], events[-1]
         assert after_cut_s < 4.0, after_cut_s  # one missed ping: 0.5 s period + 0.5 s timeout, plus slack
         assert len(events) < 50  # nothing after the cut got through
@@ -107,7 +113,7 @@ def test_without_a_ping_soon_the_stream_just_hangs() -> None:
     with stack(dispatch={"keepalive_s": 60.0}) as s:
         _, proxy = behind_proxy(s, Script(itl_s=0.05), 100_000)
         with pytest.raises(httpx.ReadTimeout):
-            stream_until_cut(s, proxy, read_timeout_s=3.0)
+            stream_until_fault(s, proxy.cut, read_timeout_s=3.0)
 
 
 def test_a_non_streamed_request_on_a_partitioned_worker_is_answered_by_another() -> None:
@@ -171,12 +177,6 @@ def test_a_round_trip_past_the_keepalive_timeout_is_judged_lost() -> None:
     start fails the connect instead: the client gets a 503 with Retry-After.)"""
     with stack(dispatch={"keepalive_s": 0.5, "keepalive_timeout_s": 0.5}) as s:
         _, proxy = behind_proxy(s, Script(itl_s=0.1), 100_000)
-        body = {"model": MODEL, "prompt": "x", "max_tokens": 60, "stream": True}
-        events: list[str] = []
-        with httpx.stream("POST", s.url + "/v1/completions", json=body, timeout=20.0) as r:
-            for line in r.iter_lines():
-                events += [line] if line else []
-                if len(events) == 2:
-                    proxy.delay_s = 0.8
+        events, _ = stream_until_fault(s, lambda: proxy.slow_down(0.8), read_timeout_s=20.0, max_tokens=60)
         assert '"error"' in events[-1] and "UNAVAILABLE" in events[-1], events[-1]
         assert len(events) < 40  # failed well before the 60 tokens' 6 s
