@@ -152,7 +152,8 @@ def _capacity_metrics(lab: list[str], cap: Capacity, draining: bool) -> Iterator
                  cap.compression_ratio)  # fmt: skip
     yield _gauge("zipkv_worker_running_requests", "requests running", lab, cap.running_requests)
     yield _gauge("zipkv_worker_queued_requests", "requests waiting for admission", lab, cap.queued_requests)
-    yield _gauge("zipkv_worker_itl_ms", "recent mean decode step (inter-token latency)", lab, cap.itl_ms)
+    itl_help = "recent mean decode step (inter-token latency); 0 while nothing runs"
+    yield _gauge("zipkv_worker_itl_ms", itl_help, lab, cap.itl_ms)
     yield _gauge("zipkv_worker_draining", "1 while the replica drains", lab, 1.0 if draining else 0.0)
 
 

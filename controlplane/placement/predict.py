@@ -1,8 +1,8 @@
 """Predictions of the reported state (documented formulas; units in the names).
 
     stored_bytes_per_token = kv_bytes_per_token * compression_ratio        (compressed KV bytes)
-    step_ms      = itl_ms; a worker with no measurement yet (a new replica) steps at
-                   min(placement.idle_itl_ms, the smallest itl_ms measured among the candidates): an
+    step_ms      = itl_ms; a worker reporting none (a new replica, or nothing running: zipkv.proto)
+                   steps at min(placement.idle_itl_ms, the smallest itl_ms measured among the candidates): an
                    idle replica of the model is no slower than its fastest peer, else it would never
                    be picked over a warm peer that measured faster than the idle prior
     added_bytes  = (prompt_tokens + max_new_tokens / 2) * stored_bytes_per_token   (mean context of the

@@ -185,6 +185,20 @@ def test_capacity_counts_tokens_and_reservations(tiny: LoadedModel) -> None:
     assert cap.headroom_tokens <= idle.headroom_tokens - 9 * 16
 
 
+def test_itl_is_reported_while_requests_run_and_not_once_idle(tiny: LoadedModel) -> None:
+    """A stale step from the last burst would keep an idle worker looking slow to the router's SLO scorer
+    (it predicts a 0 as a new replica's: the fastest peer's step), so only a running batch reports one."""
+    engine = fresh(tiny)
+    engine.add_request(EngineRequest("a", prompt(7, 20), greedy(6)))
+    engine.step()  # the prefill: no decode step measured yet
+    assert engine.capacity().itl_ms == 0.0
+    engine.step()
+    assert engine.capacity().running_requests == 1 and engine.capacity().itl_ms > 0.0
+    while engine.has_work():
+        engine.step()
+    assert engine.capacity().running_requests == 0 and engine.capacity().itl_ms == 0.0
+
+
 def test_v3_pages_run_on_the_torch_path_and_the_fused_kernel_path(tiny: LoadedModel) -> None:
     """Both paths accept v3 (the fused one's tokens: tests/worker/test_reference_engine_triton.py)."""
     fused = ReferenceEngine(tiny, ReferenceEngineConfig(kernels="triton", format_version=3), "cpu")

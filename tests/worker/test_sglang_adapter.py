@@ -73,6 +73,21 @@ def test_stream_outputs_become_deltas_and_one_finish() -> None:
     assert not eng.has_work() and len(eng._timings.itl_ms) == 2
 
 
+def test_itl_is_reported_while_requests_run_and_not_once_idle() -> None:
+    """The step times of the last burst stay in the window, but an idle engine reports none (a stale slow
+    step kept an idle worker from the router's picks)."""
+    eng = bare_engine()
+    eng._snapshot = lambda: None  # type: ignore[method-assign]  # SGLang's loads: none here
+    eng._context_tokens, eng._kv_bytes_per_token = 4096, 1024
+    run = eng._running["r1"] = _Running(EngineRequest("r1", (1, 2), SamplingOptions(max_new_tokens=3)), 0.0)
+    eng._on_output(run, {"output_ids": [7], "meta_info": {}})
+    eng._on_output(run, {"output_ids": [7, 8], "meta_info": {}})
+    assert eng.capacity().itl_ms > 0.0
+    eng._on_output(run, {"output_ids": [7, 8, 9], "meta_info": {"finish_reason": {"type": "length"}}})
+    eng.step()
+    assert not eng._running and eng._timings.itl_ms and eng.capacity().itl_ms == 0.0
+
+
 def test_abort_and_errors_carry_a_message() -> None:
     eng = bare_engine()
     run = eng._running["r2"] = _Running(EngineRequest("r2", (1,)), time.monotonic())

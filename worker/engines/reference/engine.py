@@ -277,7 +277,7 @@ class ReferenceEngine:
             queued_prefill_tokens=sum(len(r.request.prompt_token_ids) for r in self._queue)
             + sum(len(r.request.prompt_token_ids) for r in self._running.values() if r.first_token_s is None),
             ttft_ms=self._ttft_ms,
-            itl_ms=self._itl_ms,
+            itl_ms=self._itl_ms if self._running else 0.0,  # idle: no current step (protos/zipkv.proto)
             max_context_tokens=self.loaded.max_context_tokens,
             kv_bytes_per_token=self.store.kv_bytes_per_token,
         )

@@ -170,7 +170,7 @@ class SGLangEngine:
             queued_requests=int(getattr(loads, "num_waiting_reqs", 0)),
             queued_prefill_tokens=sum(len(r.request.prompt_token_ids) for r in started),
             ttft_ms=_mean(self._timings.ttft_ms),
-            itl_ms=_mean(self._timings.itl_ms),
+            itl_ms=_mean(self._timings.itl_ms) if self._running else 0.0,  # idle: no current step (.proto)
             max_context_tokens=self._context_tokens,
             kv_bytes_per_token=self._kv_bytes_per_token,
         )
