@@ -25,6 +25,6 @@ def env_choice(
     return value
 
 
-def env_flag(name: str, off: str, env: Mapping[str, str] | None = None) -> bool:
-    """A 0/1 switch, off by default; ``off`` says what 0 means, for the error."""
-    return env_choice(name, ("0", "1"), "0", env, hint=f"0: {off}") == "1"
+def env_flag(name: str, off: str, env: Mapping[str, str] | None = None, default: bool = False) -> bool:
+    """A 0/1 switch, ``default`` when unset; ``off`` says what 0 means, for the error."""
+    return env_choice(name, ("0", "1"), "1" if default else "0", env, hint=f"0: {off}") == "1"

@@ -98,31 +98,42 @@ HOPPER_WARP_SOFTMAX_ENV = "ZIPKV_HOPPER_WARP_SOFTMAX"
 HOPPER_LAZY_RESCALE_ENV = "ZIPKV_HOPPER_LAZY_RESCALE"
 
 
-# The Hopper kernel's tile in fewer instructions: "0" (the default) as measured; "1" the lean tile
+# The Hopper kernel's tile in fewer instructions: "1" (the default) the lean tile
 # (hopper/lean.py: the row max and P exchanged between warps through buffers of their own, the qk scale
 # folded into one FFMA, the end-of-split mask only in a split's last tile; the pre-pass's twin high byte in
 # one step fewer; the coded copies' V and patch addresses in fewer adds): offline sm_90, 601 SASS
-# instructions per coded tile against 677, 202 registers against 206 (docs/benchmarks.md). The kernel on
-# compressed pages still equals the kernel on raw pages bit for bit; against the default the softmax's
-# exp2 argument rounds once (an fma) where it rounded twice. Off until the GPU measures it (shared softmax
-# only; combines with the lazy rescale).
+# instructions per coded tile against 677, 202 registers against 206 (611 against 688 since the kernel
+# writes unsplit requests' rows itself; docs/benchmarks.md). The kernel on compressed pages still equals
+# the kernel on raw pages bit for bit; against the earlier tile the softmax's
+# exp2 argument rounds once (an fma) where it rounded twice. On the H200 2.5-3.5% faster than the earlier
+# tile at batch >= 32, context >= 8192, as fast on the H100 (docs/benchmarks.md); "0" the earlier tile.
+# Shared softmax only (the per-warp softmax runs its own tile); combines with the lazy rescale.
 HOPPER_LEAN_ENV = "ZIPKV_HOPPER_LEAN"
 
 
-# The Hopper kernel's launch where the plan splits: "0" (the default) four programs per SM at the compiler's
-# registers for every plan; "1" where four per SM would split requests (one program per request and KV head
-# does not fill the GPU), registers capped at 168 and splits planned for six programs per SM. On the H200
+# The Hopper kernel's launch where the plan splits: "1" where four programs per SM would split requests (one
+# program per request and KV head does not fill the GPU), registers capped at 168 and splits planned for six
+# programs per SM; "0" four per SM at the compiler's registers for every plan. Unset: "1" on the H200, where
+# it was measured, "0" on other sm_90 parts (the H100 has not run it: its kernel waits on memory more than
+# on issue, docs/benchmarks.md). On the H200
 # with the lean tile (docs/benchmarks.md, 2026-12-06): 1.17-1.18x FlashInfer against 1.14-1.15x at
 # 32 x 8192, 1.24x against 1.20-1.21x at 32 x 32768, 47.2 against 50.1 us at 1 x 32768; where one split
 # already fills the GPU (64 and 128 x 8192) the cap loses (1.02-1.11x against 1.22-1.24x), so it is not
-# taken there. head_dim 128 at 2 warps only, where it was measured. Off until the GPU tests run with it.
+# taken there. head_dim 128 at 2 warps only, where it was measured.
 HOPPER_SPLIT_CAP_ENV = "ZIPKV_HOPPER_SPLIT_CAP"
 HOPPER_SPLIT_CAP = (6, 168)  # (programs per SM, registers per thread)
 
 
-def hopper_split_cap(env: Mapping[str, str] | None = None) -> bool:
-    """Whether a Hopper plan that splits caps registers for six programs per SM (see above)."""
-    return env_flag(HOPPER_SPLIT_CAP_ENV, "four programs per SM at the compiler's registers", env)
+def hopper_split_cap(env: Mapping[str, str] | None = None, measured_here: bool = True) -> bool:
+    """Whether a Hopper plan that splits caps registers for six programs per SM (see above); unset, whether
+    the device is one it was measured on (``measured_here``: :func:`split_cap_measured`)."""
+    off = "four programs per SM at the compiler's registers"
+    return env_flag(HOPPER_SPLIT_CAP_ENV, off, env, default=measured_here)
+
+
+def split_cap_measured(device: torch.device) -> bool:
+    """Whether the split cap's default is on for ``device``: the H200, where it was measured."""
+    return device.type == "cuda" and "H200" in torch.cuda.get_device_name(device)
 
 
 def hopper_warp_softmax(env: Mapping[str, str] | None = None) -> bool:
@@ -138,7 +149,7 @@ def hopper_lazy_rescale(env: Mapping[str, str] | None = None) -> bool:
 
 def hopper_lean(env: Mapping[str, str] | None = None) -> bool:
     """Whether the Hopper kernel runs the lean tile (``$ZIPKV_HOPPER_LEAN``, see above)."""
-    return env_flag(HOPPER_LEAN_ENV, "the measured tile", env)
+    return env_flag(HOPPER_LEAN_ENV, "the earlier tile", env, default=True)
 
 
 def is_sm90(device: torch.device) -> bool:

@@ -40,6 +40,7 @@ from .decode_config import (
     decode_impl,
     hopper_split_cap,
     kernel_config,
+    split_cap_measured,
 )
 from .split_plan import balanced_splits, even_split_tiles, work_items
 from .split_plan_triton import split_work_triton
@@ -197,10 +198,10 @@ def _split_work(
     return splits, split_tokens, work, pair_start
 
 
-@lru_cache(maxsize=1)
-def _split_cap() -> bool:
-    """``$ZIPKV_HOPPER_SPLIT_CAP``, read once per process: a plan is built every step."""
-    return hopper_split_cap()
+@lru_cache(maxsize=8)
+def _split_cap(device: torch.device) -> bool:
+    """``$ZIPKV_HOPPER_SPLIT_CAP`` for ``device``, read once per process: a plan is built every step."""
+    return hopper_split_cap(measured_here=split_cap_measured(device))
 
 
 def _hopper_shape(
@@ -212,7 +213,7 @@ def _hopper_shape(
     free: bool,
 ) -> tuple[DecodeKernelConfig, int | None]:
     """hopper_launch's choice where the caller left the shape to the plan (``free``), else ``cfg``."""
-    if not free or not _split_cap():
+    if not free or not _split_cap(device):
         return cfg, None
     return hopper_launch(cfg, batch, fmt.num_kv_heads, fmt.head_dim, sm_count(num_sms, device), True)
 

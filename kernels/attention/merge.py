@@ -24,12 +24,16 @@ D_BLOCK = 32  # head-dim columns per program
 def _merge_kernel(
     o_part_ptr, lse_part_ptr, out_ptr, num_splits_ptr, pair_start_ptr, stride_ob, stride_oh,
     NUM_Q_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, CHUNK: tl.constexpr, D_BLOCK: tl.constexpr,
+    SKIP_WHOLE: tl.constexpr,
 ):  # fmt: skip
     """Combine D_BLOCK columns of one (request, query head)'s split outputs by their log2-sum-exp2; the
-    request's splits are consecutive work items (o_partial [pairs, Hq, D], lse_partial [pairs, Hq])."""
+    request's splits are consecutive work items (o_partial [pairs, Hq, D], lse_partial [pairs, Hq]).
+    SKIP_WHOLE: a request of one split has its output already (the decode kernel wrote it): no store."""
     req = tl.program_id(0)
     q_head = tl.program_id(1)
     n = tl.load(num_splits_ptr + req)
+    if SKIP_WHOLE:
+        n = tl.where(n > 1, n, 0)  # one split: its row is written already; nothing to load or store
     first = tl.load(pair_start_ptr + req)
     offs = tl.arange(0, CHUNK)
     d = tl.program_id(2) * D_BLOCK + tl.arange(0, D_BLOCK)
@@ -49,17 +53,19 @@ def _merge_kernel(
         acc = acc * rescale + tl.sum(w[:, None] * o, 0)
         den = den * rescale + tl.sum(w, 0)
         m = m_new
-    tl.store(out_ptr + req * stride_ob + q_head * stride_oh + d, (acc / den).to(tl.bfloat16))
+    keep = tl.zeros([D_BLOCK], tl.int32) < n  # all or none: none for a skipped whole request
+    tl.store(out_ptr + req * stride_ob + q_head * stride_oh + d, (acc / den).to(tl.bfloat16), mask=keep)
 
 
-def merge_splits(plan: DecodePlan, out: torch.Tensor) -> None:
+def merge_splits(plan: DecodePlan, out: torch.Tensor, skip_whole: bool = False) -> None:
     """Merge ``plan``'s partial outputs (``plan.o_partial``, ``plan.lse_partial``) into bf16 ``out``
-    ``[B, Hq, D]``; launched by both decode wrappers after a split run."""
+    ``[B, Hq, D]``; launched by both decode wrappers after a split run. ``skip_whole``: requests of one
+    split wrote ``out`` themselves (the Hopper kernel) and are left as they are."""
     head_dim = plan.fmt.head_dim
     d_block = min(D_BLOCK, head_dim)
     chunk = max(16, min(MAX_CHUNK_SPLITS, triton.next_power_of_2(plan.max_splits)))
     _merge_kernel[(plan.batch_size, plan.num_q_heads, head_dim // d_block)](
         plan.o_partial, plan.lse_partial, out, plan.num_splits, plan.pair_start, out.stride(0), out.stride(1),
-        NUM_Q_HEADS=plan.num_q_heads, HEAD_DIM=head_dim, CHUNK=chunk, D_BLOCK=d_block,
+        NUM_Q_HEADS=plan.num_q_heads, HEAD_DIM=head_dim, CHUNK=chunk, D_BLOCK=d_block, SKIP_WHOLE=skip_whole,
         num_warps=4,
     )  # fmt: skip

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 
 import pytest
 import torch
@@ -127,9 +128,10 @@ def test_auto_picks_the_hopper_kernel_for_v3_pages_on_sm90_and_the_pool_writes_v
         dc.serving_format_version(gpu, {dc.PAGE_FORMAT_ENV: "1"})
 
 
-def _check_switch(read: Callable[[dict[str, str]], bool], name: str) -> None:
-    """A Hopper 0/1 switch: off when unset, on with "1", off with "0", anything else refused."""
-    assert read({}) is False
+def _check_switch(read: Callable[[dict[str, str]], bool], name: str, default: bool = False) -> None:
+    """A Hopper 0/1 switch: ``default`` when unset or empty, on with "1", off with "0", anything else
+    refused."""
+    assert read({}) is default and read({name: ""}) is default
     assert read({name: "1"}) is True
     assert read({name: "0"}) is False
     with pytest.raises(ValueError, match=f"{name}='on': expected one of 0, 1"):
@@ -170,7 +172,7 @@ def test_the_lazy_rescale_is_asked_for_by_0_or_1_and_needs_the_shared_softmax() 
 def test_the_lean_tile_is_asked_for_by_0_or_1_and_needs_the_shared_softmax() -> None:
     from zipkv.kernels.attention import decode_config as dc
 
-    _check_switch(dc.hopper_lean, dc.HOPPER_LEAN_ENV)  # off by default: the measured tile
+    _check_switch(dc.hopper_lean, dc.HOPPER_LEAN_ENV, default=True)  # on by default: measured faster
     # Asked for with the per-warp softmax (whose exchanges it does not have): refused before any launch.
     _refused(2, 30, 32, "lean tile needs the shared softmax", warp_softmax=True, lean=True)
 
@@ -213,7 +215,9 @@ def test_the_launch_takes_the_plans_register_cap_unless_asked_otherwise() -> Non
     from zipkv.kernels.attention import decode_config as dc
     from zipkv.kernels.attention.hopper.launch import register_cap
 
-    _check_switch(dc.hopper_split_cap, dc.HOPPER_SPLIT_CAP_ENV)  # off by default
+    _check_switch(dc.hopper_split_cap, dc.HOPPER_SPLIT_CAP_ENV, default=True)  # on where measured (H200)
+    _check_switch(partial(dc.hopper_split_cap, measured_here=False), dc.HOPPER_SPLIT_CAP_ENV)  # off elsewhere
+    assert not dc.split_cap_measured(torch.device("cpu"))
     plan = _plan(PageFormat(head_dim=128, num_kv_heads=2, version=3))
     assert plan.maxnreg is None  # a portable plan on the CPU: no cap
     assert register_cap(None, 128, 2, plan) is None  # the compiler's registers at 2 warps

@@ -23,17 +23,17 @@ def _reference(o_part: torch.Tensor, lse: torch.Tensor, n: list[int]) -> torch.T
     return out
 
 
-@pytest.mark.parametrize(("head_dim", "splits"), [(128, [1, 7, 16, 66]), (64, [3, 130]), (256, [128, 2])])
-def test_merge_matches_the_float64_log_sum_exp(head_dim, splits, device) -> None:  # type: ignore[no-untyped-def]
-    torch.manual_seed(head_dim)
-    batch, heads, max_splits = len(splits), 4, max(splits)
+def _scratch(
+    splits: list[int], heads: int, head_dim: int, device: str
+) -> tuple[SimpleNamespace, torch.Tensor]:
+    """(a plan holding random partials of ``splits`` per request, laid out as split_plan.work_items lays
+    them out, with a garbage idle item after each request; the float64 merge of them [B, Hq, D])."""
+    batch, max_splits = len(splits), max(splits)
     o_req = torch.randn(batch, heads, max_splits, head_dim, device=device)
     lse_req = torch.randn(batch, heads, max_splits, device=device) * 8  # weights spanning 2^±24
     for b, k in enumerate(splits):
         if k > MAX_CHUNK_SPLITS:  # the largest weight in the last chunk: the earlier chunks must be rescaled
             lse_req[b, :, k - 1] = lse_req[b, :, : k - 1].max(dim=1).values + 3
-    # The work items' layout (split_plan.work_items): request b's splits from pair_start[b] on; an idle item
-    # of garbage after each request, which the merge must not read.
     pairs = sum(splits) + batch
     o_part = torch.full((pairs, heads, head_dim), float("nan"), device=device)
     lse = torch.full((pairs, heads), 1e30, device=device)
@@ -46,9 +46,30 @@ def test_merge_matches_the_float64_log_sum_exp(head_dim, splits, device) -> None
         o_partial=o_part, lse_partial=lse, num_splits=torch.tensor(splits, dtype=torch.int32, device=device),
         pair_start=torch.tensor(starts, dtype=torch.int32, device=device),
     )  # fmt: skip
-    out = torch.empty(batch, heads, head_dim, dtype=torch.bfloat16, device=device)
+    return plan, _reference(o_req.cpu(), lse_req.cpu(), splits)
+
+
+@pytest.mark.parametrize(("head_dim", "splits"), [(128, [1, 7, 16, 66]), (64, [3, 130]), (256, [128, 2])])
+def test_merge_matches_the_float64_log_sum_exp(head_dim, splits, device) -> None:  # type: ignore[no-untyped-def]
+    torch.manual_seed(head_dim)
+    plan, ref = _scratch(splits, 4, head_dim, device)
+    out = torch.empty(len(splits), 4, head_dim, dtype=torch.bfloat16, device=device)
     merge_splits(plan, out)  # type: ignore[arg-type]
-    ref = _reference(o_req.cpu(), lse_req.cpu(), splits)
     assert torch.isfinite(out.float()).all()
     err = (out.double().cpu() - ref).abs().max() / ref.abs().max()
     assert err < 8e-3, err
+
+
+def test_merge_leaves_whole_requests_to_the_kernel(device) -> None:  # type: ignore[no-untyped-def]
+    """skip_whole (the Hopper kernel wrote the rows of requests it did not split): those rows keep what is
+    there, bit for bit; every split request is merged as without the flag."""
+    torch.manual_seed(5)
+    splits = [1, 3, 1, 2]
+    plan, _ = _scratch(splits, 4, 128, device)
+    merged = torch.empty(len(splits), 4, 128, dtype=torch.bfloat16, device=device)
+    merge_splits(plan, merged)  # type: ignore[arg-type]
+    written = torch.randn(len(splits), 4, 128, device=device).to(torch.bfloat16)  # the kernel's rows
+    out = written.clone()
+    merge_splits(plan, out, skip_whole=True)  # type: ignore[arg-type]
+    for b, k in enumerate(splits):
+        assert torch.equal(out[b], written[b] if k == 1 else merged[b]), (b, k)

@@ -77,10 +77,15 @@ def _load_q(
 
 
 @gluon.jit
-def _store_out(out_ptr, o_part_ptr, lse_part_ptr, m_i, l_i, acc_a, acc_b, req, head, pair,
+def _store_out(out_ptr, o_part_ptr, lse_part_ptr, m_i, l_i, acc_a, acc_b, req, head, pair, whole,
                stride_ob, stride_oh, row_l: ttgl.constexpr, col_l: ttgl.constexpr, H: ttgl.constexpr,
                GROUP: ttgl.constexpr, D: ttgl.constexpr, SPLIT: ttgl.constexpr):  # fmt: skip
-    """The program's rows: the final bf16 output, or (SPLIT) this split's fp32 partial and log2-sum-exp2."""
+    """The program's rows: the final bf16 output, or (SPLIT, unless the item is its request's ``whole``
+    context) this split's fp32 partial and log2-sum-exp2. A whole request's output is the same bits either
+    way (the merge of one split divides by exp2(0) = 1), but written here it skips a round trip of fp32
+    partials: at 64 x 8192 the plan's floor of items switches the merge on with no request split, and
+    this took the step from 415.9 to 409.1 us on the H200 (docs/benchmarks.md); the merge (merge.py,
+    SKIP_WHOLE) leaves such requests alone."""
     out_a = acc_a / l_i[:, None]
     out_b = acc_b / l_i[:, None]
     offs_om = ttgl.arange(0, _M, layout=row_l)
@@ -88,15 +93,24 @@ def _store_out(out_ptr, o_part_ptr, lse_part_ptr, m_i, l_i, acc_a, acc_b, req, h
     o_mask = (offs_om < GROUP)[:, None]
     q_head = head * GROUP + offs_om
     if SPLIT:
-        part = pair * H * GROUP + q_head  # o_partial [pairs, Hq, D]
-        o_rows = o_part_ptr + part[:, None] * D + offs_od[None, :]
-        ttgl.store(o_rows, out_a, mask=o_mask)
-        ttgl.store(o_rows + D // 2, out_b, mask=o_mask)
-        ttgl.store(lse_part_ptr + part, m_i + ttgl.log2(l_i), mask=offs_om < GROUP)
+        if whole:
+            _store_final(out_ptr, out_a, out_b, req, q_head, offs_od, o_mask, stride_ob, stride_oh, D)
+        else:
+            part = pair * H * GROUP + q_head  # o_partial [pairs, Hq, D]
+            o_rows = o_part_ptr + part[:, None] * D + offs_od[None, :]
+            ttgl.store(o_rows, out_a, mask=o_mask)
+            ttgl.store(o_rows + D // 2, out_b, mask=o_mask)
+            ttgl.store(lse_part_ptr + part, m_i + ttgl.log2(l_i), mask=offs_om < GROUP)
     else:
-        o_rows = out_ptr + req * stride_ob + q_head[:, None] * stride_oh + offs_od[None, :]
-        ttgl.store(o_rows, out_a.to(ttgl.bfloat16), mask=o_mask)
-        ttgl.store(o_rows + D // 2, out_b.to(ttgl.bfloat16), mask=o_mask)
+        _store_final(out_ptr, out_a, out_b, req, q_head, offs_od, o_mask, stride_ob, stride_oh, D)
+
+
+@gluon.jit
+def _store_final(out_ptr, out_a, out_b, req, q_head, offs_od, o_mask, stride_ob, stride_oh,
+                 D: ttgl.constexpr):  # fmt: skip
+    o_rows = out_ptr + req * stride_ob + q_head[:, None] * stride_oh + offs_od[None, :]
+    ttgl.store(o_rows, out_a.to(ttgl.bfloat16), mask=o_mask)
+    ttgl.store(o_rows + D // 2, out_b.to(ttgl.bfloat16), mask=o_mask)
 
 
 @gluon.jit
@@ -189,7 +203,7 @@ def _refill(ring, i, kinds, info_n, ids_nn, heap_ptr, tables, first, H: ttgl.con
 @gluon.jit
 def _decode_hopper_kernel(
     q_ptr, out_ptr, o_part_ptr, lse_part_ptr, heap_ptr, heap16_ptr, page_loc_ptr, meta_ptr,
-    page_ids_ptr, work_ptr, qk_scale, stride_qb, stride_qh, stride_ob, stride_oh, timing_ptr,
+    page_ids_ptr, work_ptr, kv_lens_ptr, qk_scale, stride_qb, stride_qh, stride_ob, stride_oh, timing_ptr,
     H: ttgl.constexpr, GROUP: ttgl.constexpr, D: ttgl.constexpr, NP: ttgl.constexpr,
     STAGES: ttgl.constexpr, SPLIT: ttgl.constexpr, GATHER_ALL: ttgl.constexpr,
     OP_K: ttgl.constexpr, OP_V: ttgl.constexpr, CW: ttgl.constexpr, HW: ttgl.constexpr, PG1: ttgl.constexpr,
@@ -205,6 +219,11 @@ def _decode_hopper_kernel(
     if TIMING:
         _stamp(timing_ptr, pid, 0)
     pair, head, req, first, end, page_base = _program_work(pid, work_ptr, H)
+    # Loaded now, compared at the end: a split item is its request's whole context when it runs from token
+    # 0 to the request's length (the load's latency hides behind the tiles; a test here would wait on it).
+    kv_len = 0
+    if SPLIT:
+        kv_len = ttgl.load(kv_lens_ptr + ttgl.maximum(req, 0))
     if req >= 0:
         n_tiles = (end - first + N - 1) // N
         tables = (page_ids_ptr, page_loc_ptr, meta_ptr, page_base, end, head)
@@ -236,7 +255,8 @@ def _decode_hopper_kernel(
                                 LAZY_RESCALE, scratch, LEAN)  # fmt: skip
         async_copy.wait_group(0)
         m_i, l_i, acc_a, acc_b = final_state(state, mma, WARP_SOFTMAX)
-        _store_out(out_ptr, o_part_ptr, lse_part_ptr, m_i, l_i, acc_a, acc_b, req, head, pair,
+        whole = (first == 0) & (end == kv_len)
+        _store_out(out_ptr, o_part_ptr, lse_part_ptr, m_i, l_i, acc_a, acc_b, req, head, pair, whole,
                    stride_ob, stride_oh, ttgl.SliceLayout(1, o_l), ttgl.SliceLayout(0, o_l), H, GROUP, D,
                    SPLIT)  # fmt: skip
     if TIMING:

@@ -127,7 +127,7 @@ def decode_attention_hopper(
         page_meta_layer = _raw_meta_like(page_meta_layer)
     _decode_hopper_kernel[grid](
         q, out, plan.o_partial, plan.lse_partial, heap, heap.view(torch.int16), page_loc_layer,
-        page_meta_layer, plan.page_ids, plan.work,
+        page_meta_layer, plan.page_ids, plan.work, plan.kv_lens,
         sm_scale * LOG2E, q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         plan.kv_lens if timing is None else timing,
         **consts,
@@ -136,7 +136,7 @@ def decode_attention_hopper(
         **({"maxnreg": regs} if (regs := register_cap(maxnreg, fmt.head_dim, plan.num_warps, plan)) else {}),
     )  # fmt: skip
     if plan.max_splits > 1:
-        merge_splits(plan, out)
+        merge_splits(plan, out, skip_whole=True)  # the kernel wrote the unsplit requests' rows itself
     return out
 
 
