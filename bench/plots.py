@@ -7,7 +7,8 @@
   implementation (one panel per batch size) and speed relative to FlashInfer. Lines are keyed by `impl`
   plus any field a row adds that is not a measurement (format_version, config, ...), so new
   implementations and new variants get their own line without a change here.
-- sglang_e2e.png: bench/results/sglang_e2e.json, each workload's systems side by side.
+- sglang_e2e.png: bench/results/sglang_e2e.json, each workload's systems side by side;
+  sglang_e2e_lean_cap_whole.png: the same for the Hopper kernel's current default (H200).
 - admission.png: bench/results/admission.json (the allocator at Llama-3.1-8B shapes) and
   admission_e2e.json (the reference engine's admission against its KV budget).
 - decode_hopper.png, decode_hopper_h100.png: bench/results/decode_hopper.json (H200) and
@@ -244,8 +245,9 @@ def render_all(out: Path, results: Path = RESULTS) -> list[Path]:
     figures: list[tuple[str, Figure]] = []
     for path in sorted(results.glob("decode_attention*.json")):
         figures.append((path.stem, decode_figure(json.loads(path.read_text()), path.name)))
-    if (results / "sglang_e2e.json").is_file():
-        figures.append(("sglang_e2e", sglang_figure(json.loads((results / "sglang_e2e.json").read_text()))))
+    for name in ("sglang_e2e", "sglang_e2e_lean_cap_whole"):
+        if (results / f"{name}.json").is_file():
+            figures.append((name, sglang_figure(json.loads((results / f"{name}.json").read_text()))))
     if (results / "admission.json").is_file():
         e2e = results / "admission_e2e.json"
         engine = json.loads(e2e.read_text()) if e2e.is_file() else None

@@ -33,6 +33,7 @@ def test_one_command_renders_every_picture_from_the_committed_results(tmp_path: 
         "decode_hopper_h100_skewed.png",
         "decode_hopper_split_cap_h200.png",
         "decode_hopper_timeline.png",
+        "sglang_e2e_lean_cap_whole.png",
     }
     for path in tmp_path.glob("*.png"):
         data = path.read_bytes()
@@ -48,6 +49,7 @@ def test_one_command_renders_every_picture_from_the_committed_results(tmp_path: 
         "decode_hopper_h100_skewed.png",
         "decode_hopper_split_cap_h200.png",
         "decode_hopper_timeline.png",
+        "sglang_e2e_lean_cap_whole.png",
     ):
         assert (REPO / "docs" / "img" / name).is_file(), name
 
