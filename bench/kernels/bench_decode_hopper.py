@@ -26,8 +26,9 @@ import torch
 
 from bench.kernels.decode_attention_baselines import Timer, flashinfer_ragged_fn, read_floor_fn
 from bench.kernels.hopper_cases import check, make_case, same_bits
-from zipkv.kernels.attention.decode_plan import choose_max_splits, plan_decode
+from zipkv.kernels.attention.decode_plan import plan_decode
 from zipkv.kernels.attention.hopper.launch import decode_attention_hopper
+from zipkv.kernels.attention.plan_shape import choose_max_splits
 
 
 def _zipkv_fns(

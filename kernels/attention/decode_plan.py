@@ -14,17 +14,14 @@ number of tiles, the smallest length for which all splits fit ``pair_slots`` wor
 the GPU, ``max_waves`` of them). A request 10x longer than the others gets 10x the splits; with the split
 count per request fixed instead, a batch of the Mooncake trace (one 87k-token request among 2-15k-token
 ones) left the GPU idle behind the long request's few programs (47.7 ms a step where SGLang took 22.6,
-docs/benchmarks.md, "Serving under SLO"). Equal requests get what the wave model gives them:
-for ``w = batch * kv_heads`` programs per split and ``slots`` programs resident at once, the step time goes
-as ``ceil(w * s / slots) / s`` (:func:`choose_max_splits`).
+docs/benchmarks.md, "Serving under SLO"). How many items and splits, and the Hopper launch's shape:
+plan_shape.py.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from functools import lru_cache
 from typing import Any
 
 import torch
@@ -35,18 +32,14 @@ from .decode_config import (
     HOPPER_CONFIG,
     HOPPER_MAX_SPLITS,
     HOPPER_MAX_WAVES,
-    HOPPER_SPLIT_CAP,
     DecodeKernelConfig,
     decode_impl,
-    hopper_split_cap,
     kernel_config,
-    split_cap_measured,
 )
+from .plan_shape import MAX_SPLITS, hopper_shape, pair_slots
 from .split_plan import balanced_splits, even_split_tiles, work_items
 from .split_plan_triton import split_work_triton
 
-MAX_SPLITS = 128
-CPU_NUM_SMS = 4  # the Triton interpreter: keep grids small
 SPLIT_PLAN_ENV = "ZIPKV_SPLIT_PLAN"
 
 
@@ -85,20 +78,6 @@ class DecodePlan:
         return self.num_q_heads // self.fmt.num_kv_heads
 
 
-def choose_max_splits(work_items: int, slots: int, max_splits: int = MAX_SPLITS, max_waves: int = 4) -> int:
-    """Smallest split count ``s`` minimising ``ceil(work_items * s / slots) / s`` (whole waves), among
-    those up to the first that fills ``max_waves`` waves (more waves of shorter programs cost each
-    program's fixed start again: the Hopper kernel looks no further than one)."""
-    best, best_cost = 1, math.inf
-    for s in range(1, max_splits + 1):
-        cost = math.ceil(work_items * s / slots) / s
-        if cost < best_cost - 1e-9:
-            best, best_cost = s, cost
-        if work_items * s >= max_waves * slots:
-            break
-    return best
-
-
 def _check_int32(name: str, x: torch.Tensor, dims: int) -> None:
     if x.dtype != torch.int32 or x.dim() != dims:
         raise ValueError(f"{name} must be an int32 tensor with {dims} dim(s), got {x.dtype} {list(x.shape)}")
@@ -126,59 +105,6 @@ def _check_batch(
     return batch
 
 
-def hopper_launch(
-    cfg: DecodeKernelConfig, batch: int, kv_heads: int, head_dim: int, num_sms: int, split_cap: bool
-) -> tuple[DecodeKernelConfig, int | None]:
-    """The Hopper plan's programs per SM and register cap (None: the launch's default). With ``split_cap``
-    (``$ZIPKV_HOPPER_SPLIT_CAP``, decode_config), a plan whose requests split at ``cfg.ctas_per_sm`` is
-    launched with HOPPER_SPLIT_CAP's registers and planned for its programs per SM instead."""
-    if not split_cap or head_dim != 128 or cfg.num_warps != 2:
-        return cfg, None
-    slots = num_sms * cfg.ctas_per_sm
-    if choose_max_splits(batch * kv_heads, slots, HOPPER_MAX_SPLITS, HOPPER_MAX_WAVES) == 1:
-        return cfg, None
-    ctas, regs = HOPPER_SPLIT_CAP
-    return replace(cfg, ctas_per_sm=ctas), regs
-
-
-def sm_count(num_sms: int | None, device: torch.device) -> int:
-    """``num_sms`` if given, else the device's (CPU_NUM_SMS for the interpreter)."""
-    if num_sms is not None:
-        return num_sms
-    if device.type == "cuda":
-        return torch.cuda.get_device_properties(device).multi_processor_count
-    return CPU_NUM_SMS
-
-
-def pair_slots(
-    max_splits: int | None,
-    batch: int,
-    kv_heads: int,
-    num_sms: int | None,
-    ctas_per_sm: int,
-    device: torch.device,
-    cap: int = MAX_SPLITS,
-    max_waves: int = 4,
-) -> tuple[int, int]:
-    """(work items of the step, the most splits one request gets). Asked ``max_splits``: every request
-    gets up to that many, as many items as that takes. Else the wave model's split count for equal
-    requests, times the batch, and never fewer items than one wave's programs hold: the same programs,
-    shared out by length (the module docstring).
-
-    The floor matters where equal requests would not split (batch x KV heads x 2 >= slots: batch >= 33 on
-    an H100 with 8 KV heads, 4 programs per SM): without it there is one item per request, so no slack to
-    cut a long one, and a batch of 36-47 of the Mooncake trace ran 84-89 ms a step against SGLang's 30
-    (the H100 sweep of 96 requests, docs/benchmarks.md)."""
-    if max_splits is not None:
-        if not 1 <= max_splits <= MAX_SPLITS:
-            raise ValueError(f"max_splits must be in 1..{MAX_SPLITS}, got {max_splits}")
-        return batch * max_splits, max_splits
-    slots = sm_count(num_sms, device) * ctas_per_sm
-    pairs = batch * choose_max_splits(batch * kv_heads, slots, cap, max_waves)
-    pairs = max(pairs, min(slots // kv_heads, batch * cap))  # a wave's items: equal requests take no more
-    return pairs, min(cap, pairs - batch + 1)  # one request takes what the others' one split each leave
-
-
 def split_plan_impl(env: Mapping[str, str] | None = None) -> str:
     """``$ZIPKV_SPLIT_PLAN``: "kernel" (default; one Triton launch on a GPU, split_plan_triton.py) or
     "torch" (split_plan.py's ops, some 60 small kernels a step: the reference). The CPU always takes torch."""
@@ -196,26 +122,6 @@ def _split_work(
     split_tokens = split_tiles * block_n
     work, pair_start = work_items(splits, split_tokens, kv_lens, page_indptr, num_pairs)
     return splits, split_tokens, work, pair_start
-
-
-@lru_cache(maxsize=8)
-def _split_cap(device: torch.device) -> bool:
-    """``$ZIPKV_HOPPER_SPLIT_CAP`` for ``device``, read once per process: a plan is built every step."""
-    return hopper_split_cap(measured_here=split_cap_measured(device))
-
-
-def _hopper_shape(
-    cfg: DecodeKernelConfig,
-    fmt: PageFormat,
-    batch: int,
-    num_sms: int | None,
-    device: torch.device,
-    free: bool,
-) -> tuple[DecodeKernelConfig, int | None]:
-    """hopper_launch's choice where the caller left the shape to the plan (``free``), else ``cfg``."""
-    if not free or not _split_cap(device):
-        return cfg, None
-    return hopper_launch(cfg, batch, fmt.num_kv_heads, fmt.head_dim, sm_count(num_sms, device), True)
 
 
 def _overridden(base: DecodeKernelConfig, **asked: Any) -> DecodeKernelConfig:
@@ -259,7 +165,7 @@ def plan_decode(
                       prefetch=prefetch)  # fmt: skip
     device, hopper = kv_lens.device, impl == "hopper"
     free = hopper and config is None and ctas_per_sm is None and max_splits is None
-    cfg, maxnreg = _hopper_shape(cfg, fmt, batch, num_sms, device, free)
+    cfg, maxnreg = hopper_shape(cfg, fmt, batch, num_sms, device, free)
     num_pairs, max_splits = pair_slots(
         max_splits, batch, fmt.num_kv_heads, num_sms, cfg.ctas_per_sm, device,
         HOPPER_MAX_SPLITS if hopper else MAX_SPLITS, HOPPER_MAX_WAVES if hopper else 4,

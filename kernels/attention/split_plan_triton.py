@@ -145,7 +145,7 @@ def split_work_triton(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """(splits, split_tokens, work, pair_start), int32: decode_plan._split_work's result in one launch.
     ``kv_lens`` int32 [B] (each >= 1), ``page_indptr`` int32 [B + 1], on one device; ``num_pairs`` at least
-    the batch (decode_plan.pair_slots)."""
+    the batch (plan_shape.pair_slots)."""
     batch, device = kv_lens.numel(), kv_lens.device
     splits = torch.empty(batch, dtype=torch.int32, device=device)
     split_tokens = torch.empty(batch, dtype=torch.int32, device=device)

@@ -10,7 +10,7 @@ import torch
 from paged_cases import assert_mixed, make_case, rel_err, run_both
 
 from zipkv.kernels.attention.decode import decode_attention, plan_decode
-from zipkv.kernels.attention.decode_plan import choose_max_splits
+from zipkv.kernels.attention.plan_shape import choose_max_splits
 from zipkv.kernels.format import layout_v3 as v3
 from zipkv.kernels.format.layout import BlockGeometry, PageFormat
 

@@ -198,7 +198,7 @@ def test_the_split_cap_takes_six_per_sm_where_four_per_sm_would_split(
     from dataclasses import replace
 
     from zipkv.kernels.attention.decode_config import HOPPER_CONFIG, HOPPER_SPLIT_CAP
-    from zipkv.kernels.attention.decode_plan import choose_max_splits, hopper_launch
+    from zipkv.kernels.attention.plan_shape import choose_max_splits, hopper_launch
 
     base = replace(HOPPER_CONFIG, num_warps=warps)
     cfg, regs = hopper_launch(base, batch, 8, head_dim, H200_SMS, split_cap=True)

@@ -12,7 +12,8 @@ import pytest
 import torch
 from paged_cases import make_case, rel_err, run_both
 
-from zipkv.kernels.attention.decode_plan import _split_work, pair_slots, plan_decode, split_plan_impl
+from zipkv.kernels.attention.decode_plan import _split_work, plan_decode, split_plan_impl
+from zipkv.kernels.attention.plan_shape import pair_slots
 from zipkv.kernels.attention.split_plan import balanced_splits, even_split_tiles, ladder_tiles, work_items
 from zipkv.kernels.attention.split_plan_triton import split_work_triton
 from zipkv.kernels.format.layout import PageFormat

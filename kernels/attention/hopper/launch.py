@@ -175,7 +175,7 @@ def _check_plan(plan: DecodePlan) -> None:
 def register_cap(
     asked: int | None, head_dim: int, num_warps: int, plan: DecodePlan | None = None
 ) -> int | None:
-    """None: the plan's cap (decode_plan.hopper_launch), else HOPPER_MAXNREG's for (head_dim, num_warps);
+    """None: the plan's cap (plan_shape.hopper_launch), else HOPPER_MAXNREG's for (head_dim, num_warps);
     0: the compiler's choice."""
     if asked is not None:
         return asked or None

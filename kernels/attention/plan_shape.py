@@ -1,0 +1,118 @@
+"""How many work items and splits a decode step gets, and the Hopper launch's programs per SM and registers.
+
+Host arithmetic on the batch size and the model shape only (no device sync: decode_plan.py records the
+plan into SGLang's CUDA graph). The wave model: for ``w = batch * kv_heads`` programs per split and
+``slots`` programs resident at once, a step of equal requests cut into ``s`` splits takes time as
+``ceil(w * s / slots) / s`` (:func:`choose_max_splits`); the plan then shares the items out by length
+(split_plan.py), so a batch never has fewer items than one wave holds (:func:`pair_slots`). On the H200 the
+Hopper kernel, where the plan splits, runs six programs per SM at a register cap instead of four
+(:func:`hopper_launch`, decode_config's ``$ZIPKV_HOPPER_SPLIT_CAP``).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+from functools import lru_cache
+
+import torch
+
+from ..format.layout import PageFormat
+from .decode_config import (
+    HOPPER_MAX_SPLITS,
+    HOPPER_MAX_WAVES,
+    HOPPER_SPLIT_CAP,
+    DecodeKernelConfig,
+    hopper_split_cap,
+    split_cap_measured,
+)
+
+MAX_SPLITS = 128
+CPU_NUM_SMS = 4  # the Triton interpreter: keep grids small
+
+
+def choose_max_splits(work_items: int, slots: int, max_splits: int = MAX_SPLITS, max_waves: int = 4) -> int:
+    """Smallest split count ``s`` minimising ``ceil(work_items * s / slots) / s`` (whole waves), among
+    those up to the first that fills ``max_waves`` waves (more waves of shorter programs cost each
+    program's fixed start again: the Hopper kernel looks no further than one)."""
+    best, best_cost = 1, math.inf
+    for s in range(1, max_splits + 1):
+        cost = math.ceil(work_items * s / slots) / s
+        if cost < best_cost - 1e-9:
+            best, best_cost = s, cost
+        if work_items * s >= max_waves * slots:
+            break
+    return best
+
+
+def hopper_launch(
+    cfg: DecodeKernelConfig, batch: int, kv_heads: int, head_dim: int, num_sms: int, split_cap: bool
+) -> tuple[DecodeKernelConfig, int | None]:
+    """The Hopper plan's programs per SM and register cap (None: the launch's default). With ``split_cap``
+    (``$ZIPKV_HOPPER_SPLIT_CAP``, decode_config), a plan whose requests split at ``cfg.ctas_per_sm`` is
+    launched with HOPPER_SPLIT_CAP's registers and planned for its programs per SM instead."""
+    if not split_cap or head_dim != 128 or cfg.num_warps != 2:
+        return cfg, None
+    slots = num_sms * cfg.ctas_per_sm
+    if choose_max_splits(batch * kv_heads, slots, HOPPER_MAX_SPLITS, HOPPER_MAX_WAVES) == 1:
+        return cfg, None
+    ctas, regs = HOPPER_SPLIT_CAP
+    return replace(cfg, ctas_per_sm=ctas), regs
+
+
+def sm_count(num_sms: int | None, device: torch.device) -> int:
+    """``num_sms`` if given, else the device's (CPU_NUM_SMS for the interpreter)."""
+    if num_sms is not None:
+        return num_sms
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return CPU_NUM_SMS
+
+
+def pair_slots(
+    max_splits: int | None,
+    batch: int,
+    kv_heads: int,
+    num_sms: int | None,
+    ctas_per_sm: int,
+    device: torch.device,
+    cap: int = MAX_SPLITS,
+    max_waves: int = 4,
+) -> tuple[int, int]:
+    """(work items of the step, the most splits one request gets). Asked ``max_splits``: every request
+    gets up to that many, as many items as that takes. Else the wave model's split count for equal
+    requests, times the batch, and never fewer items than one wave's programs hold: the same programs,
+    shared out by length (the module docstring).
+
+    The floor matters where equal requests would not split (batch x KV heads x 2 >= slots: batch >= 33 on
+    an H100 with 8 KV heads, 4 programs per SM): without it there is one item per request, so no slack to
+    cut a long one, and a batch of 36-47 of the Mooncake trace ran 84-89 ms a step against SGLang's 30
+    (the H100 sweep of 96 requests, docs/benchmarks.md)."""
+    if max_splits is not None:
+        if not 1 <= max_splits <= MAX_SPLITS:
+            raise ValueError(f"max_splits must be in 1..{MAX_SPLITS}, got {max_splits}")
+        return batch * max_splits, max_splits
+    slots = sm_count(num_sms, device) * ctas_per_sm
+    pairs = batch * choose_max_splits(batch * kv_heads, slots, cap, max_waves)
+    pairs = max(pairs, min(slots // kv_heads, batch * cap))  # a wave's items: equal requests take no more
+    return pairs, min(cap, pairs - batch + 1)  # one request takes what the others' one split each leave
+
+
+@lru_cache(maxsize=8)
+def _split_cap(device: torch.device) -> bool:
+    """``$ZIPKV_HOPPER_SPLIT_CAP`` for ``device``, read once per process: a plan is built every step."""
+    return hopper_split_cap(measured_here=split_cap_measured(device))
+
+
+def hopper_shape(
+    cfg: DecodeKernelConfig,
+    fmt: PageFormat,
+    batch: int,
+    num_sms: int | None,
+    device: torch.device,
+    free: bool,
+) -> tuple[DecodeKernelConfig, int | None]:
+    """hopper_launch's choice where the caller left the shape to the plan (``free``), else ``cfg``."""
+    if not free or not _split_cap(device):
+        return cfg, None
+    return hopper_launch(cfg, batch, fmt.num_kv_heads, fmt.head_dim, sm_count(num_sms, device), True)
