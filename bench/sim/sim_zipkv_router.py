@@ -72,7 +72,7 @@ def worker_view(w: SimWorker, sequence: int, now_s: float) -> WorkerView:
             queued_requests=w.queued,
             queued_prefill_tokens=w.reported_prefill_tokens(),
             ttft_ms=sum(ttfts) / len(ttfts) if ttfts else 0.0,
-            itl_ms=w.itl_ms(),
+            itl_ms=w.itl_ms() if w.running else 0.0,  # idle: no current step, as the workers report
             max_context_tokens=CONTEXT_TOKENS,
             kv_bytes_per_token=KV_BYTES_PER_TOKEN,
         ),

@@ -117,6 +117,18 @@ def test_the_worker_counts_prompt_tokens_served_from_its_prefix_cache() -> None:
     assert ws[0].prefix_hit_tokens == 1024
 
 
+def test_an_idle_simulated_worker_reports_no_step_as_the_real_workers_do() -> None:
+    from bench.sim.sim_zipkv_router import worker_view
+
+    env, ws = _workers(1)
+    ws[0].submit(SimRequest(0, tr(0, 1100, 40, (1, 2, 3)), 0.0))
+    env.run(until=0.05)  # prefilled, decoding
+    assert ws[0].running == 1 and worker_view(ws[0], 1, env.now).capacity.itl_ms == ws[0].itl_ms() > 0
+    env.run(until=5.0)  # done: the last burst's steps stay in the worker's window, not in its report
+    assert ws[0].running == 0 and ws[0].itl_ms() > 0
+    assert worker_view(ws[0], 2, env.now).capacity.itl_ms == 0.0
+
+
 def test_a_run_through_the_routers_placement_accounts_for_every_request() -> None:
     models, _ = calibrated_models()
     reqs = load_trace(limit=80)
