@@ -36,7 +36,7 @@ ARG_TYPES = {
     "meta_ptr": "*u8",
     "page_ids_ptr": "*i32",
     "work_ptr": "*i32",
-    "kv_lens_ptr": "*i32",
+    "num_splits_ptr": "*i32",
     "qk_scale": "fp32",
     "stride_qb": "i32",
     "stride_qh": "i32",

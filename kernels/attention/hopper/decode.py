@@ -203,7 +203,7 @@ def _refill(ring, i, kinds, info_n, ids_nn, heap_ptr, tables, first, H: ttgl.con
 @gluon.jit
 def _decode_hopper_kernel(
     q_ptr, out_ptr, o_part_ptr, lse_part_ptr, heap_ptr, heap16_ptr, page_loc_ptr, meta_ptr,
-    page_ids_ptr, work_ptr, kv_lens_ptr, qk_scale, stride_qb, stride_qh, stride_ob, stride_oh, timing_ptr,
+    page_ids_ptr, work_ptr, num_splits_ptr, qk_scale, stride_qb, stride_qh, stride_ob, stride_oh, timing_ptr,
     H: ttgl.constexpr, GROUP: ttgl.constexpr, D: ttgl.constexpr, NP: ttgl.constexpr,
     STAGES: ttgl.constexpr, SPLIT: ttgl.constexpr, GATHER_ALL: ttgl.constexpr,
     OP_K: ttgl.constexpr, OP_V: ttgl.constexpr, CW: ttgl.constexpr, HW: ttgl.constexpr, PG1: ttgl.constexpr,
@@ -219,11 +219,12 @@ def _decode_hopper_kernel(
     if TIMING:
         _stamp(timing_ptr, pid, 0)
     pair, head, req, first, end, page_base = _program_work(pid, work_ptr, H)
-    # Loaded now, compared at the end: a split item is its request's whole context when it runs from token
-    # 0 to the request's length (the load's latency hides behind the tiles; a test here would wait on it).
-    kv_len = 0
+    # Loaded now, compared at the end: an item is its request's whole context when the plan cut that
+    # request into one split, the same count the merge reads to skip it (the load's latency hides behind
+    # the tiles; a test here would wait on it).
+    req_splits = 1
     if SPLIT:
-        kv_len = ttgl.load(kv_lens_ptr + ttgl.maximum(req, 0))
+        req_splits = ttgl.load(num_splits_ptr + ttgl.maximum(req, 0))
     if req >= 0:
         n_tiles = (end - first + N - 1) // N
         tables = (page_ids_ptr, page_loc_ptr, meta_ptr, page_base, end, head)
@@ -255,7 +256,7 @@ def _decode_hopper_kernel(
                                 LAZY_RESCALE, scratch, LEAN)  # fmt: skip
         async_copy.wait_group(0)
         m_i, l_i, acc_a, acc_b = final_state(state, mma, WARP_SOFTMAX)
-        whole = (first == 0) & (end == kv_len)
+        whole = req_splits == 1
         _store_out(out_ptr, o_part_ptr, lse_part_ptr, m_i, l_i, acc_a, acc_b, req, head, pair, whole,
                    stride_ob, stride_oh, ttgl.SliceLayout(1, o_l), ttgl.SliceLayout(0, o_l), H, GROUP, D,
                    SPLIT)  # fmt: skip

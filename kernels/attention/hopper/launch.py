@@ -127,7 +127,7 @@ def decode_attention_hopper(
         page_meta_layer = _raw_meta_like(page_meta_layer)
     _decode_hopper_kernel[grid](
         q, out, plan.o_partial, plan.lse_partial, heap, heap.view(torch.int16), page_loc_layer,
-        page_meta_layer, plan.page_ids, plan.work, plan.kv_lens,
+        page_meta_layer, plan.page_ids, plan.work, plan.num_splits,
         sm_scale * LOG2E, q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         plan.kv_lens if timing is None else timing,
         **consts,
