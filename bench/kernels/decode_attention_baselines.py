@@ -39,16 +39,25 @@ def _read_kernel(x_ptr, n_words, words_per_program, out_ptr, BLOCK: tl.constexpr
 class Timer:
     """CUDA-event timing with a 512 MiB L2 flush before each call (outside the events)."""
 
-    def __init__(self, target_s: float, min_reps: int, max_reps: int) -> None:
+    def __init__(self, target_s: float, min_reps: int, max_reps: int, warmup_s: float = 0.1) -> None:
         self.flush = torch.empty(512 << 20, dtype=torch.uint8, device="cuda")
         self.target_s, self.min_reps, self.max_reps = target_s, min_reps, max_reps
+        self.warmup_s = warmup_s
 
     def median_us(self, fn: Callable[[], object], graph: bool = False) -> float:
         """Median time of ``fn``; ``graph``: of one replay of a CUDA graph holding one call, as a serving
         engine's decode step runs it (no host launch time in the figure)."""
-        for _ in range(3):
-            fn()
+        # Warm up for a fixed time, not a count: the case built between rows leaves the GPU idle long enough
+        # to drop its clocks (345 MHz on an idle H100), and a few calls do not ramp them back. Without this
+        # the first implementation timed in a row ran ~2% slower than the same launch timed after it (H100,
+        # 2026-12-07, docs/benchmarks.md).
+        fn()  # any JIT compile first, so the warm-up below is all GPU work
         torch.cuda.synchronize()
+        t_end = time.perf_counter() + self.warmup_s
+        while time.perf_counter() < t_end:
+            self.flush.zero_()
+            fn()
+            torch.cuda.synchronize()
         if graph:
             fn = _as_graph(fn)
         t0 = time.perf_counter()

@@ -113,13 +113,14 @@ HOPPER_LEAN_ENV = "ZIPKV_HOPPER_LEAN"
 
 # The Hopper kernel's launch where the plan splits: "1" where four programs per SM would split requests (one
 # program per request and KV head does not fill the GPU), registers capped at 168 and splits planned for six
-# programs per SM; "0" four per SM at the compiler's registers for every plan. Unset: "1" on the H200, where
-# it was measured, "0" on other sm_90 parts (the H100 has not run it: its kernel waits on memory more than
-# on issue, docs/benchmarks.md). On the H200
+# programs per SM; "0" four per SM at the compiler's registers for every plan. Unset: "1" on the H200 and
+# the H100, where it was measured, "0" on other sm_90 parts. On the H200
 # with the lean tile (docs/benchmarks.md, 2026-12-06): 1.17-1.18x FlashInfer against 1.14-1.15x at
 # 32 x 8192, 1.24x against 1.20-1.21x at 32 x 32768, 47.2 against 50.1 us at 1 x 32768; where one split
 # already fills the GPU (64 and 128 x 8192) the cap loses (1.02-1.11x against 1.22-1.24x), so it is not
-# taken there. head_dim 128 at 2 warps only, where it was measured.
+# taken there. On the H100 (2026-12-07) as fast or faster: 1.177x against 1.143x at 1 x 32768, 1.252x
+# against 1.241x at 48 x 8448, equal within 0.3% at 32 x 8192 and 32 x 32768.
+# head_dim 128 at 2 warps only, where it was measured.
 HOPPER_SPLIT_CAP_ENV = "ZIPKV_HOPPER_SPLIT_CAP"
 HOPPER_SPLIT_CAP = (6, 168)  # (programs per SM, registers per thread)
 
@@ -132,8 +133,8 @@ def hopper_split_cap(env: Mapping[str, str] | None = None, measured_here: bool =
 
 
 def split_cap_measured(device: torch.device) -> bool:
-    """Whether the split cap's default is on for ``device``: the H200, where it was measured."""
-    return device.type == "cuda" and "H200" in torch.cuda.get_device_name(device)
+    """Whether the split cap's default is on for ``device``: the H200 and the H100, where it was measured."""
+    return device.type == "cuda" and any(p in torch.cuda.get_device_name(device) for p in ("H200", "H100"))
 
 
 def hopper_warp_softmax(env: Mapping[str, str] | None = None) -> bool:

@@ -209,13 +209,31 @@ def test_the_split_cap_takes_six_per_sm_where_four_per_sm_would_split(
         assert choose_max_splits(batch * 8, H200_SMS * 4, 128, 1) == 2
 
 
+@pytest.mark.parametrize(
+    ("name", "measured"),
+    [
+        ("NVIDIA H200", True),
+        ("NVIDIA H100 80GB HBM3", True),
+        ("NVIDIA H800", False),
+        ("NVIDIA A100-SXM4-80GB", False),
+    ],
+)
+def test_the_split_cap_is_on_by_default_only_where_it_was_measured(
+    name: str, measured: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from zipkv.kernels.attention import decode_config as dc
+
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: name)
+    assert dc.split_cap_measured(torch.device("cuda", 0)) is measured
+
+
 def test_the_launch_takes_the_plans_register_cap_unless_asked_otherwise() -> None:
     from dataclasses import replace
 
     from zipkv.kernels.attention import decode_config as dc
     from zipkv.kernels.attention.hopper.launch import register_cap
 
-    _check_switch(dc.hopper_split_cap, dc.HOPPER_SPLIT_CAP_ENV, default=True)  # on where measured (H200)
+    _check_switch(dc.hopper_split_cap, dc.HOPPER_SPLIT_CAP_ENV, default=True)  # where measured
     _check_switch(partial(dc.hopper_split_cap, measured_here=False), dc.HOPPER_SPLIT_CAP_ENV)  # off elsewhere
     assert not dc.split_cap_measured(torch.device("cpu"))
     plan = _plan(PageFormat(head_dim=128, num_kv_heads=2, version=3))
