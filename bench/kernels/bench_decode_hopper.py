@@ -39,8 +39,8 @@ def _zipkv_fns(
     configs: list[tuple[int, ...]],  # type: ignore[type-arg]
     sms: int,
 ) -> tuple[dict[str, Callable[[], object]], dict[str, Callable[[], object]], dict[str, int]]:
-    """zipkv's calls per config (block_n:stages[:ctas_per_sm[:maxnreg[:warps[:warp_softmax[:lazy[:lean]]]]]]):
-    on the v3 pages (timed) and on raw pages holding the same values (timed for the first config, the
+    """zipkv's calls per config (a prefix of block_n:stages:ctas_per_sm:maxnreg:warps:warp_softmax:lazy:lean:
+    splits): on the v3 pages (timed) and on raw pages holding the same values (timed for the first config, the
     uncompressed run; checked bit for bit against the v3 run for every config); the split count each used."""
     batch = q.shape[0]
     raw_loc = (
@@ -52,7 +52,9 @@ def _zipkv_fns(
     for cfg in configs:
         # Without ctas_per_sm / maxnreg / warps a config runs the plan's own split choice, the launch's
         # registers and the default warps per program.
-        block_n, stages, ctas, maxnreg, warps, ws, lazy, lean = (*cfg, *[None] * 6)[:8]
+        block_n, stages, ctas, maxnreg, warps, ws, lazy, lean, asked = (*cfg, *[None] * 7)[:9]
+        # splits: each request's split count, asked outright (the wave model's otherwise, for ctas_per_sm)
+        wave_splits = choose_max_splits(batch * 8, sms * ctas) if ctas else None
         plan = plan_decode(
             case["page_ids"],
             case["indptr"],
@@ -60,7 +62,7 @@ def _zipkv_fns(
             case["fmt"],
             32,
             block_n=block_n,
-            max_splits=choose_max_splits(batch * 8, sms * ctas) if ctas else None,
+            max_splits=asked or wave_splits,
             num_warps=warps,
         )
         tag = "zipkv" if cfg == configs[0] else "zipkv_" + "_".join(map(str, cfg))
@@ -194,8 +196,9 @@ def main() -> None:
     ap.add_argument(
         "--configs",
         default="32:2",
-        help="block_n:stages[:ctas_per_sm[:maxnreg[:warps[:warp_softmax[:lazy_rescale[:lean]]]]]], first is"
-        " the baseline (ctas_per_sm 0: the plan's splits; maxnreg 0: the compiler's registers)",
+        help="block_n:stages[:ctas_per_sm[:maxnreg[:warps[:warp_softmax[:lazy_rescale[:lean[:splits]]]]]]]],"
+        " first is the baseline (ctas_per_sm 0: the plan's splits; maxnreg 0: the compiler's registers;"
+        " splits: every request's split count, else the wave model's for ctas_per_sm)",
     )
     ap.add_argument("--graph", action="store_true", help="time CUDA-graph replays (no host launch time)")
     ap.add_argument("--timing", default=None, help="BxT,...: per-program timeline (the TIMING build)")
