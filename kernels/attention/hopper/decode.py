@@ -219,9 +219,8 @@ def _decode_hopper_kernel(
     if TIMING:
         _stamp(timing_ptr, pid, 0)
     pair, head, req, first, end, page_base = _program_work(pid, work_ptr, H)
-    # Loaded now, compared at the end: an item is its request's whole context when the plan cut that
-    # request into one split, the same count the merge reads to skip it (the load's latency hides behind
-    # the tiles; a test here would wait on it).
+    # Loaded now, tested at the end (a test here would wait on the load): a request of one split is whole,
+    # the count the merge reads to skip it.
     req_splits = 1
     if SPLIT:
         req_splits = ttgl.load(num_splits_ptr + ttgl.maximum(req, 0))
