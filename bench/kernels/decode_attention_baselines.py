@@ -49,7 +49,7 @@ class Timer:
         engine's decode step runs it (no host launch time in the figure)."""
         # Warm up for a fixed time, not a count: the case built between rows leaves the GPU idle long enough
         # to drop its clocks (345 MHz on an idle H100), and a few calls do not ramp them back. Without this
-        # the first implementation timed in a row ran ~2% slower than the same launch timed after it (H100,
+        # the first implementation timed in a row ran 0.7-8% slower than the same launch timed after it (H100,
         # 2026-12-07, docs/benchmarks.md).
         fn()  # any JIT compile first, so the warm-up below is all GPU work
         torch.cuda.synchronize()

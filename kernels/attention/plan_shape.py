@@ -46,12 +46,12 @@ def choose_max_splits(work_items: int, slots: int, max_splits: int = MAX_SPLITS,
 
 
 def hopper_launch(
-    cfg: DecodeKernelConfig, batch: int, kv_heads: int, head_dim: int, num_sms: int, split_cap: bool
+    cfg: DecodeKernelConfig, batch: int, kv_heads: int, head_dim: int, num_sms: int
 ) -> tuple[DecodeKernelConfig, int | None]:
-    """The Hopper plan's programs per SM and register cap (None: the launch's default). With ``split_cap``
-    (``$ZIPKV_HOPPER_SPLIT_CAP``, decode_config), a plan whose requests split at ``cfg.ctas_per_sm`` is
+    """The Hopper plan's programs per SM and register cap (None: the launch's default) with the split cap
+    on (``$ZIPKV_HOPPER_SPLIT_CAP``, decode_config): a plan whose requests split at ``cfg.ctas_per_sm`` is
     launched with HOPPER_SPLIT_CAP's registers and planned for its programs per SM instead."""
-    if not split_cap or head_dim != 128 or cfg.num_warps != 2:
+    if head_dim != 128 or cfg.num_warps != 2:
         return cfg, None
     slots = num_sms * cfg.ctas_per_sm
     if choose_max_splits(batch * kv_heads, slots, HOPPER_MAX_SPLITS, HOPPER_MAX_WAVES) == 1:
@@ -115,4 +115,4 @@ def hopper_shape(
     """hopper_launch's choice where the caller left the shape to the plan (``free``), else ``cfg``."""
     if not free or not _split_cap(device):
         return cfg, None
-    return hopper_launch(cfg, batch, fmt.num_kv_heads, fmt.head_dim, sm_count(num_sms, device), True)
+    return hopper_launch(cfg, batch, fmt.num_kv_heads, fmt.head_dim, sm_count(num_sms, device))

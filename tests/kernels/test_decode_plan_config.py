@@ -193,17 +193,22 @@ H200_SMS = 132
     ],
 )
 def test_the_split_cap_takes_six_per_sm_where_four_per_sm_would_split(
-    batch: int, head_dim: int, warps: int, capped: bool
+    batch: int, head_dim: int, warps: int, capped: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from dataclasses import replace
 
+    from zipkv.kernels.attention import plan_shape
     from zipkv.kernels.attention.decode_config import HOPPER_CONFIG, HOPPER_SPLIT_CAP
-    from zipkv.kernels.attention.plan_shape import choose_max_splits, hopper_launch
+    from zipkv.kernels.attention.plan_shape import choose_max_splits, hopper_shape
 
     base = replace(HOPPER_CONFIG, num_warps=warps)
-    cfg, regs = hopper_launch(base, batch, 8, head_dim, H200_SMS, split_cap=True)
+    fmt, cpu = PageFormat(head_dim=head_dim, num_kv_heads=8, version=3), torch.device("cpu")
+    monkeypatch.setattr(plan_shape, "_split_cap", lambda device: True)
+    cfg, regs = hopper_shape(base, fmt, batch, H200_SMS, cpu, free=True)
     assert (cfg.ctas_per_sm, regs) == ((HOPPER_SPLIT_CAP[0], HOPPER_SPLIT_CAP[1]) if capped else (4, None))
-    assert hopper_launch(base, batch, 8, head_dim, H200_SMS, split_cap=False) == (base, None)  # off: as ever
+    assert hopper_shape(base, fmt, batch, H200_SMS, cpu, free=False) == (base, None)  # a shape asked for
+    monkeypatch.setattr(plan_shape, "_split_cap", lambda device: False)
+    assert hopper_shape(base, fmt, batch, H200_SMS, cpu, free=True) == (base, None)  # off: as ever
     if batch == 32 and capped:  # the splits the H200 bench used: 3 at six per SM, 2 at four
         assert choose_max_splits(batch * 8, H200_SMS * cfg.ctas_per_sm, 128, 1) == 3
         assert choose_max_splits(batch * 8, H200_SMS * 4, 128, 1) == 2
