@@ -40,8 +40,10 @@ def _zipkv_fns(
     sms: int,
 ) -> tuple[dict[str, Callable[[], object]], dict[str, Callable[[], object]], dict[str, int]]:
     """zipkv's calls per config (a prefix of block_n:stages:ctas_per_sm:maxnreg:warps:warp_softmax:lazy:lean:
-    splits): on the v3 pages (timed) and on raw pages holding the same values (timed for the first config, the
-    uncompressed run; checked bit for bit against the v3 run for every config); the split count each used."""
+    splits:even; even 1: the batch's tiles shared evenly over ctas_per_sm (default 4) programs per SM,
+    split_plan.program_items): on the v3 pages (timed) and on raw pages holding the same values (timed for
+    the first config, the uncompressed run; checked bit for bit against the v3 run for every config); the
+    split count each used."""
     batch = q.shape[0]
     raw_loc = (
         torch.arange(case["pages"].shape[0], dtype=torch.int64, device="cuda") * case["fmt"].raw_page_bytes
@@ -52,9 +54,10 @@ def _zipkv_fns(
     for cfg in configs:
         # Without ctas_per_sm / maxnreg / warps a config runs the plan's own split choice, the launch's
         # registers and the default warps per program.
-        block_n, stages, ctas, maxnreg, warps, ws, lazy, lean, asked = (*cfg, *[None] * 7)[:9]
+        block_n, stages, ctas, maxnreg, warps, ws, lazy, lean, asked, even = (*cfg, *[None] * 9)[:10]
         # splits: each request's split count, asked outright (the wave model's otherwise, for ctas_per_sm)
-        wave_splits = choose_max_splits(batch * 8, sms * ctas) if ctas else None
+        wave_splits = choose_max_splits(batch * 8, sms * ctas) if ctas and not even else None
+        programs = sms * (ctas or 4) // 8 if even else None
         plan = plan_decode(
             case["page_ids"],
             case["indptr"],
@@ -64,6 +67,7 @@ def _zipkv_fns(
             block_n=block_n,
             max_splits=asked or wave_splits,
             num_warps=warps,
+            programs=programs,
         )
         tag = "zipkv" if cfg == configs[0] else "zipkv_" + "_".join(map(str, cfg))
         splits[tag] = int(plan.num_splits.max())  # the longest request's

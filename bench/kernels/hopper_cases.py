@@ -95,6 +95,7 @@ def run_case(  # type: ignore[type-arg]
     block_n: int | None = None,
     warps: int | None = None,
     warp_softmax: bool | None = None,
+    programs: int | None = None,
 ) -> torch.Tensor:
     plan = plan_decode(
         case["page_ids"],
@@ -106,6 +107,7 @@ def run_case(  # type: ignore[type-arg]
         max_splits=max_splits,
         ctas_per_sm=CTAS_PER_SM,
         num_warps=warps,
+        programs=programs,
     )
     if compressed:
         return decode_attention_hopper(
@@ -159,6 +161,25 @@ def _warp_softmax_check(case: dict, q: torch.Tensor, scale: float, splits: int |
     return rec
 
 
+EVEN_SHARES_PROGRAMS = (1, 3, 7)  # programs per KV head: one program holding every item, and a few
+
+
+def _even_shares_check(case: dict, q: torch.Tensor, scale: float, refo: torch.Tensor) -> dict[str, object]:  # type: ignore[type-arg]
+    """Even shares (split_plan.program_items): programs that run one, two or more items in turn, each
+    against its raw-page run bit for bit and against the float64 reference."""
+    rec: dict[str, object] = {}
+    ok = True
+    for p in EVEN_SHARES_PROGRAMS:
+        got = run_case(case, q, scale, None, compressed=True, programs=p)
+        raw = run_case(case, q, scale, None, compressed=False, programs=p)
+        r = dict(bit_identical=same_bits(got, raw), rel_err=rel_err(got, refo),
+                 finite=bool(torch.isfinite(got.float()).all()))  # fmt: skip
+        ok = ok and bool(r["bit_identical"]) and bool(r["finite"]) and float(r["rel_err"]) < 1e-2  # type: ignore[arg-type]
+        rec[f"programs{p}"] = r
+    rec["ok"] = ok
+    return rec
+
+
 def check(out: dict) -> bool:  # type: ignore[type-arg]
     ok_all = True
     out["checks"] = []
@@ -191,7 +212,9 @@ def check(out: dict) -> bool:  # type: ignore[type-arg]
             rec["ok"] = same and err < 1e-2 and twin_err < 1e-2 and rec["finite"]
             warp_rec = _warp_softmax_check(case, q, scale, splits, refo)
             rec["warp_softmax"] = warp_rec
-            rec["ok"] = rec["ok"] and bool(warp_rec["ok"])
+            even_rec = _even_shares_check(case, q, scale, refo)
+            rec["even_shares"] = even_rec
+            rec["ok"] = rec["ok"] and bool(warp_rec["ok"]) and bool(even_rec["ok"])
             if i in WARP_CHECKS:  # fewer warps per program, one page per warp: the same bits on raw pages
                 for w in (1, 2):
                     got_w = run_case(case, q, scale, splits, compressed=True, block_n=16 * w, warps=w)

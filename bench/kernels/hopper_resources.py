@@ -37,6 +37,7 @@ ARG_TYPES = {
     "page_ids_ptr": "*i32",
     "work_ptr": "*i32",
     "num_splits_ptr": "*i32",
+    "program_items_ptr": "*i32",
     "qk_scale": "fp32",
     "stride_qb": "i32",
     "stride_qh": "i32",
@@ -60,6 +61,7 @@ def compile_hopper(
     warp_softmax: bool = False,
     lazy_rescale: bool = False,
     lean: bool = False,
+    even_shares: bool = False,
 ):  # type: ignore[no-untyped-def]
     from triton.experimental.gluon._runtime import GluonASTSource
 
@@ -69,6 +71,7 @@ def compile_hopper(
         kv_heads, group, head_dim, pages, stages, split, warp_softmax=warp_softmax, lazy_rescale=lazy_rescale,
         lean=lean,
     )  # fmt: skip
+    const = {**const, "EVEN_SHARES": even_shares}
     signature = {n: ARG_TYPES.get(n, "constexpr") for n in fn.arg_names}
     constexprs = {(i,): const[n] for i, n in enumerate(fn.arg_names) if n in const}
     aligned = {n for n in ARG_TYPES if ARG_TYPES[n].startswith("*") or n.startswith("stride")}
@@ -118,24 +121,29 @@ def loop_local_accesses(sass: str) -> int:
     """LDL/STL (spills) inside the main loop: between the target of the last backward branch and it. A
     spill outside the loop (a value kept across it) costs two accesses per program, not per tile."""
     insts = [(int(a, 16), txt) for a, txt in re.findall(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);", sass)]
-    loop = (0, -1)
-    for addr, txt in insts:
-        m = re.search(r"BRA (?:`?\(?)?0x([0-9a-f]+)", txt)
-        if m and int(m.group(1), 16) < addr:
-            loop = (int(m.group(1), 16), addr)
-    return sum(1 for addr, txt in insts if loop[0] <= addr <= loop[1] and re.search(r"\b(LDL|STL)", txt))
+    head, tail = _main_loop(insts)
+    return sum(1 for addr, txt in insts if head <= addr <= tail and re.search(r"\b(LDL|STL)", txt))
 
 
 _BRA = re.compile(r"BRA (?:P\d, )?`?\(?0x([0-9a-f]+)")
 
 
+def _main_loop(insts: list[tuple[int, str]]) -> tuple[int, int]:
+    """(first, last address) of the tile loop: the innermost loop (a backward branch's span) that holds
+    the MMAs. An even-shares build wraps it in a loop over work items, whose span holds it."""
+    loops = [
+        (int(m.group(1), 16), addr)
+        for addr, txt in insts
+        if (m := _BRA.search(txt)) and int(m.group(1), 16) < addr
+    ]
+    with_mma = [(h, t) for h, t in loops if any(h <= a <= t and "HMMA" in txt for a, txt in insts)]
+    return min(with_mma or loops or [(0, -1)], key=lambda span: span[1] - span[0])
+
+
 def _loop_blocks(sass: str) -> list[list[str]]:
     """The main loop's basic blocks (the last backward branch's body), each a list of instructions."""
     insts = [(int(a, 16), t.strip()) for a, t in re.findall(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);", sass)]
-    head, tail = 0, -1
-    for addr, txt in insts:
-        if (m := _BRA.search(txt)) and int(m.group(1), 16) < addr:
-            head, tail = int(m.group(1), 16), addr
+    head, tail = _main_loop(insts)
     body = [(a, t) for a, t in insts if head <= a <= tail]
     targets = {int(m.group(1), 16) for _, t in body if (m := _BRA.search(t))}
     blocks: list[list[tuple[int, str]]] = [[]]
@@ -206,10 +214,11 @@ def report(
     warp_softmax: bool = False,
     lazy_rescale: bool = False,
     lean: bool = False,
+    even_shares: bool = False,
 ) -> dict[str, object]:
     kernel = compile_hopper(
         head_dim, pages, stages, compressed=compressed, maxnreg=maxnreg, num_warps=num_warps,
-        warp_softmax=warp_softmax, lazy_rescale=lazy_rescale, lean=lean,
+        warp_softmax=warp_softmax, lazy_rescale=lazy_rescale, lean=lean, even_shares=even_shares,
     )  # fmt: skip
     sass = sass_of(kernel.asm["cubin"])
     ptx = kernel.asm["ptx"]
@@ -221,6 +230,7 @@ def report(
         "warp_softmax": warp_softmax,
         "lazy_rescale": lazy_rescale,
         "lean": lean,
+        "even_shares": even_shares,
         "compressed": compressed,
         "shared_bytes": kernel.metadata.shared,
         **usage(kernel.asm["cubin"]),
@@ -252,6 +262,9 @@ def main() -> None:
         "--lazy-rescale", action="store_true", help="skip the rescale of tiles where no row max grew"
     )
     ap.add_argument("--lean", action="store_true", help="the lean tile (hopper/lean.py)")
+    ap.add_argument(
+        "--even-shares", action="store_true", help="programs that run several work items (program_items)"
+    )
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--dump", default=None, help="folder for .ptx/.sass/.ttgir of each variant")
     a = ap.parse_args()
@@ -261,13 +274,15 @@ def main() -> None:
         for p in (int(x) for x in a.pages.split(",")):
             for s in (int(x) for x in a.stages.split(",")):
                 for comp, w in itertools.product((True, False) if a.twin else (True,), warp_counts):
-                    r = report(d, p, s, comp, a.maxnreg, w, a.warp_softmax, a.lazy_rescale, a.lean)
+                    r = report(
+                        d, p, s, comp, a.maxnreg, w, a.warp_softmax, a.lazy_rescale, a.lean, a.even_shares
+                    )
                     rows.append(r)
                     if a.dump:
                         os.makedirs(a.dump, exist_ok=True)
                         k = compile_hopper(
                             d, p, s, compressed=comp, num_warps=w, warp_softmax=a.warp_softmax,
-                            lazy_rescale=a.lazy_rescale, lean=a.lean,
+                            lazy_rescale=a.lazy_rescale, lean=a.lean, even_shares=a.even_shares,
                         )  # fmt: skip
                         tag = f"d{d}_p{p}_s{s}_w{w}_{'c' if comp else 't'}"
                         for ext in ("ptx", "ttgir"):

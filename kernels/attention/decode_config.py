@@ -137,6 +137,20 @@ def split_cap_measured(device: torch.device) -> bool:
     return device.type == "cuda" and any(p in torch.cuda.get_device_name(device) for p in ("H200", "H100"))
 
 
+# The Hopper plan's even shares: "1" the batch's tiles shared out evenly over the programs one launch holds at
+# once (split_plan.program_items: a program may run the end of one request and the start of the next, each
+# an item of its own, merged as splits are), so every SM has the same work to the end; "0" (the default)
+# whole waves of equal splits (plan_shape.py). 59 requests x 8 KV heads are 472 programs on an H200's 528
+# slots, and the Hopper kernel at 59 x 8448 reads 0.86 of the stored floor against 0.91 at 64 x 8192
+# (docs/benchmarks.md). Off until the GPU measures it.
+HOPPER_EVEN_SHARES_ENV = "ZIPKV_HOPPER_EVEN_SHARES"
+
+
+def hopper_even_shares(env: Mapping[str, str] | None = None) -> bool:
+    """Whether the Hopper plan shares the batch's tiles out evenly over its programs (see above)."""
+    return env_flag(HOPPER_EVEN_SHARES_ENV, "whole waves of equal splits", env)
+
+
 def hopper_warp_softmax(env: Mapping[str, str] | None = None) -> bool:
     """Whether the Hopper kernel runs one softmax per warp (``$ZIPKV_HOPPER_WARP_SOFTMAX``, see above)."""
     return env_flag(HOPPER_WARP_SOFTMAX_ENV, "one softmax per program", env)

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
+from functools import lru_cache
 from typing import Any
 
 import torch
@@ -34,10 +35,11 @@ from .decode_config import (
     HOPPER_MAX_WAVES,
     DecodeKernelConfig,
     decode_impl,
+    hopper_even_shares,
     kernel_config,
 )
-from .plan_shape import MAX_SPLITS, hopper_shape, pair_slots
-from .split_plan import balanced_splits, even_split_tiles, work_items
+from .plan_shape import MAX_SPLITS, hopper_shape, pair_slots, sm_count
+from .split_plan import balanced_splits, even_split_tiles, program_items, work_items
 from .split_plan_triton import split_work_triton
 
 SPLIT_PLAN_ENV = "ZIPKV_SPLIT_PLAN"
@@ -68,6 +70,11 @@ class DecodePlan:
     prefetch: bool  # compressed kernel: double-buffer tile loads in registers
     impl: str = "portable"  # which kernel runs the plan (DECODE_IMPLS)
     maxnreg: int | None = None  # the Hopper launch's register cap (None: hopper/launch.py's default)
+    # int32 [num_programs + 1] on the KV device, or None: program p of the Hopper kernel (per KV head) runs
+    # work items program_items[p] .. program_items[p + 1] - 1 in turn (even shares, split_plan.program_items);
+    # None: one item per program. The portable kernel runs one item per program either way.
+    program_items: torch.Tensor | None = None
+    num_programs: int = 0  # programs per KV head of an even-shares plan (0: one per work item)
 
     @property
     def num_kv_heads(self) -> int:
@@ -124,6 +131,13 @@ def _split_work(
     return splits, split_tokens, work, pair_start
 
 
+@lru_cache(maxsize=1)
+def _even_shares() -> bool:
+    """``$ZIPKV_HOPPER_EVEN_SHARES``, read once per process: a plan is built every step (the worker reads
+    it at start-up too, so a malformed value stops it there)."""
+    return hopper_even_shares()
+
+
 def _overridden(base: DecodeKernelConfig, **asked: Any) -> DecodeKernelConfig:
     """``base`` with the fields asked for: None (or 0 for a count) keeps the base's; prefetch any bool."""
     cfg = replace(base, **{k: v for k, v in asked.items() if v is not None and (v or k == "prefetch")})
@@ -148,6 +162,7 @@ def plan_decode(
     prefetch: bool | None = None,
     impl: str | None = None,
     config: DecodeKernelConfig | None = None,
+    programs: int | None = None,
 ) -> DecodePlan:
     """Build the step's plan. ``page_ids``/``page_indptr``/``kv_lens`` live on the KV device.
 
@@ -155,7 +170,10 @@ def plan_decode(
     ``config`` replaces the tuned shape (:func:`kernel_config`, or :data:`HOPPER_CONFIG` for the Hopper
     kernel); ``max_splits``, ``block_n``, ``num_warps``, ``num_stages``, ``twin_num_stages``,
     ``ctas_per_sm``, ``prefetch`` override single fields of it; ``impl`` picks the kernel (default
-    ``$ZIPKV_DECODE_IMPL`` or "auto").
+    ``$ZIPKV_DECODE_IMPL`` or "auto"). ``programs``: the batch's tiles shared out evenly over that many
+    programs per KV head (split_plan.program_items; the Hopper kernel runs each program's items in turn);
+    unset, the Hopper plan does so when ``$ZIPKV_HOPPER_EVEN_SHARES`` is on, over the programs its launch
+    holds at once.
     """
     batch = _check_batch(page_ids, page_indptr, kv_lens, fmt, num_q_heads)
     impl = decode_impl(impl, fmt, kv_lens.device)
@@ -164,14 +182,24 @@ def plan_decode(
                       twin_num_stages=twin_num_stages, ctas_per_sm=ctas_per_sm,
                       prefetch=prefetch)  # fmt: skip
     device, hopper = kv_lens.device, impl == "hopper"
-    free = hopper and config is None and ctas_per_sm is None and max_splits is None
+    free = hopper and config is None and ctas_per_sm is None and max_splits is None and programs is None
     cfg, maxnreg = hopper_shape(cfg, fmt, batch, num_sms, device, free)
-    num_pairs, max_splits = pair_slots(
-        max_splits, batch, fmt.num_kv_heads, num_sms, cfg.ctas_per_sm, device,
-        HOPPER_MAX_SPLITS if hopper else MAX_SPLITS, HOPPER_MAX_WAVES if hopper else 4,
-    )  # fmt: skip
-    splits, split_tokens, work, pair_start = _split_work(kv_lens, page_indptr, cfg.block_n, num_pairs,
-                                                         max_splits)  # fmt: skip
+    if programs is None and free and _even_shares():
+        programs = sm_count(num_sms, device) * cfg.ctas_per_sm // fmt.num_kv_heads
+    prog_items = None
+    if programs:
+        num_pairs, max_splits = programs + batch, programs
+        splits, split_tiles, work, pair_start, prog_items = program_items(
+            kv_lens, page_indptr, cfg.block_n, programs
+        )
+        split_tokens = split_tiles * cfg.block_n
+    else:
+        num_pairs, max_splits = pair_slots(
+            max_splits, batch, fmt.num_kv_heads, num_sms, cfg.ctas_per_sm, device,
+            HOPPER_MAX_SPLITS if hopper else MAX_SPLITS, HOPPER_MAX_WAVES if hopper else 4,
+        )  # fmt: skip
+        splits, split_tokens, work, pair_start = _split_work(kv_lens, page_indptr, cfg.block_n, num_pairs,
+                                                             max_splits)  # fmt: skip
     return DecodePlan(
         fmt=fmt, page_ids=page_ids, page_indptr=page_indptr, kv_lens=kv_lens,
         num_splits=splits.to(torch.int32),  # (no copy when the kernel built them)
@@ -191,6 +219,8 @@ def plan_decode(
         prefetch=cfg.prefetch,
         impl=impl,
         maxnreg=maxnreg,
+        program_items=prog_items,
+        num_programs=programs or 0,
     )  # fmt: skip
 
 

@@ -73,3 +73,47 @@ def work_items(
     end = torch.minimum(kv_lens[r].to(torch.int64), first + split_tokens[r])
     work = torch.stack([torch.where(live, r, -1), first, end, page_indptr[r].to(torch.int64)], 1)
     return work.to(torch.int32), start.to(torch.int32)
+
+
+def program_items(
+    kv_lens: torch.Tensor, page_indptr: torch.Tensor, block_n: int, programs: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The batch's tiles shared out evenly over ``programs`` programs per KV head (a program may take the
+    end of one request and the start of the next): (splits int64 [B], split_tiles int64 [B], work int32
+    [programs + B, WORK_FIELDS], pair_start int32 [B], program_items int32 [programs + 1]); program p runs
+    work items ``program_items[p] .. program_items[p + 1] - 1`` in turn.
+
+    Why: every program of one launch resident at once, each with the same tiles, so no SM runs out of work
+    before the others. Whole waves of equal splits cannot do that when the programs a wave holds are not a
+    multiple of the batch (59 requests x 8 KV heads = 472 programs on an H200's 528 slots: 76 SMs run four
+    and 56 three, and a program's speed barely depends on how many share its SM, docs/benchmarks.md).
+
+    The tiles of the batch, request after request, are cut every ``share = ceil(total / programs)`` tiles:
+    program p owns tiles ``p * share .. (p + 1) * share - 1``, and a work item is one request's part of one
+    program's share (the request's splits are its items, consecutive, as work_items lays them out; the
+    merge reads them the same way). ``split_tiles`` holds each request's longest split."""
+    batch = kv_lens.numel()
+    tiles = (kv_lens.to(torch.int64) + block_n - 1) // block_n
+    ends = torch.cumsum(tiles, 0)
+    starts = ends - tiles
+    share = (ends[-1:] + programs - 1) // programs  # [1]: tiles per program
+    first_prog = starts // share
+    splits = (ends - 1) // share - first_prog + 1
+    cum = torch.cumsum(splits, 0)
+    pair_start = cum - splits
+    pair = torch.arange(programs + batch, device=kv_lens.device, dtype=torch.int64)
+    req = torch.searchsorted(cum, pair, right=True)
+    live = req < batch
+    r = req.clamp(max=batch - 1)
+    prog = first_prog[r] + pair - pair_start[r]  # the program whose share holds this item
+    lo = torch.maximum(starts[r], prog * share) - starts[r]
+    hi = torch.minimum(ends[r], (prog + 1) * share) - starts[r]
+    first, end = lo * block_n, torch.minimum(kv_lens[r].to(torch.int64), hi * block_n)
+    work = torch.stack([torch.where(live, r, -1), first, end, page_indptr[r].to(torch.int64)], 1)
+    # program p's first item: the one holding tile p * share (past the last tile: none, the item count)
+    tile = torch.arange(programs + 1, device=kv_lens.device, dtype=torch.int64) * share
+    holder = torch.searchsorted(ends, tile, right=True)
+    h = holder.clamp(max=batch - 1)
+    prog_first = torch.where(holder < batch, pair_start[h] + tile // share - first_prog[h], cum[-1:])
+    split_tiles = torch.minimum(tiles, share)  # a request's longest item is at most one share
+    return splits, split_tiles, work.to(torch.int32), pair_start.to(torch.int32), prog_first.to(torch.int32)

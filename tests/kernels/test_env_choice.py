@@ -50,6 +50,7 @@ def test_every_switch_reads_through_env_choice(monkeypatch: pytest.MonkeyPatch) 
         (dc.PAGE_FORMAT_ENV, lambda: dc.serving_format_version(cpu)),
         (dc.HOPPER_LEAN_ENV, dc.hopper_lean),
         (dc.HOPPER_SPLIT_CAP_ENV, dc.hopper_split_cap),
+        (dc.HOPPER_EVEN_SHARES_ENV, dc.hopper_even_shares),
     ]
     for name, call in calls:
         monkeypatch.setenv(name, "typo")

@@ -114,18 +114,13 @@ def _store_final(out_ptr, out_a, out_b, req, q_head, offs_od, o_mask, stride_ob,
 
 
 @gluon.jit
-def _program_work(pid, work_ptr, H: ttgl.constexpr):
-    """Program ``pid``'s (work item, KV head), heads fastest, and the item's request (-1: idle), first and
-    end token and first page index. The four scalars are one row (attention/split_plan.py) and load
-    together, before the idle test: a load behind it would wait for it (a round trip to memory that, under
-    a full DRAM, costs microseconds a program pays before its first tile)."""
-    pair = pid // H
-    row = work_ptr + pair * 4
-    req = ttgl.load(row)
-    first = ttgl.load(row + 1)
-    end = ttgl.load(row + 2)
-    page_base = ttgl.load(row + 3)
-    return pair, pid % H, req, first, end, page_base
+def _item_work(item, work_ptr):
+    """Work item ``item``'s request (-1: idle), first and end token and first page index. The four scalars
+    are one row (attention/split_plan.py) and load together, before the idle test: a load behind it would
+    wait for it (a round trip to memory that, under a full DRAM, costs microseconds a program pays before
+    its first tile)."""
+    row = work_ptr + item * 4
+    return ttgl.load(row), ttgl.load(row + 1), ttgl.load(row + 2), ttgl.load(row + 3)
 
 
 @gluon.jit
@@ -201,24 +196,24 @@ def _refill(ring, i, kinds, info_n, ids_nn, heap_ptr, tables, first, H: ttgl.con
 
 
 @gluon.jit
-def _decode_hopper_kernel(
-    q_ptr, out_ptr, o_part_ptr, lse_part_ptr, heap_ptr, heap16_ptr, page_loc_ptr, meta_ptr,
-    page_ids_ptr, work_ptr, num_splits_ptr, qk_scale, stride_qb, stride_qh, stride_ob, stride_oh, timing_ptr,
-    H: ttgl.constexpr, GROUP: ttgl.constexpr, D: ttgl.constexpr, NP: ttgl.constexpr,
-    STAGES: ttgl.constexpr, SPLIT: ttgl.constexpr, GATHER_ALL: ttgl.constexpr,
-    OP_K: ttgl.constexpr, OP_V: ttgl.constexpr, CW: ttgl.constexpr, HW: ttgl.constexpr, PG1: ttgl.constexpr,
-    WARP_SOFTMAX: ttgl.constexpr = False, TIMING: ttgl.constexpr = False,
-    LAZY_RESCALE: ttgl.constexpr = False, LEAN: ttgl.constexpr = False, PX: ttgl.constexpr = None,
-):  # fmt: skip
+def _attend_item(item, head, ring, scratch, io, glob, tabs, qk_scale, strides,
+                 H: ttgl.constexpr, GROUP: ttgl.constexpr, D: ttgl.constexpr, NP: ttgl.constexpr,
+                 STAGES: ttgl.constexpr, SPLIT: ttgl.constexpr, GATHER_ALL: ttgl.constexpr,
+                 OP_K: ttgl.constexpr, OP_V: ttgl.constexpr, CW: ttgl.constexpr, HW: ttgl.constexpr,
+                 PG1: ttgl.constexpr, WARP_SOFTMAX: ttgl.constexpr, LAZY_RESCALE: ttgl.constexpr,
+                 LEAN: ttgl.constexpr, TIMING: ttgl.constexpr, timing_ptr, pid):  # fmt: skip
+    """Work item ``item`` for KV head ``head``: its tiles through the ring, its rows or partial written.
+    ``io``: (q, out, o_partial, lse_partial) pointers; ``tabs``: (page_ids, page_loc, meta, work,
+    num_splits); ``strides``: (q batch, q head, out batch, out head)."""
     N: ttgl.constexpr = NP * _PT
     mma: ttgl.constexpr = kernel_mma_layout(ttgl.num_warps(), WARP_SOFTMAX)
     a_l: ttgl.constexpr = ttgl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
     o_l: ttgl.constexpr = out_layout(mma, WARP_SOFTMAX)
-
-    pid = ttgl.program_id(0)
-    if TIMING:
-        _stamp(timing_ptr, pid, 0)
-    pair, head, req, first, end, page_base = _program_work(pid, work_ptr, H)
+    q_ptr, out_ptr, o_part_ptr, lse_part_ptr = io
+    page_ids_ptr, page_loc_ptr, meta_ptr, work_ptr, num_splits_ptr = tabs
+    stride_qb, stride_qh, stride_ob, stride_oh = strides
+    heap_ptr = glob[0]
+    req, first, end, page_base = _item_work(item, work_ptr)
     # Loaded now, tested at the end (a test here would wait on the load): a request of one split is whole,
     # the count the merge reads to skip it.
     req_splits = 1
@@ -227,15 +222,12 @@ def _decode_hopper_kernel(
     if req >= 0:
         n_tiles = (end - first + N - 1) // N
         tables = (page_ids_ptr, page_loc_ptr, meta_ptr, page_base, end, head)
-        glob = (heap_ptr, heap16_ptr)
         if WARP_SOFTMAX:
             qa, qb = load_q_pages(q_ptr, req, head, stride_qb, stride_qh, _M, GROUP, D, a_l)
         else:
             qa, qb = _load_q(q_ptr, req, head, stride_qb, stride_qh, GROUP, D, a_l)
-        ring = _ring(STAGES, NP, D)
         kinds, info_n, ids_nn = _fill_ring(ring, heap_ptr, tables, first, H, D, NP, STAGES, GATHER_ALL, LEAN)
         state = init_state(mma, N, D, WARP_SOFTMAX)
-        scratch = lean_scratch(_M, N, PX) if LEAN else None
         for i in range(n_tiles):
             async_copy.wait_group(STAGES - 2)
             ttgl.thread_barrier()  # tile i landed for every thread; slot (i - 1) % STAGES is free again
@@ -256,8 +248,56 @@ def _decode_hopper_kernel(
         async_copy.wait_group(0)
         m_i, l_i, acc_a, acc_b = final_state(state, mma, WARP_SOFTMAX)
         whole = req_splits == 1
-        _store_out(out_ptr, o_part_ptr, lse_part_ptr, m_i, l_i, acc_a, acc_b, req, head, pair, whole,
+        _store_out(out_ptr, o_part_ptr, lse_part_ptr, m_i, l_i, acc_a, acc_b, req, head, item, whole,
                    stride_ob, stride_oh, ttgl.SliceLayout(1, o_l), ttgl.SliceLayout(0, o_l), H, GROUP, D,
                    SPLIT)  # fmt: skip
+
+
+@gluon.jit
+def _decode_hopper_kernel(
+    q_ptr, out_ptr, o_part_ptr, lse_part_ptr, heap_ptr, heap16_ptr, page_loc_ptr, meta_ptr,
+    page_ids_ptr, work_ptr, num_splits_ptr, program_items_ptr, qk_scale, stride_qb, stride_qh, stride_ob,
+    stride_oh, timing_ptr,
+    H: ttgl.constexpr, GROUP: ttgl.constexpr, D: ttgl.constexpr, NP: ttgl.constexpr,
+    STAGES: ttgl.constexpr, SPLIT: ttgl.constexpr, GATHER_ALL: ttgl.constexpr,
+    OP_K: ttgl.constexpr, OP_V: ttgl.constexpr, CW: ttgl.constexpr, HW: ttgl.constexpr, PG1: ttgl.constexpr,
+    WARP_SOFTMAX: ttgl.constexpr = False, TIMING: ttgl.constexpr = False,
+    LAZY_RESCALE: ttgl.constexpr = False, LEAN: ttgl.constexpr = False, PX: ttgl.constexpr = None,
+    EVEN_SHARES: ttgl.constexpr = False,
+):  # fmt: skip
+    """Program ``pid`` = (program, KV head), heads fastest: one work item, or (EVEN_SHARES) the program's
+    items ``program_items[program] ..`` in turn (split_plan.program_items). Its first two items each get a
+    copy of the item's code of their own: inside a loop over items, ptxas leaves the Q fragments out of
+    the registers the MMAs read them from and copies them in every tile (643 instructions a coded tile
+    against 602, bench/kernels/hopper_resources.py --even-shares); items past two (requests shorter than
+    a program's share) take the loop."""
+    pid = ttgl.program_id(0)
+    if TIMING:
+        _stamp(timing_ptr, pid, 0)
+    ring = _ring(STAGES, NP, D)
+    scratch = lean_scratch(_M, NP * _PT, PX) if LEAN else None
+    io = (q_ptr, out_ptr, o_part_ptr, lse_part_ptr)
+    tabs = (page_ids_ptr, page_loc_ptr, meta_ptr, work_ptr, num_splits_ptr)
+    strides = (stride_qb, stride_qh, stride_ob, stride_oh)
+    glob = (heap_ptr, heap16_ptr)
+    head = pid % H
+    if EVEN_SHARES:
+        items_first = ttgl.load(program_items_ptr + pid // H)
+        items_end = ttgl.load(program_items_ptr + pid // H + 1)
+        for k in ttgl.static_range(2):
+            if items_first + k < items_end:
+                ttgl.thread_barrier()  # every warp has read the last item's last tile: the ring refills
+                _attend_item(items_first + k, head, ring, scratch, io, glob, tabs, qk_scale, strides, H,
+                             GROUP, D, NP, STAGES, SPLIT, GATHER_ALL, OP_K, OP_V, CW, HW, PG1, WARP_SOFTMAX,
+                             LAZY_RESCALE, LEAN, TIMING, timing_ptr, pid)  # fmt: skip
+        for item in range(items_first + 2, items_end):
+            ttgl.thread_barrier()
+            _attend_item(item, head, ring, scratch, io, glob, tabs, qk_scale, strides, H, GROUP, D, NP,
+                         STAGES, SPLIT, GATHER_ALL, OP_K, OP_V, CW, HW, PG1, WARP_SOFTMAX, LAZY_RESCALE, LEAN,
+                         TIMING, timing_ptr, pid)  # fmt: skip
+    else:
+        _attend_item(pid // H, head, ring, scratch, io, glob, tabs, qk_scale, strides, H, GROUP, D, NP,
+                     STAGES, SPLIT, GATHER_ALL, OP_K, OP_V, CW, HW, PG1, WARP_SOFTMAX, LAZY_RESCALE, LEAN,
+                     TIMING, timing_ptr, pid)  # fmt: skip
     if TIMING:
         _stamp(timing_ptr, pid, 2)

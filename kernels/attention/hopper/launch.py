@@ -118,7 +118,8 @@ def decode_attention_hopper(
         lazy_rescale, _default_lazy_rescale, warp_softmax, "the lazy rescale"
     )
     lean = _shared_softmax_option(lean, _default_lean, warp_softmax, "the lean tile")
-    grid = (plan.num_pairs * fmt.num_kv_heads,)
+    even = plan.program_items is not None
+    grid = ((plan.num_programs if even else plan.num_pairs) * fmt.num_kv_heads,)
     consts = hopper_constexprs(
         fmt.num_kv_heads, plan.group_size, fmt.head_dim, pages, stages, plan.max_splits > 1, gather_all,
         warp_softmax, lazy_rescale, lean,
@@ -128,10 +129,12 @@ def decode_attention_hopper(
     _decode_hopper_kernel[grid](
         q, out, plan.o_partial, plan.lse_partial, heap, heap.view(torch.int16), page_loc_layer,
         page_meta_layer, plan.page_ids, plan.work, plan.num_splits,
+        plan.program_items if even else plan.num_splits,  # (unread without even shares)
         sm_scale * LOG2E, q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         plan.kv_lens if timing is None else timing,
         **consts,
         TIMING=timing is not None,
+        EVEN_SHARES=even,
         num_warps=plan.num_warps,
         **({"maxnreg": regs} if (regs := register_cap(maxnreg, fmt.head_dim, plan.num_warps, plan)) else {}),
     )  # fmt: skip

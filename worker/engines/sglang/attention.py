@@ -103,6 +103,7 @@ class ZipkvAttention:
         self.num_q_heads, self.compressed, self.extend_kernel = num_q_heads, compressed, extend_kernel
         self.max_pages_per_req = -(-req_to_token.shape[1] // PAGE_TOKENS)
         from zipkv.kernels.attention.decode_config import (
+            hopper_even_shares,
             hopper_lazy_rescale,
             hopper_lean,
             hopper_split_cap,
@@ -118,6 +119,7 @@ class ZipkvAttention:
         hopper_lazy_rescale()
         hopper_lean()
         hopper_split_cap()
+        hopper_even_shares()
         self.kernel_config = step_kernel_config(kv.fmt, req_to_token.device)
         self.fused_extend = extend_kernel_choice() == "fused"
         self.flashinfer = flashinfer_prefill_for(num_q_heads, kv.fmt, req_to_token.device)
