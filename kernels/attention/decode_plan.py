@@ -38,6 +38,7 @@ from .decode_config import (
     hopper_even_shares,
     kernel_config,
 )
+from .even_shares_triton import even_shares_triton
 from .plan_shape import MAX_SPLITS, hopper_shape, pair_slots, sm_count
 from .split_plan import balanced_splits, even_split_tiles, program_items, work_items
 from .split_plan_triton import split_work_triton
@@ -132,10 +133,21 @@ def _split_work(
 
 
 @lru_cache(maxsize=1)
-def _even_shares() -> bool:
+def _even_shares_on() -> bool:
     """``$ZIPKV_HOPPER_EVEN_SHARES``, read once per process: a plan is built every step (the worker reads
     it at start-up too, so a malformed value stops it there)."""
     return hopper_even_shares()
+
+
+def _even_shares(
+    kv_lens: torch.Tensor, page_indptr: torch.Tensor, block_n: int, programs: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(splits, split_tokens, work, pair_start, program_items): the batch's tiles shared out evenly over
+    ``programs`` programs (split_plan.program_items; one launch on a GPU, even_shares_triton.py)."""
+    if kv_lens.is_cuda and split_plan_impl() == "kernel":
+        return even_shares_triton(kv_lens, page_indptr, block_n, programs)
+    splits, split_tiles, work, pair_start, prog_items = program_items(kv_lens, page_indptr, block_n, programs)
+    return splits, split_tiles * block_n, work, pair_start, prog_items
 
 
 def _overridden(base: DecodeKernelConfig, **asked: Any) -> DecodeKernelConfig:
@@ -184,15 +196,14 @@ def plan_decode(
     device, hopper = kv_lens.device, impl == "hopper"
     free = hopper and config is None and ctas_per_sm is None and max_splits is None and programs is None
     cfg, maxnreg = hopper_shape(cfg, fmt, batch, num_sms, device, free)
-    if programs is None and free and _even_shares():
+    if programs is None and free and _even_shares_on():
         programs = sm_count(num_sms, device) * cfg.ctas_per_sm // fmt.num_kv_heads
     prog_items = None
     if programs:
         num_pairs, max_splits = programs + batch, programs
-        splits, split_tiles, work, pair_start, prog_items = program_items(
+        splits, split_tokens, work, pair_start, prog_items = _even_shares(
             kv_lens, page_indptr, cfg.block_n, programs
         )
-        split_tokens = split_tiles * cfg.block_n
     else:
         num_pairs, max_splits = pair_slots(
             max_splits, batch, fmt.num_kv_heads, num_sms, cfg.ctas_per_sm, device,

@@ -109,7 +109,8 @@ def program_items(
     lo = torch.maximum(starts[r], prog * share) - starts[r]
     hi = torch.minimum(ends[r], (prog + 1) * share) - starts[r]
     first, end = lo * block_n, torch.minimum(kv_lens[r].to(torch.int64), hi * block_n)
-    work = torch.stack([torch.where(live, r, -1), first, end, page_indptr[r].to(torch.int64)], 1)
+    work = torch.stack([r, first, end, page_indptr[r].to(torch.int64)], 1)
+    work = torch.where(live[:, None], work, torch.tensor([-1, 0, 0, 0], device=work.device))  # idle items
     # program p's first item: the one holding tile p * share (past the last tile: none, the item count)
     tile = torch.arange(programs + 1, device=kv_lens.device, dtype=torch.int64) * share
     holder = torch.searchsorted(ends, tile, right=True)

@@ -13,6 +13,7 @@ import torch
 from paged_cases import make_case, rel_err, run_both
 
 from zipkv.kernels.attention.decode_plan import _split_work, plan_decode, split_plan_impl
+from zipkv.kernels.attention.even_shares_triton import even_shares_triton
 from zipkv.kernels.attention.plan_shape import pair_slots
 from zipkv.kernels.attention.split_plan import (
     balanced_splits,
@@ -255,3 +256,23 @@ def test_a_batch_in_even_shares_through_the_kernel(device) -> None:  # type: ign
         packed, twin = run_both(case, plan)
         assert torch.equal(packed.view(torch.int16), twin.view(torch.int16))
         assert rel_err(case, packed) < 1e-2
+
+
+def test_the_even_shares_kernel_gives_the_torch_plan_integer_for_integer(device: str) -> None:
+    """even_shares_triton.py against split_plan.program_items: the listed cases and random batches."""
+    rng = random.Random(7)
+    cases = [*EVEN_CASES, ([5] * 200, 66)]  # more requests than programs: several items a program
+    cases += [([rng.choice([1, 16, 17, 100, 4000, 30000]) for _ in range(rng.randint(1, 150))],
+               rng.choice([1, 3, 66, 99, 132])) for _ in range(6)]  # fmt: skip
+    for lens, programs in cases:
+        kv_lens = torch.tensor(lens, dtype=torch.int32, device=device)
+        pages = (kv_lens + 15) // 16
+        indptr = torch.cat(
+            [torch.zeros(1, dtype=torch.int32, device=device), pages.cumsum(0).to(torch.int32)]
+        )
+        want = program_items(kv_lens, indptr, 32, programs)
+        got = even_shares_triton(kv_lens, indptr, 32, programs)
+        for name, w, g in zip(("splits", "split_tokens", "work", "pair_start", "program_items"), want, got,
+                              strict=True):  # fmt: skip
+            w = w * 32 if name == "split_tokens" else w
+            assert torch.equal(w.to(torch.int64), g.to(torch.int64)), (name, len(lens), programs)

@@ -1,12 +1,13 @@
 """Hopper (sm_90) fused decode attention over page format v3, in Gluon (Triton 3.6's explicit layer).
 
 One program handles one (work item, KV head), a work item being one split of one request's context
-(attention/split_plan.py), all ``Hq / H`` query heads of the KV head at once (16
-MMA rows). Its pages stream from global to shared memory in a ring of ``STAGES`` tiles (``cp.async``, one
-commit group per tile of ``NP`` pages), so the next tiles' bytes are in flight while this one is restored
-and multiplied. Per page the producer copies exactly what is stored (kernels/format/layout_v3.py): a coded
-page's lo plane, code plane and the patches of its raw blocks, or a raw page's bf16; the tile's metadata goes
-with them. Page table and metadata reads run one tile ahead of the copies they steer.
+(attention/split_plan.py), all ``Hq / H`` query heads of the KV head at once (16 MMA rows); with even
+shares (split_plan.program_items) a program runs its share's items in turn. Its pages stream from global
+to shared memory in a ring of ``STAGES`` tiles (``cp.async``, one commit group per tile of ``NP`` pages),
+so the next tiles' bytes are in flight while this one is restored and multiplied. Per page the producer
+copies exactly what is stored (kernels/format/layout_v3.py): a coded page's lo plane, code plane and the
+patches of its raw blocks, or a raw page's bf16; the tile's metadata goes with them. Page table and
+metadata reads run one tile ahead of the copies they steer.
 
 Three ways through a tile, chosen per tile (uniform across the program):
 - all pages coded, all tokens valid (the common case): a pre-pass turns every coded block's code words
