@@ -180,27 +180,34 @@ def test_an_unknown_split_plan_is_refused() -> None:
 
 
 @pytest.mark.gpu
-def test_the_plan_records_into_a_cuda_graph_and_replays_new_lengths() -> None:
+@pytest.mark.parametrize("programs", [None, 66])  # the balanced splits, and even shares
+def test_the_plan_records_into_a_cuda_graph_and_replays_new_lengths(programs: int | None) -> None:
     """SGLang records the decode plan into its CUDA graph (worker/engines/sglang/attention.py): planning must
     not sync with the host, and a replay with new lengths must give what planning them eagerly gives."""
     fmt, batch, width = PageFormat(128, 8), 6, 64  # the padded page table: 64 pages per request
     ids = torch.arange(batch * width, dtype=torch.int32, device="cuda")
     indptr = torch.arange(batch + 1, dtype=torch.int32, device="cuda") * width
     lens = torch.tensor([1000, 16, 17, 500, 1, 1024], dtype=torch.int32, device="cuda")
-    plan_decode(ids, indptr, lens, fmt, 32)  # warm-up outside the graph (lazy inits)
+    plan_decode(ids, indptr, lens, fmt, 32, programs=programs)  # warm-up outside the graph (lazy inits)
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     torch.cuda.set_sync_debug_mode("error")
     try:
         with torch.cuda.graph(graph):
-            recorded = plan_decode(ids, indptr, lens, fmt, 32)
+            recorded = plan_decode(ids, indptr, lens, fmt, 32, programs=programs)
     finally:
         torch.cuda.set_sync_debug_mode("default")
     new = torch.tensor([3, 1024, 900, 16, 40, 2], dtype=torch.int32, device="cuda")
     lens.copy_(new)
     graph.replay()
-    eager = plan_decode(ids, indptr, new, fmt, 32)
-    for field in ("num_splits", "split_tokens", "work", "pair_start"):
+    eager = plan_decode(ids, indptr, new, fmt, 32, programs=programs)
+    for field in (
+        "num_splits",
+        "split_tokens",
+        "work",
+        "pair_start",
+        *(("program_items",) if programs else ()),
+    ):
         assert torch.equal(getattr(recorded, field), getattr(eager, field)), field
 
 
