@@ -21,6 +21,7 @@ import tempfile
 import triton
 from triton.backends.compiler import GPUTarget
 
+from bench.kernels.sass_loops import coded_tile, loop_local_accesses, opcode_counts
 from zipkv.kernels.attention.hopper import decode as dh
 from zipkv.kernels.attention.hopper import launch
 from zipkv.kernels.attention.hopper.ring import NUM_WARPS
@@ -107,101 +108,6 @@ def usage(cubin: bytes) -> dict[str, int]:
         ).stdout
     m = re.search(r"REG:(\d+).*?STACK:(\d+).*?SHARED:(\d+)", txt)
     return {"registers": int(m.group(1)), "stack_bytes": int(m.group(2))} if m else {}
-
-
-def opcode_counts(sass: str) -> dict[str, int]:
-    counts: dict[str, int] = {}
-    for m in re.finditer(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)", sass):
-        op = m.group(1).split(".")[0]
-        counts[op] = counts.get(op, 0) + 1
-    return dict(sorted(counts.items(), key=lambda kv: -kv[1]))
-
-
-def loop_local_accesses(sass: str) -> int:
-    """LDL/STL (spills) inside the main loop: between the target of the last backward branch and it. A
-    spill outside the loop (a value kept across it) costs two accesses per program, not per tile."""
-    insts = [(int(a, 16), txt) for a, txt in re.findall(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);", sass)]
-    head, tail = _main_loop(insts)
-    return sum(1 for addr, txt in insts if head <= addr <= tail and re.search(r"\b(LDL|STL)", txt))
-
-
-_BRA = re.compile(r"BRA (?:P\d, )?`?\(?0x([0-9a-f]+)")
-
-
-def _main_loop(insts: list[tuple[int, str]]) -> tuple[int, int]:
-    """(first, last address) of the tile loop: the innermost loop (a backward branch's span) that holds
-    the MMAs. An even-shares build wraps it in a loop over work items, whose span holds it."""
-    loops = [
-        (int(m.group(1), 16), addr)
-        for addr, txt in insts
-        if (m := _BRA.search(txt)) and int(m.group(1), 16) < addr
-    ]
-    with_mma = [(h, t) for h, t in loops if any(h <= a <= t and "HMMA" in txt for a, txt in insts)]
-    return min(with_mma or loops or [(0, -1)], key=lambda span: span[1] - span[0])
-
-
-def _loop_blocks(sass: str) -> list[list[str]]:
-    """The main loop's basic blocks (the last backward branch's body), each a list of instructions."""
-    insts = [(int(a, 16), t.strip()) for a, t in re.findall(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);", sass)]
-    head, tail = _main_loop(insts)
-    body = [(a, t) for a, t in insts if head <= a <= tail]
-    targets = {int(m.group(1), 16) for _, t in body if (m := _BRA.search(t))}
-    blocks: list[list[tuple[int, str]]] = [[]]
-    for addr, txt in body:
-        if addr in targets and blocks[-1]:
-            blocks.append([])
-        blocks[-1].append((addr, txt))
-        if _BRA.search(txt):
-            blocks.append([])
-    return [[f"{a:x} {t}" for a, t in b] for b in blocks if b]
-
-
-def _ops(block: list[str]) -> dict[str, int]:
-    return opcode_counts("".join(f"/*{line.split()[0]:0>4}*/ {line.split(' ', 1)[1]};" for line in block))
-
-
-def coded_tile(sass: str) -> dict[str, object]:
-    """Instructions one warp issues for a tile read the common way (every page coded: the coded copies of
-    a tile ahead, the pre-pass, the attention), over each path through the main loop that takes those
-    blocks and not the gather's: the fewest (a full tile; with the lazy rescale, its rescale skipped) and
-    the most (a split's last tile, or rescaled), and the fewest by opcode."""
-    blocks = _loop_blocks(sass)
-    first = {int(b[0].split()[0], 16): i for i, b in enumerate(blocks)}
-    ops = [_ops(b) for b in blocks]
-    found: list[tuple[int, dict[str, int]]] = []
-
-    def walk(i: int, path: list[int]) -> None:  # the loop's branches all go forward but the last
-        path = [*path, i]
-        last = blocks[i][-1].split(" ", 1)[1]
-        m = _BRA.search(last)
-        if m and int(m.group(1), 16) == int(blocks[0][0].split()[0], 16):
-            # the pre-pass reads and writes shared memory outside the attention (MMAs, softmax exchanges);
-            # the gather writes what it loaded
-            attend = ("HMMA", "MUFU", "FMNMX")
-            shared = [
-                ("LDS" in ops[j], "STS" in ops[j]) for j in path if not any(a in ops[j] for a in attend)
-            ]
-            if (True, True) in shared and (False, True) not in shared:
-                total: dict[str, int] = {}
-                for j in path:
-                    for k, v in ops[j].items():
-                        total[k] = total.get(k, 0) + v
-                found.append((total.get("LDGSTS", 0), total))
-        elif m:
-            walk(first[int(m.group(1), 16)], path)
-        if (not m or last.startswith("@")) and i + 1 < len(blocks):
-            walk(i + 1, path)
-
-    walk(0, [])
-    if not found:
-        return {}
-    most_copies = max(c for c, _ in found)  # the coded copies (the raw copies are fewer)
-    counts = sorted((sum(t.values()), t) for c, t in found if c == most_copies)
-    return {
-        "fewest": counts[0][0],
-        "most": counts[-1][0],
-        "ops": dict(sorted(counts[0][1].items(), key=lambda kv: -kv[1])),
-    }
 
 
 def report(

@@ -158,6 +158,32 @@ def _overridden(base: DecodeKernelConfig, **asked: Any) -> DecodeKernelConfig:
     return cfg
 
 
+def _work_list(
+    kv_lens: torch.Tensor,
+    page_indptr: torch.Tensor,
+    kv_heads: int,
+    cfg: DecodeKernelConfig,
+    num_sms: int | None,
+    hopper: bool,
+    max_splits: int | None,
+    programs: int | None,
+) -> tuple[int, int, tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]]:
+    """(work items, the most splits a request gets, (splits, split_tokens, work, pair_start,
+    program_items)): even shares over ``programs`` programs, else the balanced splits of pair_slots."""
+    batch = kv_lens.numel()
+    if programs:
+        return programs + batch, programs, _even_shares(kv_lens, page_indptr, cfg.block_n, programs)
+    num_pairs, max_splits = pair_slots(
+        max_splits, batch, kv_heads, num_sms, cfg.ctas_per_sm, kv_lens.device,
+        HOPPER_MAX_SPLITS if hopper else MAX_SPLITS, HOPPER_MAX_WAVES if hopper else 4,
+    )  # fmt: skip
+    return (
+        num_pairs,
+        max_splits,
+        (*_split_work(kv_lens, page_indptr, cfg.block_n, num_pairs, max_splits), None),
+    )
+
+
 def plan_decode(
     page_ids: torch.Tensor,
     page_indptr: torch.Tensor,
@@ -182,35 +208,21 @@ def plan_decode(
     ``config`` replaces the tuned shape (:func:`kernel_config`, or :data:`HOPPER_CONFIG` for the Hopper
     kernel); ``max_splits``, ``block_n``, ``num_warps``, ``num_stages``, ``twin_num_stages``,
     ``ctas_per_sm``, ``prefetch`` override single fields of it; ``impl`` picks the kernel (default
-    ``$ZIPKV_DECODE_IMPL`` or "auto"). ``programs``: the batch's tiles shared out evenly over that many
-    programs per KV head (split_plan.program_items; the Hopper kernel runs each program's items in turn);
-    unset, the Hopper plan does so when ``$ZIPKV_HOPPER_EVEN_SHARES`` is on, over the programs its launch
-    holds at once.
-    """
+    ``$ZIPKV_DECODE_IMPL`` or "auto"). ``programs``: even shares over that many programs per KV head
+    (split_plan.program_items); unset, the Hopper plan's own where ``$ZIPKV_HOPPER_EVEN_SHARES`` is on."""
     batch = _check_batch(page_ids, page_indptr, kv_lens, fmt, num_q_heads)
     impl = decode_impl(impl, fmt, kv_lens.device)
     base = config or (HOPPER_CONFIG if impl == "hopper" else kernel_config(fmt.head_dim))
-    cfg = _overridden(base, block_n=block_n, num_warps=num_warps, num_stages=num_stages,
-                      twin_num_stages=twin_num_stages, ctas_per_sm=ctas_per_sm,
-                      prefetch=prefetch)  # fmt: skip
+    sizes = dict(block_n=block_n, num_warps=num_warps, num_stages=num_stages, twin_num_stages=twin_num_stages)
+    cfg = _overridden(base, ctas_per_sm=ctas_per_sm, prefetch=prefetch, **sizes)
     device, hopper = kv_lens.device, impl == "hopper"
     free = hopper and config is None and ctas_per_sm is None and max_splits is None and programs is None
     cfg, maxnreg = hopper_shape(cfg, fmt, batch, num_sms, device, free)
-    if programs is None and free and _even_shares_on():
+    if programs is None and free and _even_shares_on():  # the programs one launch holds at once
         programs = sm_count(num_sms, device) * cfg.ctas_per_sm // fmt.num_kv_heads
-    prog_items = None
-    if programs:
-        num_pairs, max_splits = programs + batch, programs
-        splits, split_tokens, work, pair_start, prog_items = _even_shares(
-            kv_lens, page_indptr, cfg.block_n, programs
-        )
-    else:
-        num_pairs, max_splits = pair_slots(
-            max_splits, batch, fmt.num_kv_heads, num_sms, cfg.ctas_per_sm, device,
-            HOPPER_MAX_SPLITS if hopper else MAX_SPLITS, HOPPER_MAX_WAVES if hopper else 4,
-        )  # fmt: skip
-        splits, split_tokens, work, pair_start = _split_work(kv_lens, page_indptr, cfg.block_n, num_pairs,
-                                                             max_splits)  # fmt: skip
+    num_pairs, max_splits, (splits, split_tokens, work, pair_start, prog_items) = _work_list(
+        kv_lens, page_indptr, fmt.num_kv_heads, cfg, num_sms, hopper, max_splits, programs
+    )
     return DecodePlan(
         fmt=fmt, page_ids=page_ids, page_indptr=page_indptr, kv_lens=kv_lens,
         num_splits=splits.to(torch.int32),  # (no copy when the kernel built them)
@@ -219,19 +231,10 @@ def plan_decode(
         pair_start=pair_start,
         o_partial=torch.empty(num_pairs, num_q_heads, fmt.head_dim, dtype=torch.float32, device=device),
         lse_partial=torch.empty(num_pairs, num_q_heads, dtype=torch.float32, device=device),
-        batch_size=batch,
-        num_q_heads=num_q_heads,
-        max_splits=max_splits,
-        num_pairs=num_pairs,
-        block_n=cfg.block_n,
-        num_warps=cfg.num_warps,
-        num_stages=cfg.num_stages,
-        twin_num_stages=cfg.twin_num_stages,
-        prefetch=cfg.prefetch,
-        impl=impl,
-        maxnreg=maxnreg,
-        program_items=prog_items,
-        num_programs=programs or 0,
+        batch_size=batch, num_q_heads=num_q_heads, max_splits=max_splits, num_pairs=num_pairs,
+        block_n=cfg.block_n, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        twin_num_stages=cfg.twin_num_stages, prefetch=cfg.prefetch, impl=impl, maxnreg=maxnreg,
+        program_items=prog_items, num_programs=programs or 0,
     )  # fmt: skip
 
 

@@ -39,27 +39,10 @@ from .lean import lean_scratch
 from .restore import tile_operands
 from .ring import _PT, KIND_BITS, issue_tile, tile_ids, tile_info
 from .softmax import _M, attend_tile, final_state, init_state, kernel_mma_layout, out_layout
+from .stamps import stamp
 from .warp_softmax import load_q_pages
 
 LOG2E = 1.4426950408889634
-
-
-@gluon.jit
-def _stamp(timing_ptr, pid, k: ttgl.constexpr):
-    """Profiling builds (TIMING): the global timer (ns) as event ``k`` of program ``pid`` (0: start, 1: its
-    first tile landed, 2: done) and, with event 0, the SM it runs on; int64 ``[programs, 4]``."""
-    one_l: ttgl.constexpr = ttgl.BlockedLayout([1], [32], [ttgl.num_warps()], [0])
-    zero = ttgl.full([1], 0, ttgl.int32, layout=one_l)
-    now = ttgl.inline_asm_elementwise(
-        "mov.u64 $0, %globaltimer;", "=l,r", [zero], dtype=ttgl.int64, is_pure=False, pack=1
-    )
-    row = timing_ptr + pid.to(ttgl.int64) * 4 + ttgl.arange(0, 1, layout=one_l)
-    ttgl.store(row + k, now)
-    if k == 0:
-        sm = ttgl.inline_asm_elementwise(
-            "mov.u32 $0, %smid;", "=r,r", [zero], dtype=ttgl.int32, is_pure=False, pack=1
-        )
-        ttgl.store(row + 3, sm.to(ttgl.int64))
 
 
 @gluon.jit
@@ -234,7 +217,7 @@ def _attend_item(item, head, ring, scratch, io, glob, tabs, qk_scale, strides,
             ttgl.thread_barrier()  # tile i landed for every thread; slot (i - 1) % STAGES is free again
             if TIMING:  # noqa: SIM102 (a constexpr test: the branch below exists only in the TIMING build)
                 if i == 0:
-                    _stamp(timing_ptr, pid, 1)
+                    stamp(timing_ptr, pid, 1)
             kinds, info_n, ids_nn = _refill(
                 ring, i, kinds, info_n, ids_nn, heap_ptr, tables, first, H, D, NP, STAGES, GATHER_ALL, LEAN
             )
@@ -274,7 +257,7 @@ def _decode_hopper_kernel(
     a program's share) take the loop."""
     pid = ttgl.program_id(0)
     if TIMING:
-        _stamp(timing_ptr, pid, 0)
+        stamp(timing_ptr, pid, 0)
     ring = _ring(STAGES, NP, D)
     scratch = lean_scratch(_M, NP * _PT, PX) if LEAN else None
     io = (q_ptr, out_ptr, o_part_ptr, lse_part_ptr)
@@ -301,4 +284,4 @@ def _decode_hopper_kernel(
                      STAGES, SPLIT, GATHER_ALL, OP_K, OP_V, CW, HW, PG1, WARP_SOFTMAX, LAZY_RESCALE, LEAN,
                      TIMING, timing_ptr, pid)  # fmt: skip
     if TIMING:
-        _stamp(timing_ptr, pid, 2)
+        stamp(timing_ptr, pid, 2)

@@ -113,11 +113,7 @@ def decode_attention_hopper(
     if out is None:
         out = torch.empty_like(q)
     pages = plan.block_n // PAGE_TOKENS
-    warp_softmax = _warp_softmax_choice(plan, warp_softmax)
-    lazy_rescale = _shared_softmax_option(
-        lazy_rescale, _default_lazy_rescale, warp_softmax, "the lazy rescale"
-    )
-    lean = _shared_softmax_option(lean, _default_lean, warp_softmax, "the lean tile")
+    warp_softmax, lazy_rescale, lean = _tile_options(plan, warp_softmax, lazy_rescale, lean)
     even = plan.program_items is not None
     grid = ((plan.num_programs if even else plan.num_pairs) * fmt.num_kv_heads,)
     consts = hopper_constexprs(
@@ -141,6 +137,15 @@ def decode_attention_hopper(
     if plan.max_splits > 1:
         merge_splits(plan, out, skip_whole=True)  # the kernel wrote the unsplit requests' rows itself
     return out
+
+
+def _tile_options(
+    plan: DecodePlan, warp_softmax: bool | None, lazy_rescale: bool | None, lean: bool | None
+) -> tuple[bool, bool, bool]:
+    """(per-warp softmax, lazy rescale, lean tile) as asked, the environment's where not."""
+    warp_softmax = _warp_softmax_choice(plan, warp_softmax)
+    lazy = _shared_softmax_option(lazy_rescale, _default_lazy_rescale, warp_softmax, "the lazy rescale")
+    return warp_softmax, lazy, _shared_softmax_option(lean, _default_lean, warp_softmax, "the lean tile")
 
 
 def _warp_softmax_choice(plan: DecodePlan, warp_softmax: bool | None) -> bool:
