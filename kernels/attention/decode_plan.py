@@ -39,7 +39,7 @@ from .decode_config import (
     kernel_config,
 )
 from .even_shares_triton import even_shares_triton
-from .plan_shape import MAX_SPLITS, hopper_shape, pair_slots, sm_count
+from .plan_shape import MAX_SPLITS, even_shares_programs, hopper_shape, pair_slots, sm_count
 from .split_plan import balanced_splits, even_split_tiles, program_items, work_items
 from .split_plan_triton import split_work_triton
 
@@ -209,7 +209,7 @@ def plan_decode(
     kernel); ``max_splits``, ``block_n``, ``num_warps``, ``num_stages``, ``twin_num_stages``,
     ``ctas_per_sm``, ``prefetch`` override single fields of it; ``impl`` picks the kernel (default
     ``$ZIPKV_DECODE_IMPL`` or "auto"). ``programs``: even shares over that many programs per KV head
-    (split_plan.program_items); unset, the Hopper plan's own where ``$ZIPKV_HOPPER_EVEN_SHARES`` is on."""
+    (split_plan.program_items); unset, where they pay when ``$ZIPKV_HOPPER_EVEN_SHARES`` is on."""
     batch = _check_batch(page_ids, page_indptr, kv_lens, fmt, num_q_heads)
     impl = decode_impl(impl, fmt, kv_lens.device)
     base = config or (HOPPER_CONFIG if impl == "hopper" else kernel_config(fmt.head_dim))
@@ -217,9 +217,9 @@ def plan_decode(
     cfg = _overridden(base, ctas_per_sm=ctas_per_sm, prefetch=prefetch, **sizes)
     device, hopper = kv_lens.device, impl == "hopper"
     free = hopper and config is None and ctas_per_sm is None and max_splits is None and programs is None
-    cfg, maxnreg = hopper_shape(cfg, fmt, batch, num_sms, device, free)
-    if programs is None and free and _even_shares_on():  # the programs one launch holds at once
-        programs = sm_count(num_sms, device) * cfg.ctas_per_sm // fmt.num_kv_heads
+    if free and _even_shares_on():  # where equal requests would leave slots idle (plan_shape.py)
+        programs = even_shares_programs(cfg, batch, fmt.num_kv_heads, fmt.head_dim, sm_count(num_sms, device))
+    cfg, maxnreg = hopper_shape(cfg, fmt, batch, num_sms, device, free and programs is None)
     num_pairs, max_splits, (splits, split_tokens, work, pair_start, prog_items) = _work_list(
         kv_lens, page_indptr, fmt.num_kv_heads, cfg, num_sms, hopper, max_splits, programs
     )

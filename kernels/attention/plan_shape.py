@@ -60,6 +60,34 @@ def hopper_launch(
     return replace(cfg, ctas_per_sm=ctas), regs
 
 
+# Even shares (split_plan.program_items) pay where equal requests in whole waves would leave slots idle: on
+# the H200 at 59 x 8448 (472 programs on 528 slots, 0.89 filled) 398.1 against 412.2 us, and they cost
+# where the waves are nearly full (64 x 8192, 0.97: 419.2 against 409.1 us; 32 x 8192 at six per SM, 0.97:
+# 225.2 against 221.7), docs/benchmarks.md. The threshold sits between the two.
+EVEN_SHARES_MAX_FILL = 0.92
+
+
+def wave_fill(work_items: int, slots: int) -> float:
+    """The fraction of the slots a launch of equal requests keeps busy over its waves, at the wave model's
+    split count (:func:`choose_max_splits` as the Hopper plan searches it)."""
+    programs = work_items * choose_max_splits(work_items, slots, HOPPER_MAX_SPLITS, HOPPER_MAX_WAVES)
+    return programs / (math.ceil(programs / slots) * slots)
+
+
+def even_shares_programs(
+    cfg: DecodeKernelConfig, batch: int, kv_heads: int, head_dim: int, num_sms: int
+) -> int | None:
+    """Programs per KV head for even shares where they pay (``$ZIPKV_HOPPER_EVEN_SHARES`` on): the ones
+    ``cfg.ctas_per_sm`` programs per SM hold at once, where equal requests would fill less than
+    EVEN_SHARES_MAX_FILL of the slots; None elsewhere (head_dim 128 at 2 warps only, where measured)."""
+    if head_dim != 128 or cfg.num_warps != 2:
+        return None
+    slots = num_sms * cfg.ctas_per_sm
+    if wave_fill(batch * kv_heads, slots) >= EVEN_SHARES_MAX_FILL:
+        return None
+    return slots // kv_heads
+
+
 def sm_count(num_sms: int | None, device: torch.device) -> int:
     """``num_sms`` if given, else the device's (CPU_NUM_SMS for the interpreter)."""
     if num_sms is not None:

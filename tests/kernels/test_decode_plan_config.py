@@ -249,3 +249,43 @@ def test_the_launch_takes_the_plans_register_cap_unless_asked_otherwise() -> Non
     assert register_cap(0, 128, 2, capped) is None  # 0: the compiler's, whatever the plan says
     assert register_cap(200, 128, 2, capped) == 200
     assert register_cap(None, 128, 4, plan) == 168  # the 4-warp table entry, as before
+
+
+@pytest.mark.parametrize(
+    ("batch", "head_dim", "warps", "programs"),
+    [
+        (59, 128, 2, 66),  # 472 programs on 528 slots (0.89): measured faster with even shares
+        (64, 128, 2, None),  # 512 on 528 (0.97): measured slower, so not taken
+        (32, 128, 2, None),  # two splits at four per SM fill 0.97 (the cap then takes six per SM)
+        (1, 128, 2, None),  # 66 splits fill every slot
+        (40, 128, 2, 66),  # 320 programs, one wave left 40% idle
+        (59, 64, 2, None),  # not measured at head_dim 64
+        (59, 128, 4, None),  # nor at four warps
+    ],
+)
+def test_even_shares_are_taken_where_equal_requests_leave_slots_idle(
+    batch: int, head_dim: int, warps: int, programs: int | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from dataclasses import replace
+
+    from zipkv.kernels.attention import decode_plan
+    from zipkv.kernels.attention.decode_config import HOPPER_CONFIG
+    from zipkv.kernels.attention.plan_shape import even_shares_programs
+
+    cfg = replace(HOPPER_CONFIG, num_warps=warps, block_n=16 * warps)
+    assert even_shares_programs(cfg, batch, 8, head_dim, H200_SMS) == programs
+    # through the plan, with the switch on: the programs' items, and no register cap beside them
+    lens = torch.full((batch,), 8448, dtype=torch.int32)
+    pages = (lens + 15) // 16
+    indptr = torch.cat([torch.zeros(1, dtype=torch.int32), pages.cumsum(0).to(torch.int32)])
+    ids = torch.arange(int(pages.sum()), dtype=torch.int32)
+    fmt = PageFormat(head_dim=head_dim, num_kv_heads=8, version=3)
+    monkeypatch.setattr(decode_plan, "decode_impl", lambda impl, fmt, device: "hopper")  # (a CPU here)
+    monkeypatch.setattr(decode_plan, "_even_shares_on", lambda: True)
+    plan = plan_decode(ids, indptr, lens, fmt, 32, num_sms=H200_SMS, ctas_per_sm=4, num_warps=warps)
+    assert plan.num_programs == 0 and plan.program_items is None  # a shape asked for: the plan's as ever
+    plan = plan_decode(ids, indptr, lens, fmt, 32, num_sms=H200_SMS, num_warps=warps)
+    assert plan.num_programs == (programs or 0) and (plan.program_items is not None) == bool(programs)
+    assert programs is None or plan.maxnreg is None
+    monkeypatch.setattr(decode_plan, "_even_shares_on", lambda: False)
+    assert plan_decode(ids, indptr, lens, fmt, 32, num_sms=H200_SMS).program_items is None
