@@ -16,6 +16,8 @@
   decode_hopper_h100_skewed.png: decode_hopper_h100_skewed.json, skewed batches, balanced splits against one
   split count per request.
 - decode_hopper_split_cap_h200.png: decode_hopper_split_cap_h200.json, the lean tile, split cap (H200).
+- decode_hopper_even_shares_h200.png: decode_hopper_even_shares_h200.json, even shares against the plan's
+  own launch (H200).
 - decode_hopper_timeline.png: bench/results/decode_hopper_timing.json, one launch's programs per SM.
 - trace_timeline.png: bench/results/trace_cpu.json, one request's spans (bench/serving/trace_capture.py).
 """
@@ -261,6 +263,10 @@ def render_all(out: Path, results: Path = RESULTS) -> list[Path]:
     if cap.is_file():
         lean = "zipkv Hopper kernel, v3 pages, the lean tile with the split cap"
         figures.append((cap.stem, hopper_figure(json.loads(cap.read_text()), lean)))
+    even = results / "decode_hopper_even_shares_h200.json"
+    if even.is_file():
+        own = "zipkv Hopper kernel, v3 pages, the plan's own launch (one item a program)"
+        figures.append((even.stem, hopper_figure(json.loads(even.read_text()), own)))
     if (results / "decode_hopper_timing.json").is_file():
         doc = json.loads((results / "decode_hopper_timing.json").read_text())
         figures.append(("decode_hopper_timeline", timeline_figure(doc)))

@@ -15,6 +15,8 @@ SERIES = (
     ("zipkv_us", "zipkv Hopper kernel, v3 pages", "#d62728"),
     ("zipkv_32_2_4_us", "zipkv Hopper kernel, v3 pages, one split count per request (max 4)", "#9467bd"),
     ("zipkv_32_2_4_0_2_0_0_0_us", "zipkv Hopper kernel, v3 pages, the default tile, 4 per SM", "#2ca02c"),
+    ("zipkv_32_2_4_0_2_0_0_1_0_1_us", "zipkv Hopper kernel, v3 pages, even shares, 4 per SM", "#e377c2"),
+    ("zipkv_32_2_6_168_2_0_0_1_0_1_us", "zipkv Hopper kernel, v3 pages, even shares, 6 per SM", "#8c564b"),
     ("zipkv_raw_pages_us", "zipkv Hopper kernel, raw pages", "#ff9896"),
     ("read_floor_stored_us", "read floor of the stored bytes", "#7f7f7f"),
 )

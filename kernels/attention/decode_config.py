@@ -137,14 +137,14 @@ def split_cap_measured(device: torch.device) -> bool:
     return device.type == "cuda" and any(p in torch.cuda.get_device_name(device) for p in ("H200", "H100"))
 
 
-# The Hopper plan's even shares: "1" where equal requests in whole waves would leave more than 8% of the
-# slots idle (plan_shape.even_shares_programs), the batch's tiles shared out evenly over the programs one
-# launch holds at four per SM (split_plan.program_items: a program may run the end of one request and the
-# start of the next, each an item of its own, merged as splits are), so every SM has the same work to the
-# end; "0" (the default) whole waves of equal splits (plan_shape.py). On the H200 (docs/benchmarks.md,
-# 2026-12-07) 398.1 against 412.2 us at 59 x 8448 (1.183x FlashInfer against 1.143x), and slower where the
-# waves are nearly full (64 x 8192: 419.2 against 409.1 us), which the rule leaves alone. Off until more
-# batch sizes and SGLang end to end are measured with it.
+# The Hopper plan's even shares: "1" where equal requests would not split and their waves would leave more
+# than 8% of the slots idle (plan_shape.even_shares_programs), the batch's tiles shared out evenly over the
+# programs one launch holds at four per SM (split_plan.program_items: a program may run the end of one
+# request and the start of the next, each an item of its own, merged as splits are), so every SM has the
+# same work to the end; "0" (the default) whole waves of equal splits (plan_shape.py). On the H200
+# (docs/benchmarks.md, 2026-12-07) 398.1 against 412.2 us at 59 x 8448 (1.183x FlashInfer against 1.143x),
+# and slower where the waves are nearly full (64 x 8192: 419.2 against 409.1 us), which the rule leaves
+# alone. Off until more batch sizes and SGLang end to end are measured with it.
 HOPPER_EVEN_SHARES_ENV = "ZIPKV_HOPPER_EVEN_SHARES"
 
 

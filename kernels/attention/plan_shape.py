@@ -68,22 +68,23 @@ EVEN_SHARES_MAX_FILL = 0.92
 
 
 def wave_fill(work_items: int, slots: int) -> float:
-    """The fraction of the slots a launch of equal requests keeps busy over its waves, at the wave model's
-    split count (:func:`choose_max_splits` as the Hopper plan searches it)."""
-    programs = work_items * choose_max_splits(work_items, slots, HOPPER_MAX_SPLITS, HOPPER_MAX_WAVES)
-    return programs / (math.ceil(programs / slots) * slots)
+    """The fraction of the slots a launch of equal requests, one split each, keeps busy over its waves."""
+    return work_items / (math.ceil(work_items / slots) * slots)
 
 
 def even_shares_programs(
     cfg: DecodeKernelConfig, batch: int, kv_heads: int, head_dim: int, num_sms: int
 ) -> int | None:
     """Programs per KV head for even shares where they pay (``$ZIPKV_HOPPER_EVEN_SHARES`` on): the ones
-    ``cfg.ctas_per_sm`` programs per SM hold at once, where equal requests would fill less than
-    EVEN_SHARES_MAX_FILL of the slots; None elsewhere (head_dim 128 at 2 warps only, where measured)."""
+    ``cfg.ctas_per_sm`` programs per SM hold at once, where equal requests would not split (the wave
+    model's one split; where they split, the split cap's launch was measured instead) and would fill less
+    than EVEN_SHARES_MAX_FILL of the slots; None elsewhere (head_dim 128 at 2 warps only, where measured)."""
     if head_dim != 128 or cfg.num_warps != 2:
         return None
-    slots = num_sms * cfg.ctas_per_sm
-    if wave_fill(batch * kv_heads, slots) >= EVEN_SHARES_MAX_FILL:
+    slots, work_items = num_sms * cfg.ctas_per_sm, batch * kv_heads
+    if choose_max_splits(work_items, slots, HOPPER_MAX_SPLITS, HOPPER_MAX_WAVES) > 1:
+        return None
+    if wave_fill(work_items, slots) >= EVEN_SHARES_MAX_FILL:
         return None
     return slots // kv_heads
 

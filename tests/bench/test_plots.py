@@ -32,6 +32,7 @@ def test_one_command_renders_every_picture_from_the_committed_results(tmp_path: 
         "decode_hopper_h100.png",
         "decode_hopper_h100_skewed.png",
         "decode_hopper_split_cap_h200.png",
+        "decode_hopper_even_shares_h200.png",
         "decode_hopper_timeline.png",
         "sglang_e2e_lean_cap_whole.png",
     }
@@ -48,6 +49,7 @@ def test_one_command_renders_every_picture_from_the_committed_results(tmp_path: 
         "decode_hopper_h100.png",
         "decode_hopper_h100_skewed.png",
         "decode_hopper_split_cap_h200.png",
+        "decode_hopper_even_shares_h200.png",
         "decode_hopper_timeline.png",
         "sglang_e2e_lean_cap_whole.png",
     ):
