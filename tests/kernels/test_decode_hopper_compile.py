@@ -162,3 +162,17 @@ def test_the_lean_tile_compiles_at_one_and_four_warps(warps: int) -> None:
     """The row-max exchange is per warp count (none at one warp; [16, NW] maxima at four)."""
     (r,) = _compile_rows("--pages", str(warps), "--warps", str(warps), "--stages", "2", "--lean").values()
     assert r["lean"] is True and r["ptx_mma"] > 0 and r["loop_local_accesses"] == 0, r
+
+
+def test_even_shares_compile_with_the_tile_of_one_item_a_program() -> None:
+    """Even shares (a program runs its items in turn, decode._decode_hopper_kernel's EVEN_SHARES) at the
+    default shape and tile: the coded tile costs no more SASS instructions than one item a program's (a
+    single loop over items made ptxas copy the Q fragments into the MMA's registers every tile, 643 against
+    602), and four programs of 64 threads still fit an SM with no spill in the loop."""
+    shape = ("--head-dims", "128", "--pages", "2", "--warps", "2", "--stages", "2", "--lean")
+    base = _compile_rows(*shape)[128]
+    even = _compile_rows(*shape, "--even-shares")[128]
+    tile, b_tile = even["coded_tile"], base["coded_tile"]
+    assert isinstance(tile, dict) and isinstance(b_tile, dict) and even["even_shares"] is True
+    assert tile["fewest"] <= b_tile["fewest"], (tile["fewest"], b_tile["fewest"])
+    assert even["loop_local_accesses"] == 0 and even["registers"] * 64 * 4 <= 65536, even
