@@ -26,6 +26,7 @@ import torch
 
 from bench.kernels.decode_attention_baselines import Timer, flashinfer_ragged_fn, read_floor_fn
 from bench.kernels.hopper_cases import check, make_case, same_bits
+from zipkv.kernels.attention.decode_config import HOPPER_CONFIG
 from zipkv.kernels.attention.decode_plan import plan_decode
 from zipkv.kernels.attention.hopper.launch import decode_attention_hopper
 from zipkv.kernels.attention.plan_shape import choose_max_splits
@@ -40,7 +41,7 @@ def _zipkv_fns(
     sms: int,
 ) -> tuple[dict[str, Callable[[], object]], dict[str, Callable[[], object]], dict[str, int]]:
     """zipkv's calls per config (a prefix of block_n:stages:ctas_per_sm:maxnreg:warps:warp_softmax:lazy:lean:
-    splits:even; even 1: the batch's tiles shared evenly over ctas_per_sm (default 4) programs per SM,
+    splits:even; even 1: the batch's tiles shared evenly over ctas_per_sm (HOPPER_CONFIG's) programs per SM,
     split_plan.program_items): on the v3 pages (timed) and on raw pages holding the same values (timed for
     the first config, the uncompressed run; checked bit for bit against the v3 run for every config); the
     split count each used."""
@@ -57,7 +58,7 @@ def _zipkv_fns(
         block_n, stages, ctas, maxnreg, warps, ws, lazy, lean, asked, even = (*cfg, *[None] * 9)[:10]
         # splits: each request's split count, asked outright (the wave model's otherwise, for ctas_per_sm)
         wave_splits = choose_max_splits(batch * 8, sms * ctas) if ctas and not even else None
-        programs = sms * (ctas or 4) // 8 if even else None
+        programs = sms * (ctas or HOPPER_CONFIG.ctas_per_sm) // 8 if even else None
         plan = plan_decode(
             case["page_ids"],
             case["indptr"],

@@ -29,13 +29,13 @@ def _request_tiles(kv_lens_ptr, b0, batch, BLOCK_N: tl.constexpr, CHUNK: tl.cons
 
 
 @triton.jit
-def _store_items(work_ptr, prog_items_ptr, req, kv, page0, start, first_prog, splits, tile0, share, k, live,
-                 BLOCK_N: tl.constexpr, FIELDS: tl.constexpr):  # fmt: skip
+def _store_items(work_ptr, prog_items_ptr, req, kv, tiles, page0, start, first_prog, splits, tile0, share, k,
+                 live, BLOCK_N: tl.constexpr, FIELDS: tl.constexpr):  # fmt: skip
     """Item ``k`` of each request: its work row, and the program's first item if it opens the share."""
     mine = live & (k < splits)
     prog = first_prog + k
     lo = tl.maximum(tile0, prog * share) - tile0
-    hi = tl.minimum(tile0 + (kv + BLOCK_N - 1) // BLOCK_N, (prog + 1) * share) - tile0
+    hi = tl.minimum(tile0 + tiles, (prog + 1) * share) - tile0
     item = start + k
     row = work_ptr + item * FIELDS
     tl.store(row, req.to(tl.int32), mask=mine)
@@ -73,8 +73,8 @@ def _even_shares_kernel(
         tl.store(pair_start_ptr + req, start.to(tl.int32), mask=live)
         page0 = tl.load(indptr_ptr + req, mask=live, other=0)
         for k in range(0, tl.max(splits, 0)):
-            _store_items(work_ptr, prog_items_ptr, req, kv, page0, start, first_prog, splits, tile0, share, k,
-                         live, BLOCK_N, FIELDS)  # fmt: skip
+            _store_items(work_ptr, prog_items_ptr, req, kv, tiles, page0, start, first_prog, splits, tile0,
+                         share, k, live, BLOCK_N, FIELDS)  # fmt: skip
     _idle(work_ptr, prog_items_ptr, items, total_tiles, share, batch, programs, CHUNK, FIELDS)
 
 

@@ -45,16 +45,23 @@ def choose_max_splits(work_items: int, slots: int, max_splits: int = MAX_SPLITS,
     return best
 
 
+def _measured_splits(
+    cfg: DecodeKernelConfig, batch: int, kv_heads: int, head_dim: int, num_sms: int
+) -> int | None:
+    """The wave model's split count for equal requests at ``cfg.ctas_per_sm`` as the Hopper plan searches
+    it, where the launch shapes below were measured (head_dim 128 at 2 warps); None elsewhere."""
+    if head_dim != 128 or cfg.num_warps != 2:
+        return None
+    return choose_max_splits(batch * kv_heads, num_sms * cfg.ctas_per_sm, HOPPER_MAX_SPLITS, HOPPER_MAX_WAVES)
+
+
 def hopper_launch(
     cfg: DecodeKernelConfig, batch: int, kv_heads: int, head_dim: int, num_sms: int
 ) -> tuple[DecodeKernelConfig, int | None]:
     """The Hopper plan's programs per SM and register cap (None: the launch's default) with the split cap
     on (``$ZIPKV_HOPPER_SPLIT_CAP``, decode_config): a plan whose requests split at ``cfg.ctas_per_sm`` is
     launched with HOPPER_SPLIT_CAP's registers and planned for its programs per SM instead."""
-    if head_dim != 128 or cfg.num_warps != 2:
-        return cfg, None
-    slots = num_sms * cfg.ctas_per_sm
-    if choose_max_splits(batch * kv_heads, slots, HOPPER_MAX_SPLITS, HOPPER_MAX_WAVES) == 1:
+    if _measured_splits(cfg, batch, kv_heads, head_dim, num_sms) in (None, 1):
         return cfg, None
     ctas, regs = HOPPER_SPLIT_CAP
     return replace(cfg, ctas_per_sm=ctas), regs
@@ -62,8 +69,9 @@ def hopper_launch(
 
 # Even shares (split_plan.program_items) pay where equal requests in whole waves would leave slots idle: on
 # the H200 at 59 x 8448 (472 programs on 528 slots, 0.89 filled) 398.1 against 412.2 us, and they cost
-# where the waves are nearly full (64 x 8192, 0.97: 419.2 against 409.1 us; 32 x 8192 at six per SM, 0.97:
-# 225.2 against 221.7), docs/benchmarks.md. The threshold sits between the two.
+# where the waves are nearly full (64 x 8192, 0.97: 419.2 against 409.1 us), docs/benchmarks.md. The
+# threshold sits between the two. Where requests split, the split cap's launch stays (32 x 8192: 221.7
+# against 225.2 us with even shares).
 EVEN_SHARES_MAX_FILL = 0.92
 
 
@@ -79,12 +87,10 @@ def even_shares_programs(
     ``cfg.ctas_per_sm`` programs per SM hold at once, where equal requests would not split (the wave
     model's one split; where they split, the split cap's launch was measured instead) and would fill less
     than EVEN_SHARES_MAX_FILL of the slots; None elsewhere (head_dim 128 at 2 warps only, where measured)."""
-    if head_dim != 128 or cfg.num_warps != 2:
+    if _measured_splits(cfg, batch, kv_heads, head_dim, num_sms) != 1:
         return None
-    slots, work_items = num_sms * cfg.ctas_per_sm, batch * kv_heads
-    if choose_max_splits(work_items, slots, HOPPER_MAX_SPLITS, HOPPER_MAX_WAVES) > 1:
-        return None
-    if wave_fill(work_items, slots) >= EVEN_SHARES_MAX_FILL:
+    slots = num_sms * cfg.ctas_per_sm
+    if wave_fill(batch * kv_heads, slots) >= EVEN_SHARES_MAX_FILL:
         return None
     return slots // kv_heads
 
