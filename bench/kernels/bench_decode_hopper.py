@@ -27,7 +27,7 @@ import torch
 from bench.kernels.decode_attention_baselines import Timer, flashinfer_ragged_fn, read_floor_fn
 from bench.kernels.hopper_cases import check, make_case, same_bits
 from zipkv.kernels.attention.decode_config import HOPPER_CONFIG
-from zipkv.kernels.attention.decode_plan import plan_decode
+from zipkv.kernels.attention.decode_plan import DecodePlan, plan_decode
 from zipkv.kernels.attention.hopper.launch import decode_attention_hopper
 from zipkv.kernels.attention.plan_shape import choose_max_splits
 
@@ -151,45 +151,65 @@ def ncu_target(batch: int, ctx: int, launches: int) -> None:
     torch.cuda.synchronize()
 
 
-def timing(out: dict, shapes: list[tuple[int, int]]) -> None:  # type: ignore[type-arg]
-    """Per-program timeline of the default launch (the kernel's TIMING build): how long a program waits for
-    its first tile, its time per tile after that, and how full the SMs stay (programs resident over the
-    launch's span, against the slots)."""
+def timing(out: dict, shapes: list[tuple[int, int]], even: bool = False) -> None:  # type: ignore[type-arg]
+    """Per-program timeline (the kernel's TIMING build) of the plan's launch and, with ``even``, of even
+    shares beside it: how long a program waits for its first tile, its time per tile after that, how full
+    the SMs stay (programs resident over the launch's span, against the slots); with even shares also how
+    long a second item waits for its first tile, and the whole call's time (the merge included)."""
     out["timing"] = rows = []
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    timer = Timer(0.03, min_reps=10, max_reps=100)
     for batch, ctx in shapes:
         case = make_case([ctx] * batch, 8, 128, 4, seed=7, raw_mid=0.0, shuffle=True, outliers=0)
         q = torch.randn(batch, 32, 128, device="cuda").to(torch.bfloat16)
-        plan = plan_decode(case["page_ids"], case["indptr"], case["lens"], case["fmt"], 32)
-        programs = plan.num_pairs * 8
-        stamps = torch.zeros(programs, 4, dtype=torch.int64, device="cuda")
-        for _ in range(3):  # the last launch is the one read
-            decode_attention_hopper(plan, q, case["heap"], case["loc"], case["meta"], 0.088, timing=stamps)
-        torch.cuda.synchronize()
-        t = stamps.cpu().double()
-        t0 = t[:, 0].min()
-        start, first, end = ((t[:, k] - t0) / 1e3 for k in range(3))
-        tiles = -(-int(plan.split_tokens[0]) // plan.block_n)
-        span = float(end.max())
-        busy = float((end - start).sum())
-        sms = torch.cuda.get_device_properties(0).multi_processor_count
-        q50 = lambda x: float(x.median())
-        row = dict(
-            batch=batch, ctx=ctx, programs=programs, splits=int(plan.num_splits.max()),
-            tiles_per_program=tiles,
-            span_us=span, first_tile_wait_us_p50=q50(first - start),
-            first_tile_wait_us_p90=float((first - start).quantile(0.9)),
-            per_tile_us_p50=q50((end - first) / max(tiles - 1, 1)),
-            program_us_p50=q50(end - start), start_us_max=float(start.max()),
-            end_us_p10=float(end.quantile(0.1)), mean_resident_programs_per_sm=busy / span / sms,
-            programs_per_sm_max=int(torch.bincount(t[:, 3].long()).max()),
-        )  # fmt: skip
-        print("timing", json.dumps(row), flush=True)
-        rel = t.clone()
-        rel[:, :3] -= t0
-        row["stamps_ns"] = rel.long().tolist()  # [programs][start, first tile, end (ns from the first), SM]
-        rows.append(row)
+        for programs in [None, sms * HOPPER_CONFIG.ctas_per_sm // 8] if even else [None]:
+            plan = plan_decode(
+                case["page_ids"], case["indptr"], case["lens"], case["fmt"], 32, programs=programs
+            )
+            row = _timeline(plan, q, case, sms, timer)
+            row.update(batch=batch, ctx=ctx, even_shares=programs is not None)
+            print("timing", json.dumps({k: v for k, v in row.items() if k != "stamps_ns"}), flush=True)
+            rows.append(row)
         del case
         torch.cuda.empty_cache()
+
+
+def _timeline(plan: DecodePlan, q: torch.Tensor, case: dict, sms: int, timer: Timer) -> dict[str, object]:  # type: ignore[type-arg]
+    """One launch's stamps (the third of three), summarised; ``stamps_ns`` keeps them all."""
+    launch = partial(decode_attention_hopper, plan, q, case["heap"], case["loc"], case["meta"], 0.088)
+    programs = (plan.num_programs if plan.program_items is not None else plan.num_pairs) * 8
+    stamps = torch.zeros(programs, 8, dtype=torch.int64, device="cuda")
+    for _ in range(3):
+        launch(timing=stamps)
+    torch.cuda.synchronize()
+    t = stamps.cpu().double()
+    t0 = t[:, 0].min()
+    start, first, end = ((t[:, k] - t0) / 1e3 for k in range(3))
+    span = float(end.max())
+    q50 = lambda x: float(x.median())
+    row: dict[str, object] = dict(
+        programs=programs, splits=int(plan.num_splits.max()), call_us=timer.median_us(launch),
+        span_us=span, first_tile_wait_us_p50=q50(first - start),
+        first_tile_wait_us_p90=float((first - start).quantile(0.9)),
+        program_us_p50=q50(end - start), program_us_p10=float((end - start).quantile(0.1)),
+        start_us_max=float(start.max()), end_us_p10=float(end.quantile(0.1)),
+        mean_resident_programs_per_sm=float((end - start).sum()) / span / sms,
+        programs_per_sm_max=int(torch.bincount(t[:, 3].long()).max()),
+    )  # fmt: skip
+    if plan.program_items is None:
+        tiles = -(-int(plan.split_tokens[0]) // plan.block_n)
+        row.update(tiles_per_program=tiles, per_tile_us_p50=q50((end - first) / max(tiles - 1, 1)))
+    else:
+        second = t[:, 4] > 0  # programs with a second item
+        wait2 = (t[second, 5] - t[second, 4]) / 1e3
+        row["programs_with_two_items"] = int(second.sum())
+        if len(wait2):
+            row.update(second_item_first_tile_wait_us_p50=q50(wait2),
+                       second_item_first_tile_wait_us_p90=float(wait2.quantile(0.9)))  # fmt: skip
+    rel = t[:, :4].clone()
+    rel[:, :3] -= t0
+    row["stamps_ns"] = rel.long().tolist()  # [programs][start, first tile, end (ns from the first), SM]
+    return row
 
 
 def main() -> None:
@@ -207,6 +227,7 @@ def main() -> None:
     )
     ap.add_argument("--graph", action="store_true", help="time CUDA-graph replays (no host launch time)")
     ap.add_argument("--timing", default=None, help="BxT,...: per-program timeline (the TIMING build)")
+    ap.add_argument("--timing-even", action="store_true", help="--timing: even shares too, beside the plan")
     ap.add_argument("--ncu", default=None, help="BxT: launch that shape a few times (for Nsight Compute)")
     ap.add_argument("--out", default="bench/results/decode_hopper.json")
     a = ap.parse_args()
@@ -239,7 +260,8 @@ def main() -> None:
     if a.check:
         ok = check(out)
     if a.timing:
-        timing(out, [tuple(int(x) for x in s.split("x")) for s in a.timing.split(",")])  # type: ignore[misc]
+        shapes = [tuple(int(x) for x in s.split("x")) for s in a.timing.split(",")]
+        timing(out, shapes, even=a.timing_even)  # type: ignore[arg-type]
     if a.bench:
         configs = [tuple(int(x) for x in c.split(":")) for c in a.configs.split(",")]
         out["timed"] = "cuda_graph_replay" if a.graph else "eager"

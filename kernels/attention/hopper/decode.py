@@ -185,10 +185,12 @@ def _attend_item(item, head, ring, scratch, io, glob, tabs, qk_scale, strides,
                  STAGES: ttgl.constexpr, SPLIT: ttgl.constexpr, GATHER_ALL: ttgl.constexpr,
                  OP_K: ttgl.constexpr, OP_V: ttgl.constexpr, CW: ttgl.constexpr, HW: ttgl.constexpr,
                  PG1: ttgl.constexpr, WARP_SOFTMAX: ttgl.constexpr, LAZY_RESCALE: ttgl.constexpr,
-                 LEAN: ttgl.constexpr, TIMING: ttgl.constexpr, timing_ptr, pid):  # fmt: skip
+                 LEAN: ttgl.constexpr, TIMING: ttgl.constexpr, timing_ptr, pid,
+                 FIRST_STAMP: ttgl.constexpr = 1):  # fmt: skip
     """Work item ``item`` for KV head ``head``: its tiles through the ring, its rows or partial written.
     ``io``: (q, out, o_partial, lse_partial) pointers; ``tabs``: (page_ids, page_loc, meta, work,
-    num_splits); ``strides``: (q batch, q head, out batch, out head)."""
+    num_splits); ``strides``: (q batch, q head, out batch, out head). TIMING: stamp ``FIRST_STAMP`` when
+    the first tile has landed (0: none)."""
     N: ttgl.constexpr = NP * _PT
     mma: ttgl.constexpr = kernel_mma_layout(ttgl.num_warps(), WARP_SOFTMAX)
     a_l: ttgl.constexpr = ttgl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
@@ -215,9 +217,9 @@ def _attend_item(item, head, ring, scratch, io, glob, tabs, qk_scale, strides,
         for i in range(n_tiles):
             async_copy.wait_group(STAGES - 2)
             ttgl.thread_barrier()  # tile i landed for every thread; slot (i - 1) % STAGES is free again
-            if TIMING:  # noqa: SIM102 (a constexpr test: the branch below exists only in the TIMING build)
+            if TIMING and FIRST_STAMP != 0:  # noqa: SIM102 (constexpr: only in the TIMING build)
                 if i == 0:
-                    stamp(timing_ptr, pid, 1)
+                    stamp(timing_ptr, pid, FIRST_STAMP)
             kinds, info_n, ids_nn = _refill(
                 ring, i, kinds, info_n, ids_nn, heap_ptr, tables, first, H, D, NP, STAGES, GATHER_ALL, LEAN
             )
@@ -271,14 +273,16 @@ def _decode_hopper_kernel(
         for k in ttgl.static_range(2):
             if items_first + k < items_end:
                 ttgl.thread_barrier()  # every warp has read the last item's last tile: the ring refills
+                if TIMING and k == 1:
+                    stamp(timing_ptr, pid, 4)
                 _attend_item(items_first + k, head, ring, scratch, io, glob, tabs, qk_scale, strides, H,
                              GROUP, D, NP, STAGES, SPLIT, GATHER_ALL, OP_K, OP_V, CW, HW, PG1, WARP_SOFTMAX,
-                             LAZY_RESCALE, LEAN, TIMING, timing_ptr, pid)  # fmt: skip
+                             LAZY_RESCALE, LEAN, TIMING, timing_ptr, pid, 1 + 4 * k)  # fmt: skip
         for item in range(items_first + 2, items_end):
             ttgl.thread_barrier()
             _attend_item(item, head, ring, scratch, io, glob, tabs, qk_scale, strides, H, GROUP, D, NP,
                          STAGES, SPLIT, GATHER_ALL, OP_K, OP_V, CW, HW, PG1, WARP_SOFTMAX, LAZY_RESCALE, LEAN,
-                         TIMING, timing_ptr, pid)  # fmt: skip
+                         TIMING, timing_ptr, pid, 0)  # fmt: skip
     else:
         _attend_item(pid // H, head, ring, scratch, io, glob, tabs, qk_scale, strides, H, GROUP, D, NP,
                      STAGES, SPLIT, GATHER_ALL, OP_K, OP_V, CW, HW, PG1, WARP_SOFTMAX, LAZY_RESCALE, LEAN,

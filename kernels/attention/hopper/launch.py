@@ -100,8 +100,9 @@ def decode_attention_hopper(
 
     ``plan.block_n`` is the tile (16 tokens per page). ``compressed=False`` reads every page as a raw page
     (the pages must be raw, as an uncompressed pool's are): the same kernel, the raw path. ``timing``
-    (int64 ``[programs, 4]``, profiling only) compiles the variant that stamps each program's start, first
-    landed tile, end (global timer, ns) and SM (bench/kernels/bench_decode_hopper.py --timing reads them).
+    (int64 ``[programs, 8]``, profiling only) compiles the variant that stamps each program's start, first
+    landed tile, end (global timer, ns) and SM, and an even share's second item (stamps.py;
+    bench/kernels/bench_decode_hopper.py --timing reads them).
     ``warp_softmax``: one page per warp, each with its own softmax (hopper/warp_softmax.py); None: the
     default, ``$ZIPKV_HOPPER_WARP_SOFTMAX`` (decode_config.hopper_warp_softmax). ``lazy_rescale``: skip
     the output rescale of tiles where no row max grew (same bits; shared softmax only); None: the default,
