@@ -142,10 +142,13 @@ def bench(out: dict, shapes: list[list[int]], target_s: float, configs: list[tup
         torch.cuda.empty_cache()
 
 
-def ncu_target(batch: int, ctx: int, launches: int) -> None:
+def ncu_target(batch: int, ctx: int, launches: int, even: bool = False) -> None:
+    """``launches`` launches of the plan's own launch at ``batch x ctx`` (``even``: with even shares)."""
     case = make_case([ctx] * batch, 8, 128, 4, seed=7, raw_mid=0.0, shuffle=True, outliers=0)
     q = torch.randn(batch, 32, 128, device="cuda").to(torch.bfloat16)
-    plan = plan_decode(case["page_ids"], case["indptr"], case["lens"], case["fmt"], 32)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    programs = sms * HOPPER_CONFIG.ctas_per_sm // 8 if even else None
+    plan = plan_decode(case["page_ids"], case["indptr"], case["lens"], case["fmt"], 32, programs=programs)
     for _ in range(launches):
         decode_attention_hopper(plan, q, case["heap"], case["loc"], case["meta"], 1 / math.sqrt(128))
     torch.cuda.synchronize()
@@ -229,11 +232,12 @@ def main() -> None:
     ap.add_argument("--timing", default=None, help="BxT,...: per-program timeline (the TIMING build)")
     ap.add_argument("--timing-even", action="store_true", help="--timing: even shares too, beside the plan")
     ap.add_argument("--ncu", default=None, help="BxT: launch that shape a few times (for Nsight Compute)")
+    ap.add_argument("--ncu-even", action="store_true", help="--ncu: with even shares")
     ap.add_argument("--out", default="bench/results/decode_hopper.json")
     a = ap.parse_args()
     if a.ncu:
         b, t = (int(x) for x in a.ncu.split("x"))
-        ncu_target(b, t, launches=4)
+        ncu_target(b, t, launches=4, even=a.ncu_even)
         return
     out: dict[str, object] = dict(
         device=torch.cuda.get_device_name(),
