@@ -65,7 +65,7 @@ def coded_tile(sass: str) -> dict[str, object]:
     blocks = _loop_blocks(sass)
     first = {int(b[0].split()[0], 16): i for i, b in enumerate(blocks)}
     ops = [_ops(b) for b in blocks]
-    found: list[tuple[int, dict[str, int]]] = []
+    found: list[tuple[int, dict[str, int], list[int]]] = []
 
     def walk(i: int, path: list[int]) -> None:  # the loop's branches all go forward but the last
         path = [*path, i]
@@ -83,7 +83,7 @@ def coded_tile(sass: str) -> dict[str, object]:
                 for j in path:
                     for k, v in ops[j].items():
                         total[k] = total.get(k, 0) + v
-                found.append((total.get("LDGSTS", 0), total))
+                found.append((total.get("LDGSTS", 0), total, path))
         elif m:
             walk(first[int(m.group(1), 16)], path)
         if (not m or last.startswith("@")) and i + 1 < len(blocks):
@@ -92,10 +92,29 @@ def coded_tile(sass: str) -> dict[str, object]:
     walk(0, [])
     if not found:
         return {}
-    most_copies = max(c for c, _ in found)  # the coded copies (the raw copies are fewer)
-    counts = sorted((sum(t.values()), t) for c, t in found if c == most_copies)
+    most_copies = max(c for c, _, _ in found)  # the coded copies (the raw copies are fewer)
+    counts = sorted(((sum(t.values()), t, p) for c, t, p in found if c == most_copies), key=lambda x: x[0])
+    phases: dict[str, int] = {}
+    for j in counts[0][2]:
+        phases[_phase(ops[j])] = phases.get(_phase(ops[j]), 0) + len(blocks[j])
     return {
         "fewest": counts[0][0],
         "most": counts[-1][0],
         "ops": dict(sorted(counts[0][1].items(), key=lambda kv: -kv[1])),
+        "phases": phases,
     }
+
+
+def _phase(ops: dict[str, int]) -> str:
+    """What a block of the coded path does, by the instructions that only that phase issues."""
+    if "LDGSTS" in ops:
+        return "copies"
+    if "LDG" in ops:
+        return "table loads"
+    if "LDSM" in ops:
+        return "operands + QK"
+    if "MUFU" in ops:
+        return "softmax + PV"
+    if "STS" in ops and "LDS" in ops:
+        return "pre-pass"
+    return "loop control"

@@ -152,6 +152,9 @@ def test_the_lean_tile_compiles_for_sm90_with_fewer_instructions_a_tile() -> Non
         cut = 1 - least_cut[head_dim]
         assert tile["fewest"] <= cut * b_tile["fewest"], (head_dim, tile["fewest"], b_tile["fewest"])
         assert tile["ops"]["BAR"] < b_tile["ops"]["BAR"], head_dim  # the row max's second round trip
+        # every instruction of the path has a phase; the lean copies take V's offset as an immediate
+        assert sum(tile["phases"].values()) == tile["fewest"], tile["phases"]
+        assert tile["phases"]["copies"] <= b_tile["phases"]["copies"], (head_dim, tile["phases"])
         assert r["registers"] <= b["registers"], (head_dim, r["registers"], b["registers"])
         if head_dim <= 128:
             assert r["loop_local_accesses"] == 0 and r["registers"] * 64 * 4 <= 65536, r
