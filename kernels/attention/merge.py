@@ -17,6 +17,7 @@ import triton.language as tl
 from .decode_plan import DecodePlan
 
 MAX_CHUNK_SPLITS = 128  # splits loaded at once: a [128, D_BLOCK] fp32 tile, 32 values per thread
+MIN_CHUNK_SPLITS = 16
 D_BLOCK = 32  # head-dim columns per program
 
 
@@ -57,13 +58,24 @@ def _merge_kernel(
     tl.store(out_ptr + req * stride_ob + q_head * stride_oh + d, (acc / den).to(tl.bfloat16), mask=keep)
 
 
+def merge_chunk(plan: DecodePlan) -> int:
+    """Splits the merge loads at once. Up to the plan's most, so that batch 1's 66 splits are one load; with
+    even shares (split_plan.program_items) ``max_splits`` is only a bound, the program count, while a
+    request holds a few items, so the least chunk (128 lanes for requests of two: the even-shares launch
+    spent 11-13 us more outside its kernel's span than the plan's own launch, H100, docs/benchmarks.md).
+    A request of more items than a chunk takes the loop."""
+    if plan.program_items is not None:
+        return MIN_CHUNK_SPLITS
+    return max(MIN_CHUNK_SPLITS, min(MAX_CHUNK_SPLITS, triton.next_power_of_2(plan.max_splits)))
+
+
 def merge_splits(plan: DecodePlan, out: torch.Tensor, skip_whole: bool = False) -> None:
     """Merge ``plan``'s partial outputs (``plan.o_partial``, ``plan.lse_partial``) into bf16 ``out``
     ``[B, Hq, D]``; launched by both decode wrappers after a split run. ``skip_whole``: requests of one
     split wrote ``out`` themselves (the Hopper kernel) and are left as they are."""
     head_dim = plan.fmt.head_dim
     d_block = min(D_BLOCK, head_dim)
-    chunk = max(16, min(MAX_CHUNK_SPLITS, triton.next_power_of_2(plan.max_splits)))
+    chunk = merge_chunk(plan)
     _merge_kernel[(plan.batch_size, plan.num_q_heads, head_dim // d_block)](
         plan.o_partial, plan.lse_partial, out, plan.num_splits, plan.pair_start, out.stride(0), out.stride(1),
         NUM_Q_HEADS=plan.num_q_heads, HEAD_DIM=head_dim, CHUNK=chunk, D_BLOCK=d_block, SKIP_WHOLE=skip_whole,

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from zipkv.kernels.attention.merge import MAX_CHUNK_SPLITS, merge_splits
+from zipkv.kernels.attention.merge import MAX_CHUNK_SPLITS, MIN_CHUNK_SPLITS, merge_chunk, merge_splits
 from zipkv.kernels.format.layout import PageFormat
 
 
@@ -24,13 +24,18 @@ def _reference(o_part: torch.Tensor, lse: torch.Tensor, n: list[int]) -> torch.T
 
 
 def _scratch(
-    splits: list[int], heads: int, head_dim: int, device: str
+    splits: list[int],
+    heads: int,
+    head_dim: int,
+    device: str,
+    max_splits: int | None = None,
+    program_items: torch.Tensor | None = None,
 ) -> tuple[SimpleNamespace, torch.Tensor]:
     """(a plan holding random partials of ``splits`` per request, laid out as split_plan.work_items lays
     them out, with a garbage idle item after each request; the float64 merge of them [B, Hq, D])."""
     batch, max_splits = len(splits), max(splits)
-    o_req = torch.randn(batch, heads, max_splits, head_dim, device=device)
-    lse_req = torch.randn(batch, heads, max_splits, device=device) * 8  # weights spanning 2^±24
+    o_req = torch.randn(batch, heads, max(splits), head_dim, device=device)
+    lse_req = torch.randn(batch, heads, max(splits), device=device) * 8  # weights spanning 2^±24
     for b, k in enumerate(splits):
         if k > MAX_CHUNK_SPLITS:  # the largest weight in the last chunk: the earlier chunks must be rescaled
             lse_req[b, :, k - 1] = lse_req[b, :, : k - 1].max(dim=1).values + 3
@@ -42,7 +47,8 @@ def _scratch(
         o_part[first : first + k] = o_req[b, :, :k].transpose(0, 1)
         lse[first : first + k] = lse_req[b, :, :k].transpose(0, 1)
     plan = SimpleNamespace(
-        fmt=PageFormat(head_dim, 8), batch_size=batch, num_q_heads=heads, max_splits=max_splits,
+        fmt=PageFormat(head_dim, 8), batch_size=batch, num_q_heads=heads,
+        max_splits=max_splits or max(splits), program_items=program_items,
         o_partial=o_part, lse_partial=lse, num_splits=torch.tensor(splits, dtype=torch.int32, device=device),
         pair_start=torch.tensor(starts, dtype=torch.int32, device=device),
     )  # fmt: skip
@@ -73,3 +79,19 @@ def test_merge_leaves_whole_requests_to_the_kernel(device) -> None:  # type: ign
     merge_splits(plan, out, skip_whole=True)  # type: ignore[arg-type]
     for b, k in enumerate(splits):
         assert torch.equal(out[b], written[b] if k == 1 else merged[b]), (b, k)
+
+
+def test_even_shares_merge_their_few_items_a_small_chunk_at_a_time(device) -> None:  # type: ignore[no-untyped-def]
+    """With even shares the plan's split bound is the program count (66 on an H200) while a request holds a
+    few items: the merge takes the least chunk, and a request of more items than a chunk (a long request
+    among short ones) goes round the loop, rescaled across chunks like any other."""
+    torch.manual_seed(3)
+    splits = [2, 1, MIN_CHUNK_SPLITS + 5, 3]
+    items = torch.zeros(67, dtype=torch.int32, device=device)  # present: what marks an even-shares plan
+    plan, ref = _scratch(splits, 4, 128, device, max_splits=66, program_items=items)
+    bound_only, _ = _scratch(splits, 4, 128, device, max_splits=66)
+    assert merge_chunk(plan) == MIN_CHUNK_SPLITS < merge_chunk(bound_only)  # type: ignore[arg-type]
+    out = torch.empty(len(splits), 4, 128, dtype=torch.bfloat16, device=device)
+    merge_splits(plan, out)  # type: ignore[arg-type]
+    err = (out.double().cpu() - ref).abs().max() / ref.abs().max()
+    assert torch.isfinite(out.float()).all() and err < 8e-3, err
