@@ -209,9 +209,11 @@ def _timeline(plan: DecodePlan, q: torch.Tensor, case: dict, sms: int, timer: Ti
         if len(wait2):
             row.update(second_item_first_tile_wait_us_p50=q50(wait2),
                        second_item_first_tile_wait_us_p90=float(wait2.quantile(0.9)))  # fmt: skip
-    rel = t[:, :4].clone()
+    rel = t[:, :6].clone()
     rel[:, :3] -= t0
-    row["stamps_ns"] = rel.long().tolist()  # [programs][start, first tile, end (ns from the first), SM]
+    rel[:, 4:] = torch.where(rel[:, 4:] > 0, rel[:, 4:] - t0, -1)  # -1: no second item
+    # [programs][start, first tile, end (ns from the first), SM, second item's start, its first tile]
+    row["stamps_ns"] = rel.long().tolist()
     return row
 
 

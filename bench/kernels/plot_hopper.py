@@ -76,7 +76,7 @@ def timeline_figure(doc: dict[str, Any], batch: int = 32, ctx: int = 8192) -> Fi
     row = next(r for r in doc["timing"] if r["batch"] == batch and r["ctx"] == ctx)
     fig, ax = plt.subplots(figsize=(10, 5.5))
     slots: dict[int, list[float]] = {}  # SM -> end time of each bar lane
-    for start, first, end, sm in sorted(row["stamps_ns"]):
+    for start, first, end, sm, *_ in sorted(row["stamps_ns"]):  # (later records: a second item too)
         lanes = slots.setdefault(sm, [])
         lane = next((i for i, t in enumerate(lanes) if t <= start), len(lanes))
         if lane == len(lanes):
