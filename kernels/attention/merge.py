@@ -58,15 +58,20 @@ def _merge_kernel(
     tl.store(out_ptr + req * stride_ob + q_head * stride_oh + d, (acc / den).to(tl.bfloat16), mask=keep)
 
 
-def merge_chunk(plan: DecodePlan) -> int:
-    """Splits the merge loads at once. Up to the plan's most, so that batch 1's 66 splits are one load; with
-    even shares (split_plan.program_items) ``max_splits`` is only a bound, the program count, while a
-    request holds a few items, so the least chunk (128 lanes for requests of two: the even-shares launch
-    spent 11-13 us more outside its kernel's span than the plan's own launch, H100, docs/benchmarks.md).
-    A request of more items than a chunk takes the loop."""
+def merge_shape(plan: DecodePlan) -> tuple[int, int]:
+    """(splits loaded at once, head-dim columns a program). By default up to the plan's most splits, so
+    batch 1's 66 splits are one load, and 32 columns a program, so batch 1 x 32 heads still fills 128
+    programs. With even shares (split_plan.program_items) ``max_splits`` is only a bound, the program count,
+    while a request holds a few items, and the batch is large (the rule takes 34 requests and more): the
+    least chunk and the whole head a program, four times fewer programs, each loading its few rows once.
+    The 128-split chunk at 32 columns made the even-shares launch spend 11-13 us more outside its kernel's
+    span than the plan's own launch (H100, docs/benchmarks.md). A request of more items than a chunk
+    takes the loop."""
+    head_dim = plan.fmt.head_dim
     if plan.program_items is not None:
-        return MIN_CHUNK_SPLITS
-    return max(MIN_CHUNK_SPLITS, min(MAX_CHUNK_SPLITS, triton.next_power_of_2(plan.max_splits)))
+        return MIN_CHUNK_SPLITS, head_dim
+    chunk = max(MIN_CHUNK_SPLITS, min(MAX_CHUNK_SPLITS, triton.next_power_of_2(plan.max_splits)))
+    return chunk, min(D_BLOCK, head_dim)
 
 
 def merge_splits(plan: DecodePlan, out: torch.Tensor, skip_whole: bool = False) -> None:
@@ -74,8 +79,7 @@ def merge_splits(plan: DecodePlan, out: torch.Tensor, skip_whole: bool = False) 
     ``[B, Hq, D]``; launched by both decode wrappers after a split run. ``skip_whole``: requests of one
     split wrote ``out`` themselves (the Hopper kernel) and are left as they are."""
     head_dim = plan.fmt.head_dim
-    d_block = min(D_BLOCK, head_dim)
-    chunk = merge_chunk(plan)
+    chunk, d_block = merge_shape(plan)
     _merge_kernel[(plan.batch_size, plan.num_q_heads, head_dim // d_block)](
         plan.o_partial, plan.lse_partial, out, plan.num_splits, plan.pair_start, out.stride(0), out.stride(1),
         NUM_Q_HEADS=plan.num_q_heads, HEAD_DIM=head_dim, CHUNK=chunk, D_BLOCK=d_block, SKIP_WHOLE=skip_whole,

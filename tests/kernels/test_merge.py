@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from zipkv.kernels.attention.merge import MAX_CHUNK_SPLITS, MIN_CHUNK_SPLITS, merge_chunk, merge_splits
+from zipkv.kernels.attention.merge import MAX_CHUNK_SPLITS, MIN_CHUNK_SPLITS, merge_shape, merge_splits
 from zipkv.kernels.format.layout import PageFormat
 
 
@@ -36,8 +36,9 @@ def _scratch(
     batch, max_splits = len(splits), max(splits)
     o_req = torch.randn(batch, heads, max(splits), head_dim, device=device)
     lse_req = torch.randn(batch, heads, max(splits), device=device) * 8  # weights spanning 2^±24
+    chunk = MIN_CHUNK_SPLITS if program_items is not None else MAX_CHUNK_SPLITS
     for b, k in enumerate(splits):
-        if k > MAX_CHUNK_SPLITS:  # the largest weight in the last chunk: the earlier chunks must be rescaled
+        if k > chunk:  # the largest weight in the last chunk: the earlier chunks must be rescaled
             lse_req[b, :, k - 1] = lse_req[b, :, : k - 1].max(dim=1).values + 3
     pairs = sum(splits) + batch
     o_part = torch.full((pairs, heads, head_dim), float("nan"), device=device)
@@ -81,17 +82,19 @@ def test_merge_leaves_whole_requests_to_the_kernel(device) -> None:  # type: ign
         assert torch.equal(out[b], written[b] if k == 1 else merged[b]), (b, k)
 
 
-def test_even_shares_merge_their_few_items_a_small_chunk_at_a_time(device) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+def test_even_shares_merge_their_few_items_a_small_chunk_at_a_time(head_dim, device) -> None:  # type: ignore[no-untyped-def]
     """With even shares the plan's split bound is the program count (66 on an H200) while a request holds a
-    few items: the merge takes the least chunk, and a request of more items than a chunk (a long request
-    among short ones) goes round the loop, rescaled across chunks like any other."""
-    torch.manual_seed(3)
+    few items: the merge takes the least chunk and a whole head a program, and a request of more items than
+    a chunk (a long request among short ones) goes round the loop, rescaled across chunks like any other."""
+    torch.manual_seed(head_dim)
     splits = [2, 1, MIN_CHUNK_SPLITS + 5, 3]
     items = torch.zeros(67, dtype=torch.int32, device=device)  # present: what marks an even-shares plan
-    plan, ref = _scratch(splits, 4, 128, device, max_splits=66, program_items=items)
-    bound_only, _ = _scratch(splits, 4, 128, device, max_splits=66)
-    assert merge_chunk(plan) == MIN_CHUNK_SPLITS < merge_chunk(bound_only)  # type: ignore[arg-type]
-    out = torch.empty(len(splits), 4, 128, dtype=torch.bfloat16, device=device)
+    plan, ref = _scratch(splits, 4, head_dim, device, max_splits=66, program_items=items)
+    bound_only, _ = _scratch(splits, 4, head_dim, device, max_splits=66)
+    assert merge_shape(plan) == (MIN_CHUNK_SPLITS, head_dim)  # type: ignore[arg-type]
+    assert merge_shape(bound_only)[0] > MIN_CHUNK_SPLITS  # type: ignore[arg-type]
+    out = torch.empty(len(splits), 4, head_dim, dtype=torch.bfloat16, device=device)
     merge_splits(plan, out)  # type: ignore[arg-type]
     err = (out.double().cpu() - ref).abs().max() / ref.abs().max()
     assert torch.isfinite(out.float()).all() and err < 8e-3, err
