@@ -46,18 +46,23 @@ LOG2E = 1.4426950408889634
 
 
 @gluon.jit
-def _load_q(
-    q_ptr, req, head, stride_qb, stride_qh, GROUP: ttgl.constexpr, D: ttgl.constexpr, a_l: ttgl.constexpr
-):
-    """The KV head's GROUP query rows (padded to 16), channels < D/2 and >= D/2, as MMA A operands."""
+def _load_q(q_ptr, req, head, stride_qb, stride_qh, GROUP: ttgl.constexpr, D: ttgl.constexpr):
+    """The KV head's GROUP query rows (padded to 16), channels < D/2 and >= D/2, as loaded (both loads go
+    out before either is turned into MMA operands: :func:`_q_operands`)."""
     ld_l: ttgl.constexpr = ttgl.BlockedLayout([1, 8], [2, 16], [ttgl.num_warps(), 1], [1, 0])
     offs_m = ttgl.arange(0, _M, layout=ttgl.SliceLayout(1, ld_l))
     offs_d = ttgl.arange(0, D // 2, layout=ttgl.SliceLayout(0, ld_l))
     q_rows = q_ptr + req * stride_qb + (head * GROUP + offs_m)[:, None] * stride_qh + offs_d[None, :]
     q_mask = (offs_m < GROUP)[:, None]
-    qa = ttgl.convert_layout(ttgl.load(q_rows, mask=q_mask, other=0.0), a_l)
-    qb = ttgl.convert_layout(ttgl.load(q_rows + D // 2, mask=q_mask, other=0.0), a_l)
-    return qa, qb
+    return ttgl.load(q_rows, mask=q_mask, other=0.0), ttgl.load(q_rows + D // 2, mask=q_mask, other=0.0)
+
+
+@gluon.jit
+def _q_operands(q_rows, a_l: ttgl.constexpr):
+    """The loaded query rows as MMA A operands. The layout change goes through shared memory with CTA
+    barriers, which nothing is moved across: done before the ring's table loads, it made a program's
+    start wait for the query (two round trips, one per half) before its page ids went out."""
+    return ttgl.convert_layout(q_rows[0], a_l), ttgl.convert_layout(q_rows[1], a_l)
 
 
 @gluon.jit
@@ -209,10 +214,11 @@ def _attend_item(item, head, ring, scratch, io, glob, tabs, qk_scale, strides,
         n_tiles = (end - first + N - 1) // N
         tables = (page_ids_ptr, page_loc_ptr, meta_ptr, page_base, end, head)
         if WARP_SOFTMAX:
-            qa, qb = load_q_pages(q_ptr, req, head, stride_qb, stride_qh, _M, GROUP, D, a_l)
+            q_rows = load_q_pages(q_ptr, req, head, stride_qb, stride_qh, _M, GROUP, D)
         else:
-            qa, qb = _load_q(q_ptr, req, head, stride_qb, stride_qh, GROUP, D, a_l)
+            q_rows = _load_q(q_ptr, req, head, stride_qb, stride_qh, GROUP, D)
         kinds, info_n, ids_nn = _fill_ring(ring, heap_ptr, tables, first, H, D, NP, STAGES, GATHER_ALL, LEAN)
+        qa, qb = _q_operands(q_rows, a_l)  # while the first tiles' copies are in flight
         state = init_state(mma, N, D, WARP_SOFTMAX)
         for i in range(n_tiles):
             async_copy.wait_group(STAGES - 2)

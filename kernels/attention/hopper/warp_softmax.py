@@ -35,9 +35,10 @@ def warp_mma_layout(NW):  # type: ignore[no-untyped-def]
 
 @gluon.jit
 def load_q_pages(q_ptr, req, head, stride_qb, stride_qh, M: ttgl.constexpr, GROUP: ttgl.constexpr,
-                 D: ttgl.constexpr, a_l: ttgl.constexpr):  # fmt: skip
+                 D: ttgl.constexpr):  # fmt: skip
     """The KV head's GROUP query rows (padded to M), channels < D/2 and >= D/2, once per warp: ``[NW, M,
-    D/2]`` A operands (every warp multiplies the same queries by its own page)."""
+    D/2]`` as loaded, for ``[NW, M, D/2]`` A operands (every warp multiplies the same queries by its own
+    page; decode._q_operands turns them into operands)."""
     NW: ttgl.constexpr = ttgl.num_warps()
     ld_l: ttgl.constexpr = ttgl.BlockedLayout([1, 1, 8], [1, 2, 16], [NW, 1, 1], [2, 1, 0])
     offs_w = ttgl.arange(0, NW, layout=ttgl.SliceLayout(1, ttgl.SliceLayout(2, ld_l)))[:, None, None]
@@ -46,9 +47,7 @@ def load_q_pages(q_ptr, req, head, stride_qb, stride_qh, M: ttgl.constexpr, GROU
     # offs_w * 0 and offs_w >= 0 add the warp axis without moving the address: each warp loads all the rows
     q_rows = q_ptr + req * stride_qb + (head * GROUP + offs_m) * stride_qh + offs_d + offs_w * 0
     q_mask = (offs_m < GROUP) & (offs_w >= 0)
-    qa = ttgl.convert_layout(ttgl.load(q_rows, mask=q_mask, other=0.0), a_l)
-    qb = ttgl.convert_layout(ttgl.load(q_rows + D // 2, mask=q_mask, other=0.0), a_l)
-    return qa, qb
+    return ttgl.load(q_rows, mask=q_mask, other=0.0), ttgl.load(q_rows + D // 2, mask=q_mask, other=0.0)
 
 
 @gluon.jit
