@@ -15,8 +15,11 @@ fi
 source "${ZIPKV_GPU_ENV:-bench/gpu_env.sh}"  # (ZIPKV_GPU_ENV: for the script's own test)
 warm_flashinfer &
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,power.draw --format=csv | tee "$OUT/gpu.txt"
-timeout "${CHECK_TIMEOUT:-240}" python3 -m bench.kernels.bench_decode_hopper --check --out "$OUT/decode_hopper_check.json" \
+# CHECK_JOBS: processes running the checks at once (each compiles its own kernel variants on a CPU core)
+timeout "${CHECK_TIMEOUT:-240}" python3 -m bench.kernels.bench_decode_hopper --check --check-jobs "${CHECK_JOBS:-10}" \
+  --out "$OUT/decode_hopper_check.json" \
   2>&1 | tee "$OUT/check.log" | grep -v "^bench " | cut -c1-400
+pkill -f "multiprocessing.spawn" 2>/dev/null  # check processes the timeout left running would share the GPU
 wait
 tail -1 "$OUT/flashinfer_warm.log"; rm -f "$OUT/flashinfer_warm.log" "$OUT/pip.log"
 timeout "${BENCH_TIMEOUT:-240}" python3 -m bench.kernels.bench_decode_hopper --bench "$@" --out "$OUT/decode_hopper.json" \

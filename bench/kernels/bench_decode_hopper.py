@@ -220,6 +220,7 @@ def _timeline(plan: DecodePlan, q: torch.Tensor, case: dict, sms: int, timer: Ti
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--check", action="store_true")
+    ap.add_argument("--check-jobs", type=int, default=1, help="--check: processes running the cases at once")
     ap.add_argument("--bench", action="store_true")
     ap.add_argument("--shapes", default="32x8192,64x8192,128x8192,32x32768,1x32768,32x4096,8x8192")
     ap.add_argument("--target-s", type=float, default=0.03)
@@ -264,7 +265,7 @@ def main() -> None:
     out["triton"] = triton.__version__
     ok = True
     if a.check:
-        ok = check(out)
+        ok = check(out, jobs=a.check_jobs)
     if a.timing:
         shapes = [tuple(int(x) for x in s.split("x")) for s in a.timing.split(",")]
         timing(out, shapes, even=a.timing_even)  # type: ignore[arg-type]

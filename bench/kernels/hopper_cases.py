@@ -8,7 +8,11 @@ from __future__ import annotations
 
 import json
 import math
+import multiprocessing
 import traceback
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from typing import TypeVar
 
 import torch
 
@@ -21,6 +25,7 @@ from zipkv.kernels.reference import heap_v3
 from zipkv.kernels.reference import pages_v3 as ref
 from zipkv.kernels.reference.attention import decode_attention_reference
 
+R = TypeVar("R")
 CTAS_PER_SM = HOPPER_CONFIG.ctas_per_sm  # the plan's programs per SM (kernels/attention/decode_config.py)
 
 
@@ -180,54 +185,78 @@ def _even_shares_check(case: dict, q: torch.Tensor, scale: float, refo: torch.Te
     return rec
 
 
-def check(out: dict) -> bool:  # type: ignore[type-arg]
-    ok_all = True
-    out["checks"] = []
-    for i, (lens, h, d, group, raw_mid, shuffle, outliers, splits) in enumerate(CHECKS):
-        rec: dict[str, object] = dict(
-            lens=lens, kv_heads=h, head_dim=d, group=group, raw_mid=raw_mid, max_splits=splits
+def check(out: dict, jobs: int = 1) -> bool:  # type: ignore[type-arg]
+    """Every case of CHECKS, each printed as a line as it completes, all in ``out["checks"]`` in CHECKS'
+    order. ``jobs`` > 1: that many processes, one case each at a time. A case's time is mostly compiling
+    the kernel's variants (a single CPU thread each): in one process the ten took more than the 200 s a GPU
+    call could give them, and the last three never ran (docs/benchmarks.md)."""
+    done: dict[int, dict[str, object]] = {}
+    for i, rec in map_in_processes(check_one, range(len(CHECKS)), jobs):
+        done[i] = rec
+        print(
+            "check", json.dumps({"case": i} | {k: v for k, v in rec.items() if k != "tb"})[:600], flush=True
         )
-        try:
-            case = make_case(lens, h, d, group, seed=i, raw_mid=raw_mid, shuffle=shuffle, outliers=outliers)
-            q = torch.randn(len(lens), h * group, d, device="cuda").to(torch.bfloat16)
-            scale = 1 / math.sqrt(d)
-            got = run_case(case, q, scale, splits, compressed=True)
-            twin = run_case(case, q, scale, splits, compressed=False)
-            gathered = run_case(case, q, scale, splits, compressed=True, gather_all=True)
-            refo = decode_attention_reference(
-                q, case["pages"], case["page_ids"], case["indptr"], case["lens"], scale
-            )
-            err = rel_err(got, refo)
-            twin_err = rel_err(twin, refo)
-            same = same_bits(got, twin)
-            rec["same_as_gathered"] = same_bits(got, gathered)
-            rec["gathered_rel_err"] = rel_err(gathered, refo)
-            rec.update(
-                bit_identical=same,
-                rel_err=err,
-                twin_rel_err=twin_err,
-                coded=case["coded_fraction"],
-                finite=bool(torch.isfinite(got.float()).all()),
-            )
-            rec["ok"] = same and err < 1e-2 and twin_err < 1e-2 and rec["finite"]
-            warp_rec = _warp_softmax_check(case, q, scale, splits, refo)
-            rec["warp_softmax"] = warp_rec
-            even_rec = _even_shares_check(case, q, scale, refo)
-            rec["even_shares"] = even_rec
-            rec["ok"] = rec["ok"] and bool(warp_rec["ok"]) and bool(even_rec["ok"])
-            if i in WARP_CHECKS:  # fewer warps per program, one page per warp: the same bits on raw pages
-                for w in (1, 2):
-                    got_w = run_case(case, q, scale, splits, compressed=True, block_n=16 * w, warps=w)
-                    twin_w = run_case(case, q, scale, splits, compressed=False, block_n=16 * w, warps=w)
-                    err_w = rel_err(got_w, refo)
-                    same_w = same_bits(got_w, twin_w)
-                    rec[f"warps{w}"] = dict(bit_identical=same_w, rel_err=err_w)
-                    rec["ok"] = rec["ok"] and same_w and err_w < 1e-2
-        except Exception as exc:
-            rec.update(
-                ok=False, error=f"{type(exc).__name__}: {exc}"[:2000], tb=traceback.format_exc()[-3000:]
-            )
-        ok_all &= bool(rec["ok"])
-        out["checks"].append(rec)
-        print("check", json.dumps({k: v for k, v in rec.items() if k != "tb"})[:600], flush=True)
-    return ok_all
+    out["checks"] = [done[i] for i in sorted(done)]
+    return all(bool(rec["ok"]) for rec in out["checks"])
+
+
+def map_in_processes(fn: Callable[[int], R], items: Iterable[int], jobs: int) -> Iterator[tuple[int, R]]:
+    """``(item, fn(item))`` for every item, in order with ``jobs`` <= 1; else in that many fresh processes
+    (spawned, so each has its own CUDA context; ``fn`` must be importable), as each completes."""
+    if jobs <= 1:
+        yield from ((i, fn(i)) for i in items)
+        return
+    ctx = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(max_workers=jobs, mp_context=ctx) as pool:
+        futures = {pool.submit(fn, i): i for i in items}
+        for fut in as_completed(futures):
+            yield futures[fut], fut.result()
+
+
+def check_one(i: int) -> dict[str, object]:
+    """Case ``i`` of CHECKS: v3 pages against raw pages and the gather path, bit for bit, and against the
+    float64 reference; the per-warp softmax, even shares and (WARP_CHECKS) 1 and 2 warps a program."""
+    lens, h, d, group, raw_mid, shuffle, outliers, splits = CHECKS[i]
+    rec: dict[str, object] = dict(
+        lens=lens, kv_heads=h, head_dim=d, group=group, raw_mid=raw_mid, max_splits=splits
+    )
+    torch.manual_seed(i)  # the same queries in any process
+    try:
+        case = make_case(lens, h, d, group, seed=i, raw_mid=raw_mid, shuffle=shuffle, outliers=outliers)
+        q = torch.randn(len(lens), h * group, d, device="cuda").to(torch.bfloat16)
+        scale = 1 / math.sqrt(d)
+        got = run_case(case, q, scale, splits, compressed=True)
+        twin = run_case(case, q, scale, splits, compressed=False)
+        gathered = run_case(case, q, scale, splits, compressed=True, gather_all=True)
+        refo = decode_attention_reference(
+            q, case["pages"], case["page_ids"], case["indptr"], case["lens"], scale
+        )
+        err = rel_err(got, refo)
+        twin_err = rel_err(twin, refo)
+        same = same_bits(got, twin)
+        rec["same_as_gathered"] = same_bits(got, gathered)
+        rec["gathered_rel_err"] = rel_err(gathered, refo)
+        rec.update(
+            bit_identical=same,
+            rel_err=err,
+            twin_rel_err=twin_err,
+            coded=case["coded_fraction"],
+            finite=bool(torch.isfinite(got.float()).all()),
+        )
+        rec["ok"] = same and err < 1e-2 and twin_err < 1e-2 and rec["finite"]
+        warp_rec = _warp_softmax_check(case, q, scale, splits, refo)
+        rec["warp_softmax"] = warp_rec
+        even_rec = _even_shares_check(case, q, scale, refo)
+        rec["even_shares"] = even_rec
+        rec["ok"] = rec["ok"] and bool(warp_rec["ok"]) and bool(even_rec["ok"])
+        if i in WARP_CHECKS:  # fewer warps per program, one page per warp: the same bits on raw pages
+            for w in (1, 2):
+                got_w = run_case(case, q, scale, splits, compressed=True, block_n=16 * w, warps=w)
+                twin_w = run_case(case, q, scale, splits, compressed=False, block_n=16 * w, warps=w)
+                err_w = rel_err(got_w, refo)
+                same_w = same_bits(got_w, twin_w)
+                rec[f"warps{w}"] = dict(bit_identical=same_w, rel_err=err_w)
+                rec["ok"] = rec["ok"] and same_w and err_w < 1e-2
+    except Exception as exc:
+        rec.update(ok=False, error=f"{type(exc).__name__}: {exc}"[:2000], tb=traceback.format_exc()[-3000:])
+    return rec
