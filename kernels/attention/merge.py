@@ -63,10 +63,10 @@ def merge_shape(plan: DecodePlan) -> tuple[int, int]:
     batch 1's 66 splits are one load, and 32 columns a program, so batch 1 x 32 heads still fills 128
     programs. With even shares (split_plan.program_items) ``max_splits`` is only a bound, the program count,
     while a request holds a few items, and the batch is large (the rule takes 34 requests and more): the
-    least chunk and the whole head a program, four times fewer programs, each loading its few rows once.
-    The 128-split chunk at 32 columns made the even-shares launch spend 11-13 us more outside its kernel's
-    span than the plan's own launch (H100, docs/benchmarks.md). A request of more items than a chunk
-    takes the loop."""
+    least chunk and the whole head a program (a quarter of the programs at head_dim 128), each loading its
+    few rows once. With the 128-split chunk at 32 columns, the even-shares launch spent 11-13 us more
+    outside its kernel's span than the plan's own launch (H100, docs/benchmarks.md). A request of more
+    items than a chunk takes the loop."""
     head_dim = plan.fmt.head_dim
     if plan.program_items is not None:
         return MIN_CHUNK_SPLITS, head_dim
