@@ -18,7 +18,8 @@
 - decode_hopper_split_cap_h200.png: decode_hopper_split_cap_h200.json, the lean tile, split cap (H200).
 - decode_hopper_even_shares_h200.png: decode_hopper_even_shares_h200.json, even shares against the plan's
   own launch (H200).
-- decode_hopper_timeline.png: bench/results/decode_hopper_timing.json, one launch's programs per SM.
+- decode_hopper_timeline.png: bench/results/decode_hopper_timing.json, one launch's programs per SM;
+  decode_hopper_even_shares_timeline_h100.png: the plan's launch against even shares (H100).
 - trace_timeline.png: bench/results/trace_cpu.json, one request's spans (bench/serving/trace_capture.py).
 """
 
@@ -40,7 +41,7 @@ import matplotlib.pyplot as plt
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter
 
-from bench.kernels.plot_hopper import hopper_figure, timeline_figure
+from bench.kernels.plot_hopper import hopper_figure, timeline_figures
 from bench.serving.plot_trace import trace_timeline
 
 # Fields of a decode row that are measurements or the shape, not a variant of the implementation.
@@ -267,9 +268,7 @@ def render_all(out: Path, results: Path = RESULTS) -> list[Path]:
     if even.is_file():
         own = "zipkv Hopper kernel, v3 pages, the plan's own launch (one item a program)"
         figures.append((even.stem, hopper_figure(json.loads(even.read_text()), own)))
-    if (results / "decode_hopper_timing.json").is_file():
-        doc = json.loads((results / "decode_hopper_timing.json").read_text())
-        figures.append(("decode_hopper_timeline", timeline_figure(doc)))
+    figures.extend(timeline_figures(results))
     if (results / "trace_cpu.json").is_file():
         figures.append(
             ("trace_timeline", trace_timeline(json.loads((results / "trace_cpu.json").read_text())))

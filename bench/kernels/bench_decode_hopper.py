@@ -187,16 +187,19 @@ def _timeline(plan: DecodePlan, q: torch.Tensor, case: dict, sms: int, timer: Ti
     torch.cuda.synchronize()
     t = stamps.cpu().double()
     t0 = t[:, 0].min()
-    start, first, end = ((t[:, k] - t0) / 1e3 for k in range(3))
+    start, end = (t[:, 0] - t0) / 1e3, (t[:, 2] - t0) / 1e3
     span = float(end.max())
+    live = t[:, 1] > 0  # idle programs (the plan's spare items) never land a tile: left out of the times
+    start, first, end = start[live], (t[live, 1] - t0) / 1e3, end[live]
     q50 = lambda x: float(x.median())
     row: dict[str, object] = dict(
-        programs=programs, splits=int(plan.num_splits.max()), call_us=timer.median_us(launch),
+        programs=programs, idle_programs=int((~live).sum()), splits=int(plan.num_splits.max()),
+        call_us=timer.median_us(launch),
         span_us=span, first_tile_wait_us_p50=q50(first - start),
         first_tile_wait_us_p90=float((first - start).quantile(0.9)),
         program_us_p50=q50(end - start), program_us_p10=float((end - start).quantile(0.1)),
         start_us_max=float(start.max()), end_us_p10=float(end.quantile(0.1)),
-        mean_resident_programs_per_sm=float((end - start).sum()) / span / sms,
+        mean_resident_programs_per_sm=float((end - start).sum()) / span / sms,  # (the live ones)
         programs_per_sm_max=int(torch.bincount(t[:, 3].long()).max()),
     )  # fmt: skip
     if plan.program_items is None:

@@ -1,10 +1,12 @@
 """The Hopper decode kernel's benchmark (bench/kernels/bench_decode_hopper.py's JSON) as a picture: per
 batch x context, each implementation's speed against FlashInfer's (time of FlashInfer / time of it), with the
-stored-byte read floor as the ceiling the compressed kernel could reach. Used by bench/plots.py for
-bench/results/decode_hopper.json."""
+stored-byte read floor as the ceiling the compressed kernel could reach; and its --timing records as
+per-SM timelines. Used by bench/plots.py."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 import matplotlib.pyplot as plt
@@ -75,8 +77,34 @@ def timeline_figure(doc: dict[str, Any], batch: int = 32, ctx: int = 8192) -> Fi
     program ran, and how much of it was waiting for its first tile. Uneven SM finish times are the loss."""
     row = next(r for r in doc["timing"] if r["batch"] == batch and r["ctx"] == ctx)
     fig, ax = plt.subplots(figsize=(10, 5.5))
+    _draw_timeline(ax, row)
+    ax.set_title(
+        f"Hopper decode kernel, {batch} x {ctx}: {row['programs']} programs of {row['tiles_per_program']} "
+        f"tiles, span {row['span_us']:.0f} us ({doc.get('date', '')[:10]})"
+    )
+    fig.tight_layout()
+    return fig
+
+
+def even_shares_timeline_figure(doc: dict[str, Any], batch: int, ctx: int) -> Figure:
+    """The plan's own launch above even shares (--timing-even), same axes: the plan's idle slots against
+    even shares' full ones, and where each launch's SMs finish."""
+    rows = [r for r in doc["timing"] if r["batch"] == batch and r["ctx"] == ctx]
+    fig, axes = plt.subplots(2, 1, figsize=(10, 9), sharex=True)
+    for ax, row in zip(axes, sorted(rows, key=lambda r: bool(r.get("even_shares"))), strict=True):
+        _draw_timeline(ax, row)
+        what = "even shares" if row.get("even_shares") else "the plan's own launch (one item a program)"
+        ax.set_title(f"{what}: span {row['span_us']:.0f} us, call {row['call_us']:.0f} us", fontsize=10)
+    when = doc.get("date", "")[:10]
+    fig.suptitle(f"Hopper decode kernel, {batch} x {ctx}, {doc.get('device', '')} ({when})")
+    fig.tight_layout()
+    return fig
+
+
+def _draw_timeline(ax: Any, row: dict[str, Any]) -> None:
     slots: dict[int, list[float]] = {}  # SM -> end time of each bar lane
     for start, first, end, sm, *_ in sorted(row["stamps_ns"]):  # (later records: a second item too)
+        first = first if first >= start else end  # an idle program (no request) never lands a tile
         lanes = slots.setdefault(sm, [])
         lane = next((i for i, t in enumerate(lanes) if t <= start), len(lanes))
         if lane == len(lanes):
@@ -89,10 +117,19 @@ def timeline_figure(doc: dict[str, Any], batch: int = 32, ctx: int = 8192) -> Fi
     ax.plot([], [], color="#d62728", label="streaming tiles")
     ax.set_xlabel("time since the first program started (us)")
     ax.set_ylabel("SM (a bar per resident program)")
-    ax.set_title(
-        f"Hopper decode kernel, {batch} x {ctx}: {row['programs']} programs of {row['tiles_per_program']} "
-        f"tiles, span {row['span_us']:.0f} us ({doc.get('date', '')[:10]})"
-    )
     ax.legend(loc="lower left", fontsize=8)
-    fig.tight_layout()
-    return fig
+
+
+def timeline_figures(results: Path) -> list[tuple[str, Figure]]:
+    """(name, picture) of the committed timing records: decode_hopper_timing.json (32 x 8192, H200) and
+    decode_hopper_even_shares_timing_h100.json (59 x 8448, the plan's launch and even shares)."""
+    figures = []
+    if (results / "decode_hopper_timing.json").is_file():
+        doc = json.loads((results / "decode_hopper_timing.json").read_text())
+        figures.append(("decode_hopper_timeline", timeline_figure(doc)))
+    even = results / "decode_hopper_even_shares_timing_h100.json"
+    if even.is_file():
+        doc = json.loads(even.read_text())
+        figure = even_shares_timeline_figure(doc, 59, 8448)
+        figures.append(("decode_hopper_even_shares_timeline_h100", figure))
+    return figures
