@@ -28,8 +28,15 @@ from bench.kernels.decode_attention_baselines import Timer, flashinfer_ragged_fn
 from bench.kernels.hopper_cases import check, make_case, same_bits
 from zipkv.kernels.attention.decode_config import HOPPER_CONFIG
 from zipkv.kernels.attention.decode_plan import DecodePlan, plan_decode
-from zipkv.kernels.attention.hopper.launch import decode_attention_hopper
+from zipkv.kernels.attention.hopper.launch import decode_attention_hopper, launch_programs
+from zipkv.kernels.attention.hopper.stamps import STAMP_COLUMNS
 from zipkv.kernels.attention.plan_shape import choose_max_splits
+
+
+def _even_programs(sms: int, ctas_per_sm: int | None = None) -> int:
+    """Programs per KV head (8 in every case here) for even shares: the ones a launch holds at
+    ``ctas_per_sm`` (HOPPER_CONFIG's) programs per SM."""
+    return sms * (ctas_per_sm or HOPPER_CONFIG.ctas_per_sm) // 8
 
 
 def _zipkv_fns(
@@ -58,7 +65,7 @@ def _zipkv_fns(
         block_n, stages, ctas, maxnreg, warps, ws, lazy, lean, asked, even = (*cfg, *[None] * 9)[:10]
         # splits: each request's split count, asked outright (the wave model's otherwise, for ctas_per_sm)
         wave_splits = choose_max_splits(batch * 8, sms * ctas) if ctas and not even else None
-        programs = sms * (ctas or HOPPER_CONFIG.ctas_per_sm) // 8 if even else None
+        programs = _even_programs(sms, ctas) if even else None
         plan = plan_decode(
             case["page_ids"],
             case["indptr"],
@@ -147,7 +154,7 @@ def ncu_target(batch: int, ctx: int, launches: int, even: bool = False) -> None:
     case = make_case([ctx] * batch, 8, 128, 4, seed=7, raw_mid=0.0, shuffle=True, outliers=0)
     q = torch.randn(batch, 32, 128, device="cuda").to(torch.bfloat16)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    programs = sms * HOPPER_CONFIG.ctas_per_sm // 8 if even else None
+    programs = _even_programs(sms) if even else None
     plan = plan_decode(case["page_ids"], case["indptr"], case["lens"], case["fmt"], 32, programs=programs)
     for _ in range(launches):
         decode_attention_hopper(plan, q, case["heap"], case["loc"], case["meta"], 1 / math.sqrt(128))
@@ -165,7 +172,7 @@ def timing(out: dict, shapes: list[tuple[int, int]], even: bool = False) -> None
     for batch, ctx in shapes:
         case = make_case([ctx] * batch, 8, 128, 4, seed=7, raw_mid=0.0, shuffle=True, outliers=0)
         q = torch.randn(batch, 32, 128, device="cuda").to(torch.bfloat16)
-        for programs in [None, sms * HOPPER_CONFIG.ctas_per_sm // 8] if even else [None]:
+        for programs in [None, _even_programs(sms)] if even else [None]:
             plan = plan_decode(
                 case["page_ids"], case["indptr"], case["lens"], case["fmt"], 32, programs=programs
             )
@@ -180,8 +187,8 @@ def timing(out: dict, shapes: list[tuple[int, int]], even: bool = False) -> None
 def _timeline(plan: DecodePlan, q: torch.Tensor, case: dict, sms: int, timer: Timer) -> dict[str, object]:  # type: ignore[type-arg]
     """One launch's stamps (the third of three), summarised; ``stamps_ns`` keeps them all."""
     launch = partial(decode_attention_hopper, plan, q, case["heap"], case["loc"], case["meta"], 0.088)
-    programs = (plan.num_programs if plan.program_items is not None else plan.num_pairs) * 8
-    stamps = torch.zeros(programs, 8, dtype=torch.int64, device="cuda")
+    programs = launch_programs(plan)
+    stamps = torch.zeros(programs, STAMP_COLUMNS.value, dtype=torch.int64, device="cuda")
     for _ in range(3):
         launch(timing=stamps)
     torch.cuda.synchronize()

@@ -116,7 +116,7 @@ def decode_attention_hopper(
     pages = plan.block_n // PAGE_TOKENS
     warp_softmax, lazy_rescale, lean = _tile_options(plan, warp_softmax, lazy_rescale, lean)
     even = plan.program_items is not None
-    grid = ((plan.num_programs if even else plan.num_pairs) * fmt.num_kv_heads,)
+    grid = (launch_programs(plan),)
     consts = hopper_constexprs(
         fmt.num_kv_heads, plan.group_size, fmt.head_dim, pages, stages, plan.max_splits > 1, gather_all,
         warp_softmax, lazy_rescale, lean,
@@ -138,6 +138,13 @@ def decode_attention_hopper(
     if plan.max_splits > 1:
         merge_splits(plan, out, skip_whole=True)  # the kernel wrote the unsplit requests' rows itself
     return out
+
+
+def launch_programs(plan: DecodePlan) -> int:
+    """Programs the launch runs, KV heads fastest: one per work item and KV head, or with even shares one per
+    share (``plan.num_programs``) and KV head."""
+    items = plan.num_programs if plan.program_items is not None else plan.num_pairs
+    return items * plan.fmt.num_kv_heads
 
 
 def _tile_options(
