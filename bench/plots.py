@@ -19,7 +19,8 @@
 - decode_hopper_even_shares_h200.png: decode_hopper_even_shares_h200.json, even shares against the plan's
   own launch (H200).
 - decode_hopper_timeline.png: bench/results/decode_hopper_timing.json, one launch's programs per SM;
-  decode_hopper_even_shares_timeline_h100.png: the plan's launch against even shares (H100).
+  decode_hopper_even_shares_timeline_h100.png, decode_hopper_prologue_merge_timeline_h100.png: the plan's
+  launch against even shares (H100), before and after the merge reshape and the shorter program start.
 - trace_timeline.png: bench/results/trace_cpu.json, one request's spans (bench/serving/trace_capture.py).
 """
 

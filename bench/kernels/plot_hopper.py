@@ -121,15 +121,18 @@ def _draw_timeline(ax: Any, row: dict[str, Any]) -> None:
 
 
 def timeline_figures(results: Path) -> list[tuple[str, Figure]]:
-    """(name, picture) of the committed timing records: decode_hopper_timing.json (32 x 8192, H200) and
-    decode_hopper_even_shares_timing_h100.json (59 x 8448, the plan's launch and even shares)."""
+    """(name, picture) of the committed timing records: decode_hopper_timing.json (32 x 8192, H200), and the
+    plan's launch against even shares at 59 x 8448 (H100) before and after the merge reshape and the shorter
+    program start (decode_hopper_even_shares_timing_h100.json, decode_hopper_prologue_merge_h100.json)."""
     figures = []
     if (results / "decode_hopper_timing.json").is_file():
         doc = json.loads((results / "decode_hopper_timing.json").read_text())
         figures.append(("decode_hopper_timeline", timeline_figure(doc)))
-    even = results / "decode_hopper_even_shares_timing_h100.json"
-    if even.is_file():
-        doc = json.loads(even.read_text())
-        figure = even_shares_timeline_figure(doc, 59, 8448)
-        figures.append(("decode_hopper_even_shares_timeline_h100", figure))
+    for record, name in (
+        ("decode_hopper_even_shares_timing_h100.json", "decode_hopper_even_shares_timeline_h100"),
+        ("decode_hopper_prologue_merge_h100.json", "decode_hopper_prologue_merge_timeline_h100"),
+    ):
+        if (results / record).is_file():
+            doc = json.loads((results / record).read_text())
+            figures.append((name, even_shares_timeline_figure(doc, 59, 8448)))
     return figures
