@@ -144,9 +144,9 @@ def split_cap_measured(device: torch.device) -> bool:
 # same work to the end; "0" (the default) whole waves of equal splits (plan_shape.py). On the H200
 # (docs/benchmarks.md, 2026-12-07) 398.1 against 412.2 us at 59 x 8448 (1.183x FlashInfer against 1.143x),
 # and slower where the waves are nearly full (64 x 8192: 419.2 against 409.1 us), which the rule leaves
-# alone. On the H100, where the kernel reads at 0.95 of its floor, slower at 59 x 8448 too (532.2 against
-# 525.0 us, 2026-12-07): a default would be the H200's only. Off until more batch sizes and SGLang end to
-# end are measured with it.
+# alone. On the H100 after the merge's reshape for even shares (merge.merge_shape), faster where the rule
+# takes them (59 x 8448: 521.7 against 525.7 us; 40 x 8448: 362.0 against 405.2) and neutral in SGLang end to
+# end (22.297 against 22.290 ms a step at 59 running, 2026-12-07). Off until the H200's end-to-end run.
 HOPPER_EVEN_SHARES_ENV = "ZIPKV_HOPPER_EVEN_SHARES"
 
 
