@@ -53,13 +53,16 @@ class Timer:
         # 2026-12-07, docs/benchmarks.md).
         fn()  # any JIT compile first, so the warm-up below is all GPU work
         torch.cuda.synchronize()
+        if graph:
+            # Captured before the warm-up, which then runs the replay. Captured after it, the first config of
+            # a row read 616 us where it reads 524 eager (H100, 2026-12-07, docs/benchmarks.md): the pattern
+            # of the clock drop above, the GPU idle during the capture (not yet rerun in this order).
+            fn = _as_graph(fn)
         t_end = time.perf_counter() + self.warmup_s
         while time.perf_counter() < t_end:
             self.flush.zero_()
             fn()
             torch.cuda.synchronize()
-        if graph:
-            fn = _as_graph(fn)
         t0 = time.perf_counter()
         fn()
         torch.cuda.synchronize()
