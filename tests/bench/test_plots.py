@@ -35,6 +35,7 @@ def test_one_command_renders_every_picture_from_the_committed_results(tmp_path: 
         "decode_hopper_even_shares_h200.png",
         "decode_hopper_timeline.png",
         "decode_hopper_even_shares_timeline_h100.png",
+        "decode_hopper_prologue_merge_timeline_h100.png",
         "sglang_e2e_lean_cap_whole.png",
     }
     for path in tmp_path.glob("*.png"):
@@ -53,6 +54,7 @@ def test_one_command_renders_every_picture_from_the_committed_results(tmp_path: 
         "decode_hopper_even_shares_h200.png",
         "decode_hopper_timeline.png",
         "decode_hopper_even_shares_timeline_h100.png",
+        "decode_hopper_prologue_merge_timeline_h100.png",
         "sglang_e2e_lean_cap_whole.png",
     ):
         assert (REPO / "docs" / "img" / name).is_file(), name
