@@ -68,9 +68,10 @@ def compile_hopper(
 
     fn = dh._decode_hopper_kernel
     del compressed  # one kernel reads coded and raw pages
+    regs = launch.register_cap(maxnreg, head_dim, num_warps)  # as the launch does
     const = launch.hopper_constexprs(
         kv_heads, group, head_dim, pages, stages, split, warp_softmax=warp_softmax, lazy_rescale=lazy_rescale,
-        lean=lean,
+        lean=lean, capped=regs is not None,
     )  # fmt: skip
     const = {**const, "EVEN_SHARES": even_shares}
     signature = {n: ARG_TYPES.get(n, "constexpr") for n in fn.arg_names}
@@ -78,7 +79,6 @@ def compile_hopper(
     aligned = {n for n in ARG_TYPES if ARG_TYPES[n].startswith("*") or n.startswith("stride")}
     attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names) if n in aligned}
     src = GluonASTSource(fn, signature, constexprs, attrs)
-    regs = launch.register_cap(maxnreg, head_dim, num_warps)  # as the launch does
     options: dict[str, int] = {"num_warps": num_warps, **({"maxnreg": regs} if regs else {})}
     return triton.compile(src, target=GPUTarget("cuda", arch, 32), options=options)
 
@@ -121,9 +121,10 @@ def report(
     lazy_rescale: bool = False,
     lean: bool = False,
     even_shares: bool = False,
+    group: int = 4,
 ) -> dict[str, object]:
     kernel = compile_hopper(
-        head_dim, pages, stages, compressed=compressed, maxnreg=maxnreg, num_warps=num_warps,
+        head_dim, pages, stages, group=group, compressed=compressed, maxnreg=maxnreg, num_warps=num_warps,
         warp_softmax=warp_softmax, lazy_rescale=lazy_rescale, lean=lean, even_shares=even_shares,
     )  # fmt: skip
     sass = sass_of(kernel.asm["cubin"])
@@ -137,6 +138,7 @@ def report(
         "lazy_rescale": lazy_rescale,
         "lean": lean,
         "even_shares": even_shares,
+        "group": group,
         "compressed": compressed,
         "shared_bytes": kernel.metadata.shared,
         **usage(kernel.asm["cubin"]),
@@ -171,6 +173,7 @@ def main() -> None:
     ap.add_argument(
         "--even-shares", action="store_true", help="programs that run several work items (program_items)"
     )
+    ap.add_argument("--group", type=int, default=4, help="query heads per KV head (at most 16)")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--dump", default=None, help="folder for .ptx/.sass/.ttgir of each variant")
     a = ap.parse_args()
@@ -181,13 +184,14 @@ def main() -> None:
             for s in (int(x) for x in a.stages.split(",")):
                 for comp, w in itertools.product((True, False) if a.twin else (True,), warp_counts):
                     r = report(
-                        d, p, s, comp, a.maxnreg, w, a.warp_softmax, a.lazy_rescale, a.lean, a.even_shares
-                    )
+                        d, p, s, comp, a.maxnreg, w, a.warp_softmax, a.lazy_rescale, a.lean, a.even_shares,
+                        a.group,
+                    )  # fmt: skip
                     rows.append(r)
                     if a.dump:
                         os.makedirs(a.dump, exist_ok=True)
                         k = compile_hopper(
-                            d, p, s, compressed=comp, num_warps=w, warp_softmax=a.warp_softmax,
+                            d, p, s, group=a.group, compressed=comp, num_warps=w, warp_softmax=a.warp_softmax,
                             lazy_rescale=a.lazy_rescale, lean=a.lean, even_shares=a.even_shares,
                         )  # fmt: skip
                         tag = f"d{d}_p{p}_s{s}_w{w}_{'c' if comp else 't'}"

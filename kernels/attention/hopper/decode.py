@@ -154,7 +154,7 @@ def _attend_item(item, head, ring, scratch, io, glob, tabs, qk_scale, strides,
                  STAGES: ttgl.constexpr, SPLIT: ttgl.constexpr, GATHER_ALL: ttgl.constexpr,
                  OP_K: ttgl.constexpr, OP_V: ttgl.constexpr, CW: ttgl.constexpr, HW: ttgl.constexpr,
                  PG1: ttgl.constexpr, WARP_SOFTMAX: ttgl.constexpr, LAZY_RESCALE: ttgl.constexpr,
-                 LEAN: ttgl.constexpr, TIMING: ttgl.constexpr, timing_ptr, pid,
+                 LEAN: ttgl.constexpr, PAD_HI: ttgl.constexpr, TIMING: ttgl.constexpr, timing_ptr, pid,
                  FIRST_STAMP: ttgl.constexpr = 1):  # fmt: skip
     """Work item ``item`` for KV head ``head``: its tiles through the ring, its rows or partial written.
     ``io``: (q, out, o_partial, lse_partial) pointers; ``tabs``: (page_ids, page_loc, meta, work,
@@ -200,7 +200,7 @@ def _attend_item(item, head, ring, scratch, io, glob, tabs, qk_scale, strides,
             )  # fmt: skip
             kinds = kinds >> KIND_BITS
             state = attend_tile(qa, qb, ops, tok0, end, state, qk_scale, mma, a_l, N, WARP_SOFTMAX,
-                                LAZY_RESCALE, scratch, LEAN)  # fmt: skip
+                                LAZY_RESCALE, scratch, LEAN, PAD_HI)  # fmt: skip
         async_copy.wait_group(0)
         m_i, l_i, acc_a, acc_b = final_state(state, mma, WARP_SOFTMAX)
         whole = req_splits == 1
@@ -219,7 +219,7 @@ def _decode_hopper_kernel(
     OP_K: ttgl.constexpr, OP_V: ttgl.constexpr, CW: ttgl.constexpr, HW: ttgl.constexpr, PG1: ttgl.constexpr,
     WARP_SOFTMAX: ttgl.constexpr = False, TIMING: ttgl.constexpr = False,
     LAZY_RESCALE: ttgl.constexpr = False, LEAN: ttgl.constexpr = False, PX: ttgl.constexpr = None,
-    EVEN_SHARES: ttgl.constexpr = False,
+    EVEN_SHARES: ttgl.constexpr = False, PAD_HI: ttgl.constexpr = 0,
 ):  # fmt: skip
     """Program ``pid`` = (program, KV head), heads fastest: one work item, or (EVEN_SHARES) the program's
     items ``program_items[program] ..`` in turn (split_plan.program_items). Its first two items each get a
@@ -247,15 +247,15 @@ def _decode_hopper_kernel(
                     stamp(timing_ptr, pid, 4)
                 _attend_item(items_first + k, head, ring, scratch, io, glob, tabs, qk_scale, strides, H,
                              GROUP, D, NP, STAGES, SPLIT, GATHER_ALL, OP_K, OP_V, CW, HW, PG1, WARP_SOFTMAX,
-                             LAZY_RESCALE, LEAN, TIMING, timing_ptr, pid, 1 + 4 * k)  # fmt: skip
+                             LAZY_RESCALE, LEAN, PAD_HI, TIMING, timing_ptr, pid, 1 + 4 * k)  # fmt: skip
         for item in range(items_first + 2, items_end):
             ttgl.thread_barrier()
             _attend_item(item, head, ring, scratch, io, glob, tabs, qk_scale, strides, H, GROUP, D, NP,
                          STAGES, SPLIT, GATHER_ALL, OP_K, OP_V, CW, HW, PG1, WARP_SOFTMAX, LAZY_RESCALE, LEAN,
-                         TIMING, timing_ptr, pid, 0)  # fmt: skip
+                         PAD_HI, TIMING, timing_ptr, pid, 0)  # fmt: skip
     else:
         _attend_item(pid // H, head, ring, scratch, io, glob, tabs, qk_scale, strides, H, GROUP, D, NP,
                      STAGES, SPLIT, GATHER_ALL, OP_K, OP_V, CW, HW, PG1, WARP_SOFTMAX, LAZY_RESCALE, LEAN,
-                     TIMING, timing_ptr, pid)  # fmt: skip
+                     PAD_HI, TIMING, timing_ptr, pid)  # fmt: skip
     if TIMING:
         stamp(timing_ptr, pid, 2)

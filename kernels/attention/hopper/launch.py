@@ -55,8 +55,10 @@ def hopper_constexprs(
     warp_softmax: bool = False,
     lazy_rescale: bool = False,
     lean: bool = False,
+    capped: bool = False,
 ) -> dict[str, object]:
-    """The kernel's compile-time arguments (the launch and the offline compile share them)."""
+    """The kernel's compile-time arguments (the launch and the offline compile share them); ``capped``: the
+    launch caps the registers (register_cap)."""
     np_, shared = pages_per_tile, ttgl.SharedLinearLayout
     operand_view = views.page_operand_view if warp_softmax else views.operand_view
     return dict(
@@ -75,8 +77,19 @@ def hopper_constexprs(
         WARP_SOFTMAX=warp_softmax,
         LAZY_RESCALE=lazy_rescale,
         LEAN=lean,
+        PAD_HI=pad_hi_mode(group, lean, capped),
         **({"PX": shared(views.p_exchange_view(16 * np_))} if lean else {}),  # the lean tile's P buffer
     )
+
+
+def pad_hi_mode(group: int, lean: bool, capped: bool) -> int:
+    """The lean tile's ``PAD_HI`` (lean.py): rows 8-15 of the MMA are padding where the GQA group is at most
+    8. 2: their rescale and their p fold away; 1, under a register cap: the rescale only. With both at 168
+    registers ptxas took 651 SASS instructions a coded tile against 619 without (head_dim 128, offline
+    sm_90; 600 with the rescale only), and 548 against 587 uncapped (docs/benchmarks.md)."""
+    if not lean or group > 8:
+        return 0
+    return 1 if capped else 2
 
 
 def decode_attention_hopper(
@@ -117,9 +130,10 @@ def decode_attention_hopper(
     warp_softmax, lazy_rescale, lean = _tile_options(plan, warp_softmax, lazy_rescale, lean)
     even = plan.program_items is not None
     grid = (launch_programs(plan),)
+    regs = register_cap(maxnreg, fmt.head_dim, plan.num_warps, plan)
     consts = hopper_constexprs(
         fmt.num_kv_heads, plan.group_size, fmt.head_dim, pages, stages, plan.max_splits > 1, gather_all,
-        warp_softmax, lazy_rescale, lean,
+        warp_softmax, lazy_rescale, lean, regs is not None,
     )  # fmt: skip
     if not compressed:  # every page read as raw: what an uncompressed pool's metadata says anyway
         page_meta_layer = _raw_meta_like(page_meta_layer)
@@ -133,7 +147,7 @@ def decode_attention_hopper(
         TIMING=timing is not None,
         EVEN_SHARES=even,
         num_warps=plan.num_warps,
-        **({"maxnreg": regs} if (regs := register_cap(maxnreg, fmt.head_dim, plan.num_warps, plan)) else {}),
+        **({"maxnreg": regs} if regs else {}),
     )  # fmt: skip
     if plan.max_splits > 1:
         merge_splits(plan, out, skip_whole=True)  # the kernel wrote the unsplit requests' rows itself

@@ -54,10 +54,11 @@ def init_state(mma: ttgl.constexpr, N: ttgl.constexpr, D: ttgl.constexpr, WARP_S
 @gluon.jit
 def attend_tile(qa, qb, ops, tok0, end, state, qk_scale, mma: ttgl.constexpr, a_l: ttgl.constexpr,
                  N: ttgl.constexpr, WARP_SOFTMAX: ttgl.constexpr, LAZY: ttgl.constexpr = False,
-                 scratch=None, LEAN: ttgl.constexpr = False):  # fmt: skip
+                 scratch=None, LEAN: ttgl.constexpr = False, PAD_HI: ttgl.constexpr = 0):  # fmt: skip
     """The softmax state after the tile at ``tok0`` (``ops``: its K_a, K_b, V_a, V_b operands). ``LAZY``
     (shared softmax only): skip the output rescale of a tile where no row max grew (restore.attend).
-    ``LEAN`` (shared softmax only): lean.attend_lean, exchanging through ``scratch`` (lean.lean_scratch)."""
+    ``LEAN`` (shared softmax only): lean.attend_lean, exchanging through ``scratch`` (lean.lean_scratch);
+    ``PAD_HI`` with it: the MMA's rows 8-15 are padding (a GQA group of at most 8; lean.py)."""
     ka, kb, va, vb = ops
     m_i, l_acc, acc_a, acc_b = state
     if WARP_SOFTMAX:
@@ -67,7 +68,7 @@ def attend_tile(qa, qb, ops, tok0, end, state, qk_scale, mma: ttgl.constexpr, a_
         )  # fmt: skip
     elif LEAN:
         m_i, l_acc, acc_a, acc_b = attend_lean(
-            qa, qb, ops, tok0, end, state, qk_scale, scratch, mma, a_l, _M, N, LAZY
+            qa, qb, ops, tok0, end, state, qk_scale, scratch, mma, a_l, _M, N, LAZY, PAD_HI
         )  # fmt: skip
     else:
         valid = tok0 + ttgl.arange(0, N, layout=ttgl.SliceLayout(0, mma)) < end
