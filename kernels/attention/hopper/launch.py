@@ -55,10 +55,10 @@ def hopper_constexprs(
     warp_softmax: bool = False,
     lazy_rescale: bool = False,
     lean: bool = False,
-    capped: bool = False,
+    pad_hi: int = 0,
 ) -> dict[str, object]:
-    """The kernel's compile-time arguments (the launch and the offline compile share them); ``capped``: the
-    launch caps the registers (register_cap)."""
+    """The kernel's compile-time arguments (the launch and the offline compile share them); ``pad_hi``:
+    lean.py's PAD_HI (:func:`pad_hi_mode`)."""
     np_, shared = pages_per_tile, ttgl.SharedLinearLayout
     operand_view = views.page_operand_view if warp_softmax else views.operand_view
     return dict(
@@ -77,7 +77,7 @@ def hopper_constexprs(
         WARP_SOFTMAX=warp_softmax,
         LAZY_RESCALE=lazy_rescale,
         LEAN=lean,
-        PAD_HI=pad_hi_mode(group, lean, capped),
+        PAD_HI=pad_hi,
         **({"PX": shared(views.p_exchange_view(16 * np_))} if lean else {}),  # the lean tile's P buffer
     )
 
@@ -108,6 +108,7 @@ def decode_attention_hopper(
     warp_softmax: bool | None = None,
     lazy_rescale: bool | None = None,
     lean: bool | None = None,
+    pad_hi: bool | None = None,
 ) -> torch.Tensor:
     """bf16 ``[B, Hq, D]`` attention of ``q`` over one layer's v3 pages (sm_90; see the module docstring).
 
@@ -121,6 +122,8 @@ def decode_attention_hopper(
     the output rescale of tiles where no row max grew (same bits; shared softmax only); None: the default,
     ``$ZIPKV_HOPPER_LAZY_RESCALE`` (decode_config.hopper_lazy_rescale). ``lean``: the lean tile
     (hopper/lean.py; shared softmax only); None: ``$ZIPKV_HOPPER_LEAN`` (decode_config.hopper_lean).
+    ``pad_hi``: False keeps the lean tile's padding rows' arithmetic (the same bits; for side-by-side
+    timing); None: :func:`pad_hi_mode`'s.
     """
     fmt = plan.fmt
     _check_plan(plan)
@@ -131,9 +134,10 @@ def decode_attention_hopper(
     even = plan.program_items is not None
     grid = (launch_programs(plan),)
     regs = register_cap(maxnreg, fmt.head_dim, plan.num_warps, plan)
+    pad = 0 if pad_hi is False else pad_hi_mode(plan.group_size, lean, regs is not None)
     consts = hopper_constexprs(
         fmt.num_kv_heads, plan.group_size, fmt.head_dim, pages, stages, plan.max_splits > 1, gather_all,
-        warp_softmax, lazy_rescale, lean, regs is not None,
+        warp_softmax, lazy_rescale, lean, pad,
     )  # fmt: skip
     if not compressed:  # every page read as raw: what an uncompressed pool's metadata says anyway
         page_meta_layer = _raw_meta_like(page_meta_layer)
