@@ -84,9 +84,10 @@ def hopper_constexprs(
 
 def pad_hi_mode(group: int, lean: bool, capped: bool) -> int:
     """The lean tile's ``PAD_HI`` (lean.py): rows 8-15 of the MMA are padding where the GQA group is at most
-    8. 2: their rescale and their p fold away; 1, under a register cap: the rescale only. With both at 168
-    registers ptxas took 651 SASS instructions a coded tile against 619 without (head_dim 128, offline
-    sm_90; 600 with the rescale only), and 548 against 587 uncapped (docs/benchmarks.md)."""
+    8. 2: their rescale, scores and p fold away; 1, under a register cap: the rescale only. With the rescale
+    and p folded at 168 registers, ptxas took 651 SASS instructions a coded tile against 619 without
+    (head_dim 128, offline sm_90; 600 with the rescale only); uncapped, 2 gives 544 against 587
+    (docs/benchmarks.md)."""
     if not lean or group > 8:
         return 0
     return 1 if capped else 2
