@@ -289,3 +289,29 @@ def test_even_shares_are_taken_where_equal_requests_leave_slots_idle(
     assert programs is None or plan.maxnreg is None
     monkeypatch.setattr(decode_plan, "_even_shares_on", lambda: False)
     assert plan_decode(ids, indptr, lens, fmt, 32, num_sms=H200_SMS).program_items is None
+
+
+def test_the_launch_folds_the_padding_rows_where_they_are_padding() -> None:
+    """launch.pad_hi_mode through the launch's constexprs (lean.py's PAD_HI): both folds on an uncapped lean
+    launch with a GQA group of at most 8; the rescale's alone under a register cap (the schedule ptxas
+    picks there, docs/benchmarks.md); none for a group of 16 (every MMA row real), without the lean tile,
+    or when the caller asks to keep the padding rows' arithmetic."""
+    from dataclasses import replace
+
+    from zipkv.kernels.attention.hopper.launch import _plan_constexprs
+
+    fmt = PageFormat(head_dim=128, num_kv_heads=2, version=3)
+    plan = _plan(fmt)  # 8 query heads over 2 KV heads: a group of 4
+    lens = torch.tensor([40], dtype=torch.int32)
+    indptr = torch.tensor([0, 3], dtype=torch.int32)
+    full = plan_decode(torch.arange(3, dtype=torch.int32), indptr, lens, fmt, 32)  # a group of 16
+    lean, not_lean = (False, False, True), (False, False, False)
+
+    def mode(p, options=lean, maxnreg=None, pad_hi=None):  # type: ignore[no-untyped-def]
+        return _plan_constexprs(p, 2, False, options, maxnreg, pad_hi)[0]["PAD_HI"]
+
+    assert (plan.group_size, full.group_size) == (4, 16)
+    assert mode(plan) == 2
+    assert mode(replace(plan, maxnreg=168)) == 1 and mode(plan, maxnreg=168) == 1
+    assert mode(replace(plan, maxnreg=168), maxnreg=0) == 2  # 0: the compiler's registers, no cap
+    assert mode(full) == 0 and mode(plan, options=not_lean) == 0 and mode(plan, pad_hi=False) == 0

@@ -126,20 +126,13 @@ def decode_attention_hopper(
     ``pad_hi``: False keeps the lean tile's padding rows' arithmetic (the same bits; for side-by-side
     timing); None: :func:`pad_hi_mode`'s.
     """
-    fmt = plan.fmt
     _check_plan(plan)
     if out is None:
         out = torch.empty_like(q)
-    pages = plan.block_n // PAGE_TOKENS
-    warp_softmax, lazy_rescale, lean = _tile_options(plan, warp_softmax, lazy_rescale, lean)
+    options = _tile_options(plan, warp_softmax, lazy_rescale, lean)
+    consts, regs = _plan_constexprs(plan, stages, gather_all, options, maxnreg, pad_hi)
     even = plan.program_items is not None
     grid = (launch_programs(plan),)
-    regs = register_cap(maxnreg, fmt.head_dim, plan.num_warps, plan)
-    pad = 0 if pad_hi is False else pad_hi_mode(plan.group_size, lean, regs is not None)
-    consts = hopper_constexprs(
-        fmt.num_kv_heads, plan.group_size, fmt.head_dim, pages, stages, plan.max_splits > 1, gather_all,
-        warp_softmax, lazy_rescale, lean, pad,
-    )  # fmt: skip
     if not compressed:  # every page read as raw: what an uncompressed pool's metadata says anyway
         page_meta_layer = _raw_meta_like(page_meta_layer)
     _decode_hopper_kernel[grid](
@@ -157,6 +150,26 @@ def decode_attention_hopper(
     if plan.max_splits > 1:
         merge_splits(plan, out, skip_whole=True)  # the kernel wrote the unsplit requests' rows itself
     return out
+
+
+def _plan_constexprs(
+    plan: DecodePlan,
+    stages: int,
+    gather_all: bool,
+    options: tuple[bool, bool, bool],
+    maxnreg: int | None,
+    pad_hi: bool | None,
+) -> tuple[dict[str, object], int | None]:
+    """(the kernel's compile-time arguments for ``plan``, its register cap); ``options``: _tile_options's."""
+    fmt = plan.fmt
+    warp_softmax, lazy_rescale, lean = options
+    regs = register_cap(maxnreg, fmt.head_dim, plan.num_warps, plan)
+    pad = 0 if pad_hi is False else pad_hi_mode(plan.group_size, lean, regs is not None)
+    consts = hopper_constexprs(
+        fmt.num_kv_heads, plan.group_size, fmt.head_dim, plan.block_n // PAGE_TOKENS, stages,
+        plan.max_splits > 1, gather_all, warp_softmax, lazy_rescale, lean, pad,
+    )  # fmt: skip
+    return consts, regs
 
 
 def launch_programs(plan: DecodePlan) -> int:
