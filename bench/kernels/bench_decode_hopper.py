@@ -49,7 +49,7 @@ def _zipkv_fns(
 ) -> tuple[dict[str, Callable[[], object]], dict[str, Callable[[], object]], dict[str, int]]:
     """zipkv's calls per config (a prefix of block_n:stages:ctas_per_sm:maxnreg:warps:warp_softmax:lazy:lean:
     splits:even:pad; even 1: the batch's tiles shared evenly over ctas_per_sm (HOPPER_CONFIG's) programs per
-    SM, split_plan.program_items; pad 0: the lean tile's padding rows computed, launch.pad_hi_mode's
+    SM, split_plan.program_items; pad 0: the lean tile's padding rows computed, launch.pads_hi's
     otherwise): on the v3 pages (timed) and on raw pages holding the same values (timed for
     the first config, the uncompressed run; checked bit for bit against the v3 run for every config); the
     split count each used."""

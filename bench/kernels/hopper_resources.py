@@ -71,7 +71,7 @@ def compile_hopper(
     regs = launch.register_cap(maxnreg, head_dim, num_warps)  # as the launch does
     const = launch.hopper_constexprs(
         kv_heads, group, head_dim, pages, stages, split, warp_softmax=warp_softmax, lazy_rescale=lazy_rescale,
-        lean=lean, pad_hi=launch.pad_hi_mode(group, lean, regs is not None),
+        lean=lean, pad_hi=launch.pads_hi(group, lean),
     )  # fmt: skip
     const = {**const, "EVEN_SHARES": even_shares}
     signature = {n: ARG_TYPES.get(n, "constexpr") for n in fn.arg_names}

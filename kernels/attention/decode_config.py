@@ -112,17 +112,20 @@ HOPPER_LEAN_ENV = "ZIPKV_HOPPER_LEAN"
 
 
 # The Hopper kernel's launch where the plan splits: "1" where four programs per SM would split requests (one
-# program per request and KV head does not fill the GPU), registers capped at 168 and splits planned for six
-# programs per SM; "0" four per SM at the compiler's registers for every plan. Unset: "1" on the H200 and
-# the H100, where it was measured, "0" on other sm_90 parts. On the H200
+# program per request and KV head does not fill the GPU), registers capped (HOPPER_SPLIT_CAP's) and splits
+# planned for six programs per SM; "0" four per SM at the compiler's registers for every plan. Unset: "1" on
+# the H200 and the H100, where it was measured, "0" on other sm_90 parts. On the H200
 # with the lean tile (docs/benchmarks.md, 2026-12-06): 1.17-1.18x FlashInfer against 1.14-1.15x at
 # 32 x 8192, 1.24x against 1.20-1.21x at 32 x 32768, 47.2 against 50.1 us at 1 x 32768; where one split
 # already fills the GPU (64 and 128 x 8192) the cap loses (1.02-1.11x against 1.22-1.24x), so it is not
 # taken there. On the H100 (2026-12-07) as fast or faster: 1.177x against 1.143x at 1 x 32768, 1.252x
 # against 1.241x at 48 x 8448, equal within 0.3% at 32 x 8192 and 32 x 32768.
-# head_dim 128 at 2 warps only, where it was measured.
+# head_dim 128 at 2 warps only, where it was measured. Those runs capped at 168 registers; since the lean
+# tile folds its GQA padding rows (lean.py's PAD_HI), 164: 580 SASS instructions a coded tile against 633 at
+# 168, where ptxas keeps every address in a register and recomputes them (offline sm_90, 2026-12-07; not
+# yet timed on a GPU).
 HOPPER_SPLIT_CAP_ENV = "ZIPKV_HOPPER_SPLIT_CAP"
-HOPPER_SPLIT_CAP = (6, 168)  # (programs per SM, registers per thread)
+HOPPER_SPLIT_CAP = (6, 164)  # (programs per SM, registers per thread)
 
 
 def hopper_split_cap(env: Mapping[str, str] | None = None, measured_here: bool = True) -> bool:

@@ -292,12 +292,12 @@ def test_even_shares_are_taken_where_equal_requests_leave_slots_idle(
 
 
 def test_the_launch_folds_the_padding_rows_where_they_are_padding() -> None:
-    """launch.pad_hi_mode through the launch's constexprs (lean.py's PAD_HI): both folds on an uncapped lean
-    launch with a GQA group of at most 8; the rescale's alone under a register cap (the schedule ptxas
-    picks there, docs/benchmarks.md); none for a group of 16 (every MMA row real), without the lean tile,
-    or when the caller asks to keep the padding rows' arithmetic."""
+    """launch.pads_hi through the launch's constexprs (lean.py's PAD_HI): on for the lean tile with a GQA
+    group of at most 8, under the split cap too; off for a group of 16 (every MMA row real), without the lean
+    tile, or when the caller asks to keep the padding rows' arithmetic."""
     from dataclasses import replace
 
+    from zipkv.kernels.attention.decode_config import HOPPER_SPLIT_CAP
     from zipkv.kernels.attention.hopper.launch import _plan_constexprs
 
     fmt = PageFormat(head_dim=128, num_kv_heads=2, version=3)
@@ -307,11 +307,12 @@ def test_the_launch_folds_the_padding_rows_where_they_are_padding() -> None:
     full = plan_decode(torch.arange(3, dtype=torch.int32), indptr, lens, fmt, 32)  # a group of 16
     lean, not_lean = (False, False, True), (False, False, False)
 
-    def mode(p, options=lean, maxnreg=None, pad_hi=None):  # type: ignore[no-untyped-def]
-        return _plan_constexprs(p, 2, False, options, maxnreg, pad_hi)[0]["PAD_HI"]
+    def folds(p, options=lean, pad_hi=None):  # type: ignore[no-untyped-def]
+        consts, regs = _plan_constexprs(p, 2, False, options, None, pad_hi)
+        return consts["PAD_HI"], regs
 
     assert (plan.group_size, full.group_size) == (4, 16)
-    assert mode(plan) == 2
-    assert mode(replace(plan, maxnreg=168)) == 1 and mode(plan, maxnreg=168) == 1
-    assert mode(replace(plan, maxnreg=168), maxnreg=0) == 2  # 0: the compiler's registers, no cap
-    assert mode(full) == 0 and mode(plan, options=not_lean) == 0 and mode(plan, pad_hi=False) == 0
+    assert folds(plan) == (True, None)
+    assert folds(replace(plan, maxnreg=HOPPER_SPLIT_CAP[1])) == (True, HOPPER_SPLIT_CAP[1])
+    assert folds(full)[0] is False and folds(plan, options=not_lean)[0] is False
+    assert folds(plan, pad_hi=False)[0] is False

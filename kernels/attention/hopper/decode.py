@@ -219,7 +219,7 @@ def _decode_hopper_kernel(
     OP_K: ttgl.constexpr, OP_V: ttgl.constexpr, CW: ttgl.constexpr, HW: ttgl.constexpr, PG1: ttgl.constexpr,
     WARP_SOFTMAX: ttgl.constexpr = False, TIMING: ttgl.constexpr = False,
     LAZY_RESCALE: ttgl.constexpr = False, LEAN: ttgl.constexpr = False, PX: ttgl.constexpr = None,
-    EVEN_SHARES: ttgl.constexpr = False, PAD_HI: ttgl.constexpr = 0,
+    EVEN_SHARES: ttgl.constexpr = False, PAD_HI: ttgl.constexpr = False,
 ):  # fmt: skip
     """Program ``pid`` = (program, KV head), heads fastest: one work item, or (EVEN_SHARES) the program's
     items ``program_items[program] ..`` in turn (split_plan.program_items). Its first two items each get a

@@ -55,10 +55,10 @@ def hopper_constexprs(
     warp_softmax: bool = False,
     lazy_rescale: bool = False,
     lean: bool = False,
-    pad_hi: int = 0,
+    pad_hi: bool = False,
 ) -> dict[str, object]:
     """The kernel's compile-time arguments (the launch and the offline compile share them); ``pad_hi``:
-    lean.py's PAD_HI (:func:`pad_hi_mode`)."""
+    lean.py's PAD_HI (:func:`pads_hi`)."""
     np_, shared = pages_per_tile, ttgl.SharedLinearLayout
     operand_view = views.page_operand_view if warp_softmax else views.operand_view
     return dict(
@@ -82,15 +82,11 @@ def hopper_constexprs(
     )
 
 
-def pad_hi_mode(group: int, lean: bool, capped: bool) -> int:
+def pads_hi(group: int, lean: bool) -> bool:
     """The lean tile's ``PAD_HI`` (lean.py): rows 8-15 of the MMA are padding where the GQA group is at most
-    8. 2: their rescale, scores and p fold away; 1, under a register cap: the rescale only. With the rescale
-    and p folded at 168 registers, ptxas took 651 SASS instructions a coded tile against 619 without
-    (head_dim 128, offline sm_90; 600 with the rescale only); uncapped, 2 gives 544 against 587
-    (docs/benchmarks.md)."""
-    if not lean or group > 8:
-        return 0
-    return 1 if capped else 2
+    8, and their arithmetic folds away (544 SASS instructions a coded tile against 587 at head_dim 128,
+    offline sm_90; 580 at the split cap's 164 registers, docs/benchmarks.md)."""
+    return lean and group <= 8
 
 
 def decode_attention_hopper(
@@ -124,7 +120,7 @@ def decode_attention_hopper(
     ``$ZIPKV_HOPPER_LAZY_RESCALE`` (decode_config.hopper_lazy_rescale). ``lean``: the lean tile
     (hopper/lean.py; shared softmax only); None: ``$ZIPKV_HOPPER_LEAN`` (decode_config.hopper_lean).
     ``pad_hi``: False keeps the lean tile's padding rows' arithmetic (the same bits; for side-by-side
-    timing); None: :func:`pad_hi_mode`'s.
+    timing); None: :func:`pads_hi`'s.
     """
     _check_plan(plan)
     if out is None:
@@ -164,7 +160,7 @@ def _plan_constexprs(
     fmt = plan.fmt
     warp_softmax, lazy_rescale, lean = options
     regs = register_cap(maxnreg, fmt.head_dim, plan.num_warps, plan)
-    pad = 0 if pad_hi is False else pad_hi_mode(plan.group_size, lean, regs is not None)
+    pad = pad_hi is not False and pads_hi(plan.group_size, lean)
     consts = hopper_constexprs(
         fmt.num_kv_heads, plan.group_size, fmt.head_dim, plan.block_n // PAGE_TOKENS, stages,
         plan.max_splits > 1, gather_all, warp_softmax, lazy_rescale, lean, pad,

@@ -11,11 +11,11 @@ the kernel (docs/benchmarks.md).
   c > 0, the same bits), and p = exp2(fma(s, c, -m)): one FFMA per element instead of FMUL and FADD.
 - Tokens past the split's end are masked only in a tile that has some (its last), not in every tile.
 - ``PAD_HI`` (the GQA group is at most 8; Llama-3.1-8B's is 4): the MMA's rows 8-15 are padding, and every
-  thread holds them in registers of their own (rows g + 8). Their alpha is taken as 1 (``PAD_HI`` >= 1), and
-  their scores and p as 0 (2), constants the compiler folds, so their rescale multiplies, exp2s, FMAs and
-  share of the row max drop out: 544 SASS instructions a coded tile against 587 at head_dim 128, offline
-  sm_90 (launch.pad_hi_mode picks the mode; docs/benchmarks.md). The real rows keep their bits: an output
-  row of the MMA reads only its own row of P, and padding rows are never stored.
+  thread holds them in registers of their own (rows g + 8). Their alpha is taken as 1 and their scores and
+  p as 0, constants the compiler folds, so their rescale multiplies, exp2s, FMAs and share of the row max
+  drop out: 544 SASS instructions a coded tile against 587 at head_dim 128, offline sm_90 (launch.pads_hi
+  decides; docs/benchmarks.md). The real rows keep their bits: an output row of the MMA reads only its own
+  row of P, and padding rows are never stored.
 
 The fma rounds once where the default rounds twice, so the bits differ from the default kernel's; the
 kernel on compressed pages and on raw pages still run the same code on the same operands, so they give the
@@ -75,7 +75,7 @@ def _row_max(s, mx_buf, mma: ttgl.constexpr, M: ttgl.constexpr, N: ttgl.constexp
 @gluon.jit
 def attend_lean(qa, qb, ops, tok0, end, state, qk_scale, scratch, mma: ttgl.constexpr, a_l: ttgl.constexpr,
                 M: ttgl.constexpr, N: ttgl.constexpr, LAZY: ttgl.constexpr,
-                PAD_HI: ttgl.constexpr = 0):  # fmt: skip
+                PAD_HI: ttgl.constexpr = False):  # fmt: skip
     """restore.attend's online-softmax update of the tile at ``tok0`` (module docstring; ``qk_scale`` > 0;
     ``PAD_HI``: rows 8-15 are padding, module docstring)."""
     ka, kb, va, vb = ops
@@ -87,15 +87,14 @@ def attend_lean(qa, qb, ops, tok0, end, state, qk_scale, scratch, mma: ttgl.cons
         valid = tok0 + ttgl.arange(0, N, layout=ttgl.SliceLayout(0, mma)) < end
         s = ttgl.where(valid[None, :], s, float("-inf"))
     live = ttgl.arange(0, M, layout=ttgl.SliceLayout(1, mma)) < 8  # per register, known when compiled
-    if PAD_HI >= 2:
+    if PAD_HI:
         s = ttgl.where(live[:, None], s, 0.0)  # the padding rows' share of the row max folds too
     m_new = ttgl.maximum(m_i, _row_max(s, mx_buf, mma, M, N) * qk_scale)
     alpha = ttgl.exp2(m_i - m_new)
     # m * -1.0, not -m: Triton spells -m as 0 - m, which the fma cannot take as a negated operand
     p = ttgl.exp2(ttgl.fma(s, qk_scale, m_new[:, None] * -1.0))
-    if PAD_HI >= 1:
+    if PAD_HI:
         alpha = ttgl.where(live, alpha, 1.0)
-    if PAD_HI >= 2:
         p = ttgl.where(live[:, None], p, 0.0)
     if LAZY:
         l_acc, acc_a, acc_b = _lazy_rescale(alpha, p, l_acc, acc_a, acc_b)

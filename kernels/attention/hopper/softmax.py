@@ -54,7 +54,7 @@ def init_state(mma: ttgl.constexpr, N: ttgl.constexpr, D: ttgl.constexpr, WARP_S
 @gluon.jit
 def attend_tile(qa, qb, ops, tok0, end, state, qk_scale, mma: ttgl.constexpr, a_l: ttgl.constexpr,
                  N: ttgl.constexpr, WARP_SOFTMAX: ttgl.constexpr, LAZY: ttgl.constexpr = False,
-                 scratch=None, LEAN: ttgl.constexpr = False, PAD_HI: ttgl.constexpr = 0):  # fmt: skip
+                 scratch=None, LEAN: ttgl.constexpr = False, PAD_HI: ttgl.constexpr = False):  # fmt: skip
     """The softmax state after the tile at ``tok0`` (``ops``: its K_a, K_b, V_a, V_b operands). ``LAZY``
     (shared softmax only): skip the output rescale of a tile where no row max grew (restore.attend).
     ``LEAN`` (shared softmax only): lean.attend_lean, exchanging through ``scratch`` (lean.lean_scratch);
