@@ -122,8 +122,8 @@ HOPPER_LEAN_ENV = "ZIPKV_HOPPER_LEAN"
 # against 1.241x at 48 x 8448, equal within 0.3% at 32 x 8192 and 32 x 32768.
 # head_dim 128 at 2 warps only, where it was measured. Those runs capped at 168 registers; since the lean
 # tile folds its GQA padding rows (lean.py's PAD_HI), 164: 580 SASS instructions a coded tile against 633 at
-# 168, where ptxas keeps every address in a register and recomputes them (offline sm_90, 2026-12-07; not
-# yet timed on a GPU).
+# 168, where ptxas keeps every address in a register and recomputes them (offline sm_90, 2026-12-07); on an
+# H100 at 164: 1.221x FlashInfer at 32 x 8192 and 0.84 of the floor at 1 x 32768 (not yet on the H200).
 HOPPER_SPLIT_CAP_ENV = "ZIPKV_HOPPER_SPLIT_CAP"
 HOPPER_SPLIT_CAP = (6, 164)  # (programs per SM, registers per thread)
 
