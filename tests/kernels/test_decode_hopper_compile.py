@@ -153,6 +153,11 @@ def test_the_lean_tile_compiles_for_sm90_with_fewer_instructions_a_tile() -> Non
         cut = 1 - least_cut[head_dim]
         assert tile["fewest"] <= cut * b_tile["fewest"], (head_dim, tile["fewest"], b_tile["fewest"])
         assert tile["ops"]["BAR"] < b_tile["ops"]["BAR"], head_dim  # the row max's second round trip
+        # Six CTA barriers and no more: the ring's wait, the compiler's before the pre-pass reads the slot
+        # (the next tile's copies went out just before, into a slot it cannot tell apart), the pre-pass's
+        # two, the softmax's two exchanges. None where the three read paths join before the operand loads
+        # (restore.tile_operands: each path ends on a barrier of its own).
+        assert tile["ops"]["BAR"] <= 6, (head_dim, tile["ops"]["BAR"])
         # every instruction of the path has a phase; the lean copies take V's offset as an immediate
         assert sum(tile["phases"].values()) == tile["fewest"], tile["phases"]
         assert tile["phases"]["copies"] <= b_tile["phases"]["copies"], (head_dim, tile["phases"])

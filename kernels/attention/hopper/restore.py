@@ -267,8 +267,13 @@ def tile_operands(kind, slot, glob, tables, tok0, OP_K: ttgl.constexpr, OP_V: tt
         _stage_tile(a_k, b_k, glob, tables, tok0, head, st_l, PG1, H, D, NP)
         _stage_tile(a_v, b_v, glob, tables, tok0, H + head, st_l, PG1, H, D, NP)
         ttgl.thread_barrier()
-    if kind == CODED:  # raw blocks (a sixth of tiles hold none, on real KV) keep their code slot and patch
+    elif kind == CODED:  # raw blocks (a sixth of tiles hold none, on real KV) keep their code slot and patch
         _prepass(b_k, m_k, b_v, m_v, pre_l, CW, HW, D, NP, True, LEAN)
+    else:
+        # Every path ends on a barrier of its own, the coded one at its pre-pass's end: the compiler then
+        # puts none where they join (it cannot tell this slot from the one the next tile's copies fill,
+        # and merges the paths' pending writes), one CTA barrier fewer a coded tile (7 -> 6, offline sm_90).
+        ttgl.thread_barrier()
     raw = kind == RAW
     sel = (ttgl.where(raw, RAW_SEL[0], CODED_SEL[0]), ttgl.where(raw, RAW_SEL[1], CODED_SEL[1]))
     if _rank(mma) == 3:  # one page per warp: K [NP, D/2, 16], V [NP, 16, D/2]
