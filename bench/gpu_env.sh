@@ -1,14 +1,21 @@
 # Sourced by the bench/run_*_gpu.sh scripts on the GPU machine, from the repo root: $OUT, the CUDA and
 # FlashInfer JIT environment, the carried wheels (.carry/whl, built by scripts/build_kernel_carry.sh) under
-# /tmp/site, zipkv itself (editable).
+# /tmp/site, or without them the carried SGLang site (bench/carried_site.sh), zipkv itself (editable).
 # The benchmarks run as modules of the package bench from the repo root (python3 -m bench.kernels.bench_codec),
 # so they need no PYTHONPATH; EXTRA_PYTHONPATH is for carried third-party code (.carry/sgl).
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 CUDA_HOME=/usr/local/cuda PATH=/usr/local/cuda/bin:$PATH
 export FLASHINFER_WORKSPACE_BASE=/tmp/fiws FLASHINFER_CUDA_ARCH_LIST=9.0a MAX_JOBS=14 TVM_FFI_CACHE_DIR=/tmp/tvmffi
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .carry/whl/*.whl
-export PYTHONPATH=/tmp/site${EXTRA_PYTHONPATH:+:$EXTRA_PYTHONPATH}
+source bench/carried_site.sh
+if compgen -G ".carry/whl/*.whl" >/dev/null; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$SITE" .carry/whl/*.whl
+else
+  # Without the wheels, the SGLang carry: it holds the same FlashInfer and FFI (flashinfer-python 0.6.15.post1,
+  # apache-tvm-ffi 0.1.11), so one carry serves a session's kernel calls and its SGLang calls alike.
+  extract_sglang_site || exit 1
+fi
+export PYTHONPATH=$SITE${EXTRA_PYTHONPATH:+:$EXTRA_PYTHONPATH}
 python3 -m pip install -q --no-deps --no-build-isolation -e . >/tmp/pip.log 2>&1 || tail -5 /tmp/pip.log
 # FlashInfer compiles its decode kernels on first use (~12 s): run this in the background while tests run.
 warm_flashinfer() {

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # On the GPU machine, from the repo root: the Hopper decode kernel's checks, benchmark and Nsight Compute
 # profile in one call. Installs the carried FlashInfer wheels (.carry/whl: flashinfer-python 0.6.15.post1 +
-# apache-tvm-ffi 0.1.11) and zipkv, warms FlashInfer's JIT in the background while the checks run.
+# apache-tvm-ffi 0.1.11), or without them takes the same from the carried SGLang site (bench/gpu_env.sh), and
+# zipkv, warms FlashInfer's JIT in the background while the checks run.
 #   bash bench/run_decode_hopper_gpu.sh [--shapes 32x8192,...]      (NCU=0 skips the profile)
 # GPU_TESTS="tests/kernels/test_merge.py ..." then runs those tests' GPU cases (-m gpu, or compiled on the
 # GPU where a test has no marker) into $OUT/gpu_tests.txt.

@@ -24,8 +24,8 @@
 set -u
 T0=$(date +%s)
 # A second call on the same warm machine finds the site already there.
-[ -f /tmp/site/.zipkv_extracted ] || { mkdir -p /tmp/site && tar -C /tmp/site -xJf .carry/sglang/parts/site.tar.xz \
-  && touch /tmp/site/.zipkv_extracted; }
+source bench/carried_site.sh
+extract_sglang_site || exit 1
 export PYTHONPATH=/tmp/site CUDA_HOME=/usr/local/cuda PATH=/usr/local/cuda/bin:$PATH \
   FLASHINFER_WORKSPACE_BASE=/tmp/fiws FLASHINFER_CUDA_ARCH_LIST=9.0a MAX_JOBS=16 TVM_FFI_CACHE_DIR=/tmp/tvmffi \
   HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PYTHONUNBUFFERED=1
