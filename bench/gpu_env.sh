@@ -9,13 +9,13 @@ export PYTHONUNBUFFERED=1 CUDA_HOME=/usr/local/cuda PATH=/usr/local/cuda/bin:$PA
 export FLASHINFER_WORKSPACE_BASE=/tmp/fiws FLASHINFER_CUDA_ARCH_LIST=9.0a MAX_JOBS=14 TVM_FFI_CACHE_DIR=/tmp/tvmffi
 source bench/carried_site.sh
 if compgen -G ".carry/whl/*.whl" >/dev/null; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$SITE" .carry/whl/*.whl
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$ZIPKV_SITE" .carry/whl/*.whl
 else
   # Without the wheels, the SGLang carry: it holds the same FlashInfer and FFI (flashinfer-python 0.6.15.post1,
   # apache-tvm-ffi 0.1.11), so one carry serves a session's kernel calls and its SGLang calls alike.
   extract_sglang_site || exit 1
 fi
-export PYTHONPATH=$SITE${EXTRA_PYTHONPATH:+:$EXTRA_PYTHONPATH}
+export PYTHONPATH=$ZIPKV_SITE${EXTRA_PYTHONPATH:+:$EXTRA_PYTHONPATH}
 python3 -m pip install -q --no-deps --no-build-isolation -e . >/tmp/pip.log 2>&1 || tail -5 /tmp/pip.log
 # FlashInfer compiles its decode kernels on first use (~12 s): run this in the background while tests run.
 warm_flashinfer() {

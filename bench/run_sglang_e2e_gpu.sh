@@ -26,7 +26,7 @@ T0=$(date +%s)
 # A second call on the same warm machine finds the site already there.
 source bench/carried_site.sh
 extract_sglang_site || exit 1
-export PYTHONPATH=/tmp/site CUDA_HOME=/usr/local/cuda PATH=/usr/local/cuda/bin:$PATH \
+export PYTHONPATH=$ZIPKV_SITE CUDA_HOME=/usr/local/cuda PATH=/usr/local/cuda/bin:$PATH \
   FLASHINFER_WORKSPACE_BASE=/tmp/fiws FLASHINFER_CUDA_ARCH_LIST=9.0a MAX_JOBS=16 TVM_FFI_CACHE_DIR=/tmp/tvmffi \
   HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PYTHONUNBUFFERED=1
 python3 -m pip install -q --no-deps --no-build-isolation -e . >"$OUT/pip.log" 2>&1 || tail -5 "$OUT/pip.log"

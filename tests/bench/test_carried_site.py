@@ -36,7 +36,7 @@ def _source_gpu_env(tmp_path: Path, work: Path) -> subprocess.CompletedProcess[s
     stub.write_text(f'#!/bin/sh\necho "$*" >> {tmp_path / "python3.log"}\n')
     stub.chmod(0o755)
     env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "OUT": str(tmp_path / "out"),
-           "SITE": str(tmp_path / "site")}  # fmt: skip
+           "ZIPKV_SITE": str(tmp_path / "site")}  # fmt: skip
     return subprocess.run(
         ["bash", "-c", 'source bench/gpu_env.sh && echo "PYTHONPATH=$PYTHONPATH"'],
         cwd=work, env=env, capture_output=True, text=True, timeout=60,
