@@ -49,11 +49,9 @@ REPLICAS=${REPLICAS:-1}
 RATES=${RATES:-0.5,1,2,3}; REQUESTS=${REQUESTS:-32}; DEADLINE_S=${DEADLINE_S:-560}
 PYPATH=""
 if [ "$ENGINE" = sglang ]; then
-  if [ ! -f /tmp/site/.zipkv_extracted ]; then
-    [ -f .carry/sglang/parts/site.tar.xz ] || { echo "FAILED: no /tmp/site and no .carry/sglang/parts: carry it (call 1)"; exit 1; }
-    step "extracting SGLang into /tmp/site"
-    mkdir -p /tmp/site && tar -C /tmp/site -xJf .carry/sglang/parts/site.tar.xz && touch /tmp/site/.zipkv_extracted
-  fi
+  source bench/carried_site.sh
+  [ -f "$ZIPKV_SITE/.zipkv_extracted" ] || step "extracting SGLang into $ZIPKV_SITE"
+  extract_sglang_site || exit 1
   if [[ "$SYSTEMS" == *zipkv* ]]; then
     if ! python3 -c "import ray.serve" 2>/dev/null && [ ! -d /tmp/raysite/ray ]; then
       [ -f .carry/ray/site.tar.xz ] || { echo "FAILED: no Ray: carry .carry/ray (scripts/build_ray_carry.sh)"; exit 1; }
@@ -72,7 +70,7 @@ if [ "$ENGINE" = sglang ]; then
     fi
     PYPATH=${PYPATH:+$PYPATH:}/tmp/routersite
   fi
-  PYPATH=${PYPATH:+$PYPATH:}/tmp/site
+  PYPATH=${PYPATH:+$PYPATH:}$ZIPKV_SITE
   export CUDA_HOME=/usr/local/cuda PATH=/usr/local/cuda/bin:$PATH FLASHINFER_WORKSPACE_BASE=/tmp/fiws \
     FLASHINFER_CUDA_ARCH_LIST=9.0a MAX_JOBS=16 TVM_FFI_CACHE_DIR=/tmp/tvmffi HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
   MODEL=${MODEL:-.carry/llama31_8b}
