@@ -8,16 +8,16 @@
   plus any field a row adds that is not a measurement (format_version, config, ...), so new
   implementations and new variants get their own line without a change here.
 - sglang_e2e.png: bench/results/sglang_e2e.json, each workload's systems side by side;
-  sglang_e2e_lean_cap_whole.png: the same for the Hopper kernel's current default (H200).
+  sglang_e2e_lean_cap_whole.png: the same for the Hopper kernel's current default (H200);
+  sglang_e2e_step_profile_59_h100.png: a decode step at the largest batch by kernel group (H100).
 - admission.png: bench/results/admission.json (the allocator at Llama-3.1-8B shapes) and
   admission_e2e.json (the reference engine's admission against its KV budget).
 - decode_hopper.png, decode_hopper_h100.png: bench/results/decode_hopper.json (H200) and
   decode_hopper_h100.json (H100), the Hopper kernel's speed against FlashInfer's;
   decode_hopper_h100_skewed.png: decode_hopper_h100_skewed.json, skewed batches, balanced splits against one
   split count per request.
-- decode_hopper_split_cap_h200.png: decode_hopper_split_cap_h200.json, the lean tile, split cap (H200).
-- decode_hopper_even_shares_h200.png: decode_hopper_even_shares_h200.json, even shares against the plan's
-  own launch (H200).
+- decode_hopper_split_cap_h200.png, decode_hopper_even_shares_h200.png: the lean tile with the split cap, and
+  even shares against the plan's own launch (H200).
 - decode_hopper_timeline.png: bench/results/decode_hopper_timing.json, one launch's programs per SM;
   decode_hopper_even_shares_timeline_h100.png, decode_hopper_prologue_merge_timeline_h100.png: the plan's
   launch against even shares (H100), before and after the merge reshape and the shorter program start.
@@ -43,6 +43,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter
 
 from bench.kernels.plot_hopper import hopper_figure, timeline_figures
+from bench.serving.plot_step_profile import step_profile_figure
 from bench.serving.plot_trace import trace_timeline
 
 # Fields of a decode row that are measurements or the shape, not a variant of the implementation.
@@ -252,6 +253,8 @@ def render_all(out: Path, results: Path = RESULTS) -> list[Path]:
     for name in ("sglang_e2e", "sglang_e2e_lean_cap_whole"):
         if (results / f"{name}.json").is_file():
             figures.append((name, sglang_figure(json.loads((results / f"{name}.json").read_text()))))
+    if (profile := results / "sglang_e2e_step_profile_59_h100.json").is_file():
+        figures.append((profile.stem, step_profile_figure(json.loads(profile.read_text()))))
     if (results / "admission.json").is_file():
         e2e = results / "admission_e2e.json"
         engine = json.loads(e2e.read_text()) if e2e.is_file() else None

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from matplotlib.patches import Rectangle
 
 from bench.plots import admission_figure, decode_figure, decode_series, render_all
 
@@ -37,6 +38,7 @@ def test_one_command_renders_every_picture_from_the_committed_results(tmp_path: 
         "decode_hopper_even_shares_timeline_h100.png",
         "decode_hopper_prologue_merge_timeline_h100.png",
         "sglang_e2e_lean_cap_whole.png",
+        "sglang_e2e_step_profile_59_h100.png",
     }
     for path in tmp_path.glob("*.png"):
         data = path.read_bytes()
@@ -145,3 +147,27 @@ def test_a_speed_past_the_cap_is_drawn_to_it_and_labelled_with_its_value() -> No
     heights = sorted(round(p.get_height(), 3) for p in ax.patches if p.get_height() > 0)
     assert heights == [1.2, SPEED_CAP]
     assert [t.get_text() for t in ax.texts] == [f"{626.0 / 59.0:.1f}x"]
+
+
+def test_the_step_profile_picture_stacks_each_runs_groups_whole_and_per_running_request() -> None:
+    from bench.serving.plot_step_profile import step_profile_figure
+
+    def row(system: str, running: int, groups: dict[str, float]) -> dict[str, object]:
+        return {"system": system, "rc": 0, "max_running_requests": running, "decode_step_ms": 10.0,
+                "step_profile": {"groups_ms_per_step": groups}}  # fmt: skip
+
+    rows = [row("zipkv", 4, {"attention_zipkv": 6.0, "gemm": 2.0}),
+            {"system": "unprofiled", "rc": 0, "max_running_requests": 1, "decode_step_ms": 1.0},
+            row("flashinfer", 2, {"attention_flashinfer": 5.0, "gemm": 2.0, "other": 1.0})]  # fmt: skip
+    whole, per_request = step_profile_figure({"rows": rows}).axes[:2]
+    for ax, scale in ((whole, (1, 1)), (per_request, (4, 2))):
+        labels = [t.get_text() for t in ax.get_yticklabels()]
+        assert labels == ["zipkv\n4 running", "flashinfer\n2 running"]  # the run without a profile: no bar
+        ends: dict[float, float] = {}
+        for bar in ax.patches:
+            assert isinstance(bar, Rectangle)
+            y = round(bar.get_y() + bar.get_height() / 2)
+            ends[y] = max(ends.get(y, 0.0), bar.get_x() + bar.get_width())
+        assert ends[0] == pytest.approx(8.0 / scale[0]) and ends[1] == pytest.approx(8.0 / scale[1])
+    assert [t.get_text() for t in whole.figure.legends[0].get_texts()] == [
+        "attention_zipkv", "attention_flashinfer", "gemm", "other"]  # fmt: skip
