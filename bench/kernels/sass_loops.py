@@ -14,10 +14,15 @@ def opcode_counts(sass: str) -> dict[str, int]:
     return dict(sorted(counts.items(), key=lambda kv: -kv[1]))
 
 
+def instructions(sass: str) -> list[tuple[int, str]]:
+    """(address, instruction text) of every instruction in the listing, in order."""
+    return [(int(a, 16), t.strip()) for a, t in re.findall(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);", sass)]
+
+
 def loop_local_accesses(sass: str) -> int:
     """LDL/STL (spills) inside the main loop: between the target of the last backward branch and it. A
     spill outside the loop (a value kept across it) costs two accesses per program, not per tile."""
-    insts = [(int(a, 16), txt) for a, txt in re.findall(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);", sass)]
+    insts = instructions(sass)
     head, tail = _main_loop(insts)
     return sum(1 for addr, txt in insts if head <= addr <= tail and re.search(r"\b(LDL|STL)", txt))
 
@@ -25,21 +30,26 @@ def loop_local_accesses(sass: str) -> int:
 _BRA = re.compile(r"BRA (?:P\d, )?`?\(?0x([0-9a-f]+)")
 
 
-def _main_loop(insts: list[tuple[int, str]]) -> tuple[int, int]:
-    """(first, last address) of the tile loop: the innermost loop (a backward branch's span) that holds
-    the MMAs. An even-shares build wraps it in a loop over work items, whose span holds it."""
-    loops = [
+def loops(insts: list[tuple[int, str]]) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
+    """(every loop, those holding MMAs): each a backward branch's (first, last address)."""
+    spans = [
         (int(m.group(1), 16), addr)
         for addr, txt in insts
         if (m := _BRA.search(txt)) and int(m.group(1), 16) < addr
     ]
-    with_mma = [(h, t) for h, t in loops if any(h <= a <= t and "HMMA" in txt for a, txt in insts)]
-    return min(with_mma or loops or [(0, -1)], key=lambda span: span[1] - span[0])
+    return spans, [(h, t) for h, t in spans if any(h <= a <= t and "HMMA" in txt for a, txt in insts)]
+
+
+def _main_loop(insts: list[tuple[int, str]]) -> tuple[int, int]:
+    """(first, last address) of the tile loop: the innermost loop (a backward branch's span) that holds
+    the MMAs. An even-shares build wraps it in a loop over work items, whose span holds it."""
+    every, with_mma = loops(insts)
+    return min(with_mma or every or [(0, -1)], key=lambda span: span[1] - span[0])
 
 
 def _loop_blocks(sass: str) -> list[list[str]]:
     """The main loop's basic blocks (the last backward branch's body), each a list of instructions."""
-    insts = [(int(a, 16), t.strip()) for a, t in re.findall(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);", sass)]
+    insts = instructions(sass)
     head, tail = _main_loop(insts)
     body = [(a, t) for a, t in insts if head <= a <= tail]
     targets = {int(m.group(1), 16) for _, t in body if (m := _BRA.search(t))}

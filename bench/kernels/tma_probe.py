@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 from typing import Any
 
 import triton
@@ -29,7 +28,7 @@ from triton.experimental.gluon.language.nvidia.ampere import mma_v2
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
 
 from bench.kernels.hopper_resources import sass_of
-from bench.kernels.sass_loops import opcode_counts
+from bench.kernels.sass_loops import instructions, loops, opcode_counts
 
 
 @gluon.jit
@@ -63,18 +62,11 @@ def _tma_ring_kernel(desc, out_ptr, rows_ptr, n_tiles, ROWS: ttgl.constexpr):
     ttgl.store(out_ptr + r * 64 + c, acc)
 
 
-_BRA = re.compile(r"BRA (?:P\d, )?`?\(?0x([0-9a-f]+)")  # a branch and its target, as sass_loops reads them
-
-
 def _tile_loop(sass: str) -> list[tuple[int, str]]:
-    """The loop over tiles: the widest backward branch's span that holds the MMAs (the mbarrier wait's
-    retry loop is a narrower one, placed after it)."""
-    insts = [(int(a, 16), t.strip()) for a, t in re.findall(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);", sass)]
-    spans = [(int(m.group(1), 16), a) for a, t in insts if (m := _BRA.search(t)) and int(m.group(1), 16) < a]
-    head, tail = max(
-        (sp for sp in spans if any(sp[0] <= a <= sp[1] and "HMMA" in t for a, t in insts)),
-        key=lambda sp: sp[1] - sp[0],
-    )
+    """The loop over tiles: the widest loop that holds the MMAs (the mbarrier wait's retry loop, placed
+    after it, jumps back into it and is narrower: sass_loops' innermost rule would take that one)."""
+    insts = instructions(sass)
+    head, tail = max(loops(insts)[1], key=lambda span: span[1] - span[0])
     return [(a, t) for a, t in insts if head <= a <= tail]
 
 
