@@ -4,24 +4,13 @@ docs/benchmarks.md draws from it about TMA copies for the Hopper decode kernel."
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-from pathlib import Path
 
-import pytest
-
-ROOT = Path(__file__).resolve().parents[2]
-GLUON_PY = ROOT / ".cache/gluon-venv/bin/python"
+from gluon_venv import run_module
 
 
 def test_a_coded_page_head_needs_two_boxes_and_each_copy_costs_a_cta_barrier() -> None:
-    if not GLUON_PY.exists():
-        pytest.fail(f"{GLUON_PY} is missing: run scripts/setup.sh (it installs triton==3.6.0 there)")
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    cmd = [str(GLUON_PY), "-m", "bench.kernels.tma_probe", "--rows", "8,16,24", "--json"]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT, env=env)
-    assert done.returncode == 0, done.stderr[-3000:]
-    rows = {r["rows"]: r for r in json.loads(done.stdout)}
+    out = run_module("bench.kernels.tma_probe", "--rows", "8,16,24", "--json", timeout_s=300)
+    rows = {r["rows"]: r for r in json.loads(out)}
     # 24 rows of 128 bytes (a coded page-head at head_dim 128) is not a box: 16 + 8
     assert rows[24]["compiles"] is False and "power of 2" in rows[24]["error"], rows[24]
     one, two = rows[16], rows[8]

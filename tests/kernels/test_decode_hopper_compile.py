@@ -10,17 +10,12 @@ pages, and within 1e-2 of a float64 reference; docs/benchmarks.md).
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-from pathlib import Path
 
 import pytest
+from gluon_venv import run_module
 
 from zipkv.kernels.attention.decode_config import HOPPER_SPLIT_CAP
 from zipkv.kernels.attention.hopper import layouts as views
-
-ROOT = Path(__file__).resolve().parents[2]
-GLUON_PY = ROOT / ".cache/gluon-venv/bin/python"
 
 
 @pytest.mark.parametrize("head_dim", [64, 128, 256])
@@ -76,22 +71,8 @@ def test_offset_bases_refuse_a_view_that_is_not_bijective() -> None:
 
 def _compile_rows(*args: str) -> dict[int, dict[str, object]]:
     """bench/kernels/hopper_resources.py's rows by head_dim, compiled by .cache/gluon-venv's Triton 3.6.0."""
-    if not GLUON_PY.exists():
-        pytest.fail(f"{GLUON_PY} is missing: run scripts/setup.sh (it installs triton==3.6.0 there)")
-    where = subprocess.run(
-        [str(GLUON_PY), "-c", "import zipkv.kernels, os; print(os.path.realpath(zipkv.kernels.__file__))"],
-        capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
-    if Path(where.stdout.strip()).parent != (ROOT / "kernels").resolve():
-        pytest.fail(
-            f"{GLUON_PY} imports zipkv from {where.stdout.strip()!r}, not this checkout: run scripts/setup.sh"
-        )
-    cmd = [str(GLUON_PY), "-m", "bench.kernels.hopper_resources", "--json", *args]
-    # Not under the interpreter, which other tests of this run switch on for their process and children.
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=ROOT, env=env)
-    assert done.returncode == 0, done.stderr[:3000] + "\n...\n" + done.stderr[-1500:]
-    return {r["head_dim"]: r for r in json.loads(done.stdout)}
+    rows = json.loads(run_module("bench.kernels.hopper_resources", "--json", *args))
+    return {r["head_dim"]: r for r in rows}
 
 
 def test_kernel_compiles_for_sm90() -> None:
