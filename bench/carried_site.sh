@@ -3,8 +3,9 @@
 # scripts/build_sglang_carry.sh: SGLang 0.5.17 and its GPU dependencies, FlashInfer among them) extracted into
 # $ZIPKV_SITE (default /tmp/site) once a machine; a later call on the same warm machine finds it there.
 ZIPKV_SITE=${ZIPKV_SITE:-/tmp/site}
+sglang_site_ready() { [ -f "$ZIPKV_SITE/.zipkv_extracted" ]; }
 extract_sglang_site() {
-  [ -f "$ZIPKV_SITE/.zipkv_extracted" ] && return 0
+  sglang_site_ready && return 0
   if [ ! -f .carry/sglang/parts/site.tar.xz ]; then
     echo "FAILED: $ZIPKV_SITE holds no SGLang site and .carry/sglang/parts/site.tar.xz was not carried:" \
          "build it (scripts/build_sglang_carry.sh) and carry .carry/sglang/parts"

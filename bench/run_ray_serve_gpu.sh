@@ -5,9 +5,9 @@
 # The GPU machine's image has no Ray and the carry limit (64 MiB a call) does not fit Ray beside SGLang, so
 # this runs as the SECOND of two calls made within the machine's warm window (30 s):
 #   call 1 carries .carry/sglang/parts + .carry/llama31_8b and extracts SGLang into /tmp/site
-#          (bench/run_sglang_e2e_gpu.sh does, or just: mkdir -p /tmp/site && tar -C /tmp/site -xJf ...);
+#          (bench/carried_site.sh's extract_sglang_site: bench/run_sglang_e2e_gpu.sh calls it);
 #   call 2 carries .carry/ray (scripts/build_ray_carry.sh, ~22 MiB) + .carry/llama31_8b and runs this.
-# If /tmp/site is missing and .carry/sglang/parts was carried, it is extracted here instead.
+# If the site is missing and .carry/sglang/parts was carried, it is extracted here instead.
 #
 # Env: ENGINE=sglang (default) | reference (the tiny CPU model: the same path on any machine; an installed
 #   Ray is used when there is one, else the carried one), MODEL (default .carry/llama31_8b for sglang),
@@ -40,17 +40,10 @@ else
 fi
 
 if [ "$ENGINE" = sglang ]; then
-  if [ ! -d /tmp/site/sglang ]; then
-    if [ -f .carry/sglang/parts/site.tar.xz ]; then
-      step "extracting SGLang into /tmp/site"
-      mkdir -p /tmp/site && timeout 120 tar -C /tmp/site -xJf .carry/sglang/parts/site.tar.xz || { echo "FAILED: SGLang extract"; exit 1; }
-    else
-      echo "FAILED: /tmp/site (SGLang) is missing on this machine: run this right after the call that carried" \
-           ".carry/sglang/parts and extracted it to /tmp/site (within the 30 s warm window), or carry it here"
-      exit 1
-    fi
-  fi
-  PYPATH=${PYPATH:+$PYPATH:}/tmp/site
+  source bench/carried_site.sh
+  sglang_site_ready || step "extracting SGLang into $ZIPKV_SITE"
+  extract_sglang_site || { echo "(or run this right after the call that extracted it, within the 30 s warm window)"; exit 1; }
+  PYPATH=${PYPATH:+$PYPATH:}$ZIPKV_SITE
   export CUDA_HOME=/usr/local/cuda PATH=/usr/local/cuda/bin:$PATH FLASHINFER_WORKSPACE_BASE=/tmp/fiws \
     FLASHINFER_CUDA_ARCH_LIST=9.0a MAX_JOBS=16 TVM_FFI_CACHE_DIR=/tmp/tvmffi HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
   MODEL=${MODEL:-.carry/llama31_8b}

@@ -50,7 +50,7 @@ RATES=${RATES:-0.5,1,2,3}; REQUESTS=${REQUESTS:-32}; DEADLINE_S=${DEADLINE_S:-56
 PYPATH=""
 if [ "$ENGINE" = sglang ]; then
   source bench/carried_site.sh
-  [ -f "$ZIPKV_SITE/.zipkv_extracted" ] || step "extracting SGLang into $ZIPKV_SITE"
+  sglang_site_ready || step "extracting SGLang into $ZIPKV_SITE"
   extract_sglang_site || exit 1
   if [[ "$SYSTEMS" == *zipkv* ]]; then
     if ! python3 -c "import ray.serve" 2>/dev/null && [ ! -d /tmp/raysite/ray ]; then
