@@ -9,9 +9,8 @@ from typing import Any
 import matplotlib.pyplot as plt
 from matplotlib.figure import Figure
 
-# Stack order: the attention groups first (what the systems differ in), then the rest of the model.
-GROUP_ORDER = ["attention_zipkv", "attention_flashinfer", "attention_merge", "gemm", "norm_rope_act",
-               "kv_store", "sampling", "other"]  # fmt: skip
+# step_profile.py's kernel groups in stack order: the attention groups first (what the systems differ in),
+# then the rest of the model.
 GROUP_COLORS = {
     "attention_zipkv": "#d62728",
     "attention_flashinfer": "#1f77b4",
@@ -35,14 +34,14 @@ def step_profile_figure(data: dict[str, Any]) -> Figure:
     fig, axes = plt.subplots(1, 2, figsize=(11, 1.2 + 0.7 * len(rows)))
     for ax, per_request in zip(axes, (False, True), strict=True):
         left = [0.0] * len(rows)
-        for group in GROUP_ORDER:
+        for group, color in GROUP_COLORS.items():
             widths = [
                 r["step_profile"]["groups_ms_per_step"].get(group, 0.0)
                 / (r["max_running_requests"] if per_request else 1)
                 for r in rows
             ]
             if any(widths):
-                ax.barh(labels, widths, left=left, color=GROUP_COLORS[group], label=group)
+                ax.barh(labels, widths, left=left, color=color, label=group)
                 left = [a + w for a, w in zip(left, widths, strict=True)]
         for y, (total, r) in enumerate(zip(left, rows, strict=True)):
             logged = r["decode_step_ms"] / (r["max_running_requests"] if per_request else 1)

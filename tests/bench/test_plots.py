@@ -150,7 +150,11 @@ def test_a_speed_past_the_cap_is_drawn_to_it_and_labelled_with_its_value() -> No
 
 
 def test_the_step_profile_picture_stacks_each_runs_groups_whole_and_per_running_request() -> None:
-    from bench.serving.plot_step_profile import step_profile_figure
+    from bench.serving.plot_step_profile import GROUP_COLORS, step_profile_figure
+    from bench.serving.step_profile import KERNEL_GROUPS
+
+    # a group step_profile.py can report but the picture has no colour for would be left out of the bars
+    assert {g for g, _ in KERNEL_GROUPS} | {"other"} <= set(GROUP_COLORS)
 
     def row(system: str, running: int, groups: dict[str, float]) -> dict[str, object]:
         return {"system": system, "rc": 0, "max_running_requests": running, "decode_step_ms": 10.0,
