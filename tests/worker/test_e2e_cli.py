@@ -24,55 +24,15 @@ pytestmark = pytest.mark.slow
 
 
 def test_zipkv_up_answers_and_stops_cleanly_on_ctrl_c() -> None:
-    # The console script of the interpreter running the tests (another `zipkv` on PATH may be another
-    # checkout's), else the module.
-    beside = Path(sys.executable).parent / "zipkv"
-    cmd = [str(beside)] if beside.is_file() else [sys.executable, "-m", "zipkv.stack.cli"]
+    cmd = zipkv_command()
     port, metrics_port = free_port(), free_port()
     receiver = OtlpReceiver().start()
-    started = time.monotonic()
-    proc = subprocess.Popen(
-        [
-            *cmd,
-            "up",
-            "--port",
-            str(port),
-            "--workers",
-            "2",
-            "--kv-budget-mib",
-            "16",
-            "--otlp",
-            receiver.endpoint,
-            "--metrics-port",
-            str(metrics_port),
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        # the standard variable, passed on to the router and the replicas: export spans every 200 ms
-        env={**os.environ, "PYTHONUNBUFFERED": "1", "OTEL_BSP_SCHEDULE_DELAY": "200"},
-    )
+    proc = start_stack(cmd, port, metrics_port, receiver.endpoint)
     lines: list[str] = []
+    done: dict[str, object] = {}
+    streamer: threading.Thread | None = None
     try:
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            lines.append(line)
-            if "Press Ctrl-C" in line or proc.poll() is not None:
-                break
-            assert time.monotonic() - started < 240, "".join(lines)
-        ready_s = time.monotonic() - started
-        log = "".join(lines)
-        assert "zipkv is ready" in log, log
-        # Progress was shown while it started.
-        for step in (
-            "starting router",
-            "router up",
-            "starting Ray",
-            "worker replica",
-            "2/2 workers reporting",
-        ):
-            assert step in log, log
-        print(f"zipkv up ready in {ready_s:.1f} s")
+        log = read_until_ready(proc, lines)
         worker_metrics = where_to_look(log, port, receiver.endpoint)
         api = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0)
         reply = api.completions.create(model="zipkv-tiny", prompt="hello", max_tokens=16)
@@ -90,42 +50,12 @@ def test_zipkv_up_answers_and_stops_cleanly_on_ctrl_c() -> None:
         )
         assert status.returncode == 0 and status.stdout.count(" ok ") == 2, status.stdout + status.stderr
         # Ctrl-C while a request streams: the workers drain, so it still completes.
-        done: dict[str, object] = {}
-        first = threading.Event()
-
-        def stream() -> None:
-            try:
-                chunks = api.completions.create(
-                    model="zipkv-tiny",
-                    prompt="drain",
-                    max_tokens=600,
-                    stream=True,
-                    extra_body={"ignore_eos": True},
-                )
-                reasons: list[str] = []
-                pieces = 0
-                for chunk in chunks:
-                    first.set()
-                    pieces += 1
-                    reasons.extend(c.finish_reason for c in chunk.choices if c.finish_reason)
-                done["reasons"], done["pieces"] = reasons, pieces
-            except BaseException as exc:
-                done["error"] = exc
-            first.set()
-
-        streamer = threading.Thread(target=stream)
-        streamer.start()
-        assert first.wait(30)
+        streamer = stream_in_background(api, done)
     finally:
         receiver.stop()
-        proc.send_signal(signal.SIGINT)
-        try:
-            rest, _ = proc.communicate(timeout=90)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            rest, _ = proc.communicate()
-        lines.append(rest or "")
+        lines.append(interrupt(proc))
     log = "".join(lines)
+    assert streamer is not None
     streamer.join(60)
     assert done.get("reasons") == ["length"], done  # all 600 tokens, though Ctrl-C came after the first
     print(f"streamed {done['pieces']} chunks across the Ctrl-C")
@@ -134,6 +64,85 @@ def test_zipkv_up_answers_and_stops_cleanly_on_ctrl_c() -> None:
     assert "Traceback" not in log, log
     with pytest.raises(OSError):  # the router is gone too
         http_get(f"http://127.0.0.1:{port}/healthz", 1.0)
+
+
+def zipkv_command() -> list[str]:
+    """The console script of the interpreter running the tests (another `zipkv` on PATH may be another
+    checkout's), else the module."""
+    beside = Path(sys.executable).parent / "zipkv"
+    return [str(beside)] if beside.is_file() else [sys.executable, "-m", "zipkv.stack.cli"]
+
+
+def start_stack(cmd: list[str], port: int, metrics_port: int, otlp: str) -> subprocess.Popen[str]:
+    args = ["up", "--port", str(port), "--workers", "2", "--kv-budget-mib", "16"]
+    args += ["--otlp", otlp, "--metrics-port", str(metrics_port)]
+    return subprocess.Popen(
+        [*cmd, *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        # the standard variable, passed on to the router and the replicas: export spans every 200 ms
+        env={**os.environ, "PYTHONUNBUFFERED": "1", "OTEL_BSP_SCHEDULE_DELAY": "200"},
+    )
+
+
+def read_until_ready(proc: subprocess.Popen[str], lines: list[str]) -> str:
+    """Reads `zipkv up`'s output into `lines` until it says it is ready; checks it showed progress."""
+    started = time.monotonic()
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        lines.append(line)
+        if "Press Ctrl-C" in line or proc.poll() is not None:
+            break
+        assert time.monotonic() - started < 240, "".join(lines)
+    log = "".join(lines)
+    assert "zipkv is ready" in log, log
+    for step in ("starting router", "router up", "starting Ray", "worker replica", "2/2 workers reporting"):
+        assert step in log, log
+    print(f"zipkv up ready in {time.monotonic() - started:.1f} s")
+    return log
+
+
+def stream_in_background(api: openai.OpenAI, done: dict[str, object]) -> threading.Thread:
+    """Streams 600 tokens on a thread into `done` (finish reasons, chunk count, or the error); returns
+    once the first chunk has arrived."""
+    first = threading.Event()
+
+    def stream() -> None:
+        try:
+            chunks = api.completions.create(
+                model="zipkv-tiny",
+                prompt="drain",
+                max_tokens=600,
+                stream=True,
+                extra_body={"ignore_eos": True},
+            )
+            reasons: list[str] = []
+            pieces = 0
+            for chunk in chunks:
+                first.set()
+                pieces += 1
+                reasons.extend(c.finish_reason for c in chunk.choices if c.finish_reason)
+            done["reasons"], done["pieces"] = reasons, pieces
+        except BaseException as exc:
+            done["error"] = exc
+        first.set()
+
+    streamer = threading.Thread(target=stream)
+    streamer.start()
+    assert first.wait(30)
+    return streamer
+
+
+def interrupt(proc: subprocess.Popen[str]) -> str:
+    """Ctrl-C, then the rest of the output once it has stopped (killed after 90 s)."""
+    proc.send_signal(signal.SIGINT)
+    try:
+        rest, _ = proc.communicate(timeout=90)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        rest, _ = proc.communicate()
+    return rest or ""
 
 
 def where_to_look(log: str, port: int, otlp: str) -> list[str]:
