@@ -156,28 +156,9 @@ def test_each_replica_serves_its_engine_metrics(stack: LocalStack) -> None:
 
 
 def test_replica_killed_mid_stream(stack: LocalStack) -> None:
-    import ray
-
     before_ids = {w["worker_id"] for w in stack.workers()}
     assert len(before_ids) == 2
-    placed_before = placements(stack, 0)
-    stream = client(stack, 0).completions.create(
-        model=MODEL, prompt="a long answer please", max_tokens=300, stream=True, temperature=0,
-        extra_body={"ignore_eos": True},
-    )  # fmt: skip
-    received, text = 0, ""
-    for chunk in stream:  # the kill does not end it: the stream goes on from its tokens on the survivor
-        received += 1
-        text += chunk.choices[0].text if chunk.choices else ""
-        if received == 3:
-            placed = placements(stack, 0)
-            (victim,) = [w for w in placed if placed[w] > placed_before.get(w, 0.0)]
-            assert victim in headroom_workers(stack, 0)  # known to the router before the kill
-            tag = victim.removeprefix("zipkv-worker-")
-            actor = ray.get_actor(f"SERVE_REPLICA::zipkv#zipkv-worker#{tag}", namespace="serve")
-            ray.kill(actor, no_restart=True)
-    assert received > 3 and text and chunk.choices[0].finish_reason == "length"
-    print("client saw", received, "chunks, the stream resumed on the survivor after the kill")
+    victim = kill_the_streaming_replica(stack)
     _, body = http_get(f"{stack.base_urls[0]}/metrics")
     assert 'zipkv_router_retries_total{reason="lost_mid_request"} 1.0' in body.decode()
 
@@ -198,7 +179,42 @@ def test_replica_killed_mid_stream(stack: LocalStack) -> None:
     assert placements(stack, 0).get(victim, 0.0) == dead_before
 
     # Ray Serve brings a new replica up; it reports under a new id and gets placements again.
-    end = time.monotonic() + 120
+    replacement = wait_for_replacement(stack, victim, before_ids)
+    end = time.monotonic() + 30
+    while time.monotonic() < end and placements(stack, 0).get(replacement, 0.0) == 0:
+        spread_requests(stack, 4)
+    assert placements(stack, 0).get(replacement, 0.0) > 0
+
+
+def kill_the_streaming_replica(stack: LocalStack) -> str:
+    """Streams a long answer and, at its third chunk, kills the replica serving it; the stream must go on
+    to its end on the survivor. Returns the killed worker's id."""
+    import ray
+
+    placed_before = placements(stack, 0)
+    stream = client(stack, 0).completions.create(
+        model=MODEL, prompt="a long answer please", max_tokens=300, stream=True, temperature=0,
+        extra_body={"ignore_eos": True},
+    )  # fmt: skip
+    received, text, victim = 0, "", ""
+    for chunk in stream:  # the kill does not end it: the stream goes on from its tokens on the survivor
+        received += 1
+        text += chunk.choices[0].text if chunk.choices else ""
+        if received == 3:
+            placed = placements(stack, 0)
+            (victim,) = [w for w in placed if placed[w] > placed_before.get(w, 0.0)]
+            assert victim in headroom_workers(stack, 0)  # known to the router before the kill
+            tag = victim.removeprefix("zipkv-worker-")
+            actor = ray.get_actor(f"SERVE_REPLICA::zipkv#zipkv-worker#{tag}", namespace="serve")
+            ray.kill(actor, no_restart=True)
+    assert received > 3 and text and chunk.choices[0].finish_reason == "length"
+    print("client saw", received, "chunks, the stream resumed on the survivor after the kill")
+    return victim
+
+
+def wait_for_replacement(stack: LocalStack, victim: str, before_ids: set[str], timeout_s: float = 120) -> str:
+    """The id of the replica Ray Serve started in the killed one's place, once two report again."""
+    end = time.monotonic() + timeout_s
     while time.monotonic() < end:
         ids = {w["worker_id"] for w in stack.workers()}
         if len(ids) == 2 and victim not in ids:
@@ -207,21 +223,23 @@ def test_replica_killed_mid_stream(stack: LocalStack) -> None:
     ids = {w["worker_id"] for w in stack.workers()}
     assert len(ids) == 2 and victim not in ids, ids
     (replacement,) = ids - before_ids
-    end = time.monotonic() + 30
-    while time.monotonic() < end and placements(stack, 0).get(replacement, 0.0) == 0:
-        threads = [
-            threading.Thread(
-                target=lambda: client(stack, 0).completions.create(
-                    model=MODEL, prompt="spread me", max_tokens=60, temperature=0
-                )
+    return str(replacement)
+
+
+def spread_requests(stack: LocalStack, count: int) -> None:
+    """`count` requests at once, so the router has to place some on the less loaded replica."""
+    threads = [
+        threading.Thread(
+            target=lambda: client(stack, 0).completions.create(
+                model=MODEL, prompt="spread me", max_tokens=60, temperature=0
             )
-            for _ in range(4)
-        ]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(60)
-    assert placements(stack, 0).get(replacement, 0.0) > 0
+        )
+        for _ in range(count)
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
 
 
 def test_zipkv_status_shows_workers(stack: LocalStack) -> None:
