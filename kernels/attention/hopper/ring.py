@@ -107,8 +107,9 @@ def _opaque(x):
 def _copy_coded_lean(a_k, b_k, a_v, b_v, page_ptr, ph, mk, mv, cp_l: ttgl.constexpr, H: ttgl.constexpr,
                      D: ttgl.constexpr):  # fmt: skip
     """:func:`_copy_lo` and :func:`_copy_b` of K (page-head ``ph``) and V (``H + ph``), addressed for fewer
-    instructions (decode.py's LEAN): V's sources are K's plus H * 24 D bytes, a constant the copy takes as
-    an immediate instead of a 64-bit add per chunk; a patch chunk's offset is one multiply-add of its raw
+    instructions (decode.py's LEAN): V's sources are K's plus H * 24 D bytes (a cp.async source immediate
+    holds only -2048..2047 bytes on sm_90, so beyond one KV head at head_dim 64 ptxas still adds it per
+    chunk, two instructions each); a patch chunk's offset is one multiply-add of its raw
     block's marker (0x80 + patch index: (m - 0x80) * 64 = m * 64 - 0x2000; a coded block's chunk is masked
     off, its address never read)."""
     c, b = _chunks(D, cp_l)
