@@ -94,11 +94,17 @@ async def start_report_server(
 ) -> tuple[grpc.aio.Server, int]:
     """Start the ControlPlane gRPC server (mutual TLS when `tls` is given); returns it and the bound
     port (port 0 picks one)."""
-    server = grpc.aio.server(options=[("grpc.max_receive_message_length", 1 << 20)])
+    # gRPC binds with SO_REUSEPORT by default: a second server on a taken port would then share it silently
+    # (another router's reports half arriving here) instead of failing below.
+    options = [("grpc.so_reuseport", 0), ("grpc.max_receive_message_length", 1 << 20)]
+    server = grpc.aio.server(options=options)
     pb_grpc.add_ControlPlaneServicer_to_server(servicer, server)
     if tls is None:
         warn_plaintext(f"router report server on {host}:{port}")
-    bound = add_port(server, f"{host}:{port}", tls)
+    try:
+        bound = add_port(server, f"{host}:{port}", tls)
+    except RuntimeError:  # gRPC's own message names no cause
+        bound = 0
     if bound == 0:
         raise RuntimeError(f"cannot bind the report port {host}:{port}: is another process using it?")
     await server.start()

@@ -31,7 +31,9 @@ class StatusTap(pb_grpc.ControlPlaneServicer):
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._write_every_s = write_every_s
-        self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+        self._server = grpc.server(
+            futures.ThreadPoolExecutor(max_workers=4), options=[("grpc.so_reuseport", 0)]
+        )  # port 0: never one another server holds
         pb_grpc.add_ControlPlaneServicer_to_server(self, self._server)
         self.port = self._server.add_insecure_port("127.0.0.1:0")
         self._writer = threading.Thread(target=self._write_loop, name="zipkv-status-tap", daemon=True)

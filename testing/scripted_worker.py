@@ -69,7 +69,9 @@ class ScriptedWorker(pb_grpc.WorkerServicer):
 
     async def start(self, port: int = 0, tls: TlsFiles | None = None) -> str:
         """Serve on loopback (plaintext, or mutual TLS with `tls`); returns the address."""
-        self._server = grpc.aio.server(options=keepalive.SERVER_OPTIONS)  # as the real worker's
+        # As the real worker's (worker/runtime.py): without SO_REUSEPORT, so that no other server can share
+        # the port, during the run or after this one stops (a test's calls to a stopped worker must fail).
+        self._server = grpc.aio.server(options=[("grpc.so_reuseport", 0), *keepalive.SERVER_OPTIONS])
         pb_grpc.add_WorkerServicer_to_server(self, self._server)
         bound = add_port(self._server, f"127.0.0.1:{port}", tls)
         await self._server.start()

@@ -47,7 +47,9 @@ class OtlpReceiver(tgrpc.TraceServiceServicer):
     def __init__(self) -> None:
         self.spans: list[dict[str, Any]] = []
         self._lock = threading.Lock()
-        self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+        self._server = grpc.server(
+            futures.ThreadPoolExecutor(max_workers=2), options=[("grpc.so_reuseport", 0)]
+        )  # port 0: never one another server holds
         tgrpc.add_TraceServiceServicer_to_server(self, self._server)
         self.port = self._server.add_insecure_port("127.0.0.1:0")
         self.endpoint = f"http://127.0.0.1:{self.port}"

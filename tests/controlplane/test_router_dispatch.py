@@ -50,8 +50,8 @@ def test_refusal_is_retried_once_on_the_next_best_worker(code: grpc.StatusCode) 
 def test_unreachable_worker_is_retried() -> None:
     with stack() as s:
         dead = s.add_worker(total_tokens=200_000)
+        good = s.add_worker(total_tokens=100_000)  # before the stop, so it cannot take the freed port
         s.loop.run(dead.stop(0))  # its last report is still fresh
-        good = s.add_worker(total_tokens=100_000)
         r = httpx.post(s.url + "/v1/completions", json=BODY)
         assert r.status_code == 200 and r.headers["x-zipkv-worker"] == good.worker_id
         assert reserved(s) == 0

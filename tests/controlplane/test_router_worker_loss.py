@@ -126,8 +126,10 @@ def test_every_worker_dying_is_tried_once_each_up_to_the_retries() -> None:
 def count_unavailable_retries(cooldown_s: float) -> float:
     with stack(dispatch={"unreachable_cooldown_s": cooldown_s}) as s:
         dead = s.add_worker(total_tokens=200_000)
-        s.loop.run(dead.stop(0))  # gone; its last report is still fresh, and it still ranks first
+        # Started before the other stops: started after, it could be given the port just freed, and the
+        # router's calls to the stopped worker would reach it.
         good = s.add_worker(total_tokens=100_000)
+        s.loop.run(dead.stop(0))  # gone; its last report is still fresh, and it still ranks first
         for _ in range(3):
             r = httpx.post(s.url + "/v1/completions", json=BODY)
             assert r.status_code == 200 and r.headers["x-zipkv-worker"] == good.worker_id
