@@ -63,6 +63,12 @@ def open_channel(
     return grpc.aio.secure_channel(address, creds, options=channel_options(tls) + extra)
 
 
+# Every gRPC server of ours binds without SO_REUSEPORT, which gRPC turns on by default: with it, a second
+# server can bind a port another one holds (port 0 included), the connections split between the two, and a
+# call to a stopped or misconfigured server silently reaches another. Without it the bind fails loudly.
+EXCLUSIVE_PORT = ("grpc.so_reuseport", 0)
+
+
 def add_port(server: grpc.aio.Server, address: str, tls: TlsFiles | None) -> int:
     if tls is None:
         return server.add_insecure_port(address)

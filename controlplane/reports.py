@@ -10,6 +10,7 @@ import grpc
 
 from zipkv.controlplane.config import RouterConfig
 from zipkv.controlplane.grpc_auth import (
+    EXCLUSIVE_PORT,
     TlsFiles,
     add_port,
     bearer_token,
@@ -94,10 +95,7 @@ async def start_report_server(
 ) -> tuple[grpc.aio.Server, int]:
     """Start the ControlPlane gRPC server (mutual TLS when `tls` is given); returns it and the bound
     port (port 0 picks one)."""
-    # gRPC binds with SO_REUSEPORT by default: a second server on a taken port would then share it silently
-    # (another router's reports half arriving here) instead of failing below.
-    options = [("grpc.so_reuseport", 0), ("grpc.max_receive_message_length", 1 << 20)]
-    server = grpc.aio.server(options=options)
+    server = grpc.aio.server(options=[EXCLUSIVE_PORT, ("grpc.max_receive_message_length", 1 << 20)])
     pb_grpc.add_ControlPlaneServicer_to_server(servicer, server)
     if tls is None:
         warn_plaintext(f"router report server on {host}:{port}")

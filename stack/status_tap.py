@@ -16,6 +16,7 @@ from typing import Any
 import grpc
 from google.protobuf.json_format import MessageToDict
 
+from zipkv.controlplane.grpc_auth import EXCLUSIVE_PORT
 from zipkv.protos import zipkv_pb2 as pb
 from zipkv.protos import zipkv_pb2_grpc as pb_grpc
 
@@ -31,9 +32,7 @@ class StatusTap(pb_grpc.ControlPlaneServicer):
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._write_every_s = write_every_s
-        self._server = grpc.server(
-            futures.ThreadPoolExecutor(max_workers=4), options=[("grpc.so_reuseport", 0)]
-        )  # port 0: never one another server holds
+        self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=4), options=[EXCLUSIVE_PORT])
         pb_grpc.add_ControlPlaneServicer_to_server(self, self._server)
         self.port = self._server.add_insecure_port("127.0.0.1:0")
         self._writer = threading.Thread(target=self._write_loop, name="zipkv-status-tap", daemon=True)

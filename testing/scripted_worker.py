@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import grpc
 
 from zipkv.controlplane import grpc_keepalive as keepalive
-from zipkv.controlplane.grpc_auth import TlsFiles, add_port
+from zipkv.controlplane.grpc_auth import EXCLUSIVE_PORT, TlsFiles, add_port
 from zipkv.protos import zipkv_pb2 as pb
 from zipkv.protos import zipkv_pb2_grpc as pb_grpc
 
@@ -69,9 +69,8 @@ class ScriptedWorker(pb_grpc.WorkerServicer):
 
     async def start(self, port: int = 0, tls: TlsFiles | None = None) -> str:
         """Serve on loopback (plaintext, or mutual TLS with `tls`); returns the address."""
-        # As the real worker's (worker/runtime.py): without SO_REUSEPORT, so that no other server can share
-        # the port, during the run or after this one stops (a test's calls to a stopped worker must fail).
-        self._server = grpc.aio.server(options=[("grpc.so_reuseport", 0), *keepalive.SERVER_OPTIONS])
+        # as the real worker's (worker/runtime.py)
+        self._server = grpc.aio.server(options=[EXCLUSIVE_PORT, *keepalive.SERVER_OPTIONS])
         pb_grpc.add_WorkerServicer_to_server(self, self._server)
         bound = add_port(self._server, f"127.0.0.1:{port}", tls)
         await self._server.start()

@@ -20,7 +20,7 @@ import grpc
 from opentelemetry.sdk.trace import TracerProvider
 
 from zipkv.controlplane import grpc_keepalive as keepalive
-from zipkv.controlplane.grpc_auth import add_port, warn_plaintext
+from zipkv.controlplane.grpc_auth import EXCLUSIVE_PORT, add_port, warn_plaintext
 from zipkv.protos import zipkv_pb2_grpc as pb_grpc
 from zipkv.worker.engine import Engine
 from zipkv.worker.loop import EngineLoop
@@ -102,7 +102,7 @@ class WorkerRuntime:
     async def _start_server(self) -> None:
         self.settings.check_serving_credentials()
         tls = self.settings.tls_files()
-        server = grpc.aio.server(options=[("grpc.so_reuseport", 0), *keepalive.SERVER_OPTIONS])
+        server = grpc.aio.server(options=[EXCLUSIVE_PORT, *keepalive.SERVER_OPTIONS])
         pb_grpc.add_WorkerServicer_to_server(self.service, server)
         where = f"{self.settings.bind_host}:{self.settings.port}"
         if tls is None:

@@ -30,6 +30,8 @@ from opentelemetry.proto.collector.trace.v1 import trace_service_pb2 as tpb
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc as tgrpc
 from opentelemetry.proto.common.v1 import common_pb2
 
+from zipkv.controlplane.grpc_auth import EXCLUSIVE_PORT
+
 TOKEN = "trace-capture-token"
 MODEL = "zipkv-tiny"
 
@@ -47,9 +49,7 @@ class OtlpReceiver(tgrpc.TraceServiceServicer):
     def __init__(self) -> None:
         self.spans: list[dict[str, Any]] = []
         self._lock = threading.Lock()
-        self._server = grpc.server(
-            futures.ThreadPoolExecutor(max_workers=2), options=[("grpc.so_reuseport", 0)]
-        )  # port 0: never one another server holds
+        self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=2), options=[EXCLUSIVE_PORT])
         tgrpc.add_TraceServiceServicer_to_server(self, self._server)
         self.port = self._server.add_insecure_port("127.0.0.1:0")
         self.endpoint = f"http://127.0.0.1:{self.port}"
