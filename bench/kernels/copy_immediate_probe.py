@@ -19,13 +19,11 @@ import json
 import re
 from typing import Any
 
-import triton
-from triton.backends.compiler import GPUTarget
 from triton.experimental import gluon
 from triton.experimental.gluon import language as ttgl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy
 
-from bench.kernels.hopper_resources import sass_of
+from bench.kernels.hopper_resources import compile_gluon, sass_of
 
 _LDGSTS = re.compile(r"LDGSTS\S* \[[^]]*\], desc\[\w+\]\[(R\d+)\.64(?:\+(-?0x[0-9a-f]+))?\]")
 
@@ -52,11 +50,9 @@ def _two_copies_kernel(src_ptr, out_ptr, locs_ptr, n, OFFSET: ttgl.constexpr):
 
 def probe(offset: int) -> dict[str, Any]:
     """The loop's two copies at ``offset``: their address registers and immediates."""
-    from triton.experimental.gluon._runtime import GluonASTSource
-
     sig = {"src_ptr": "*u8", "out_ptr": "*i32", "locs_ptr": "*i64", "n": "i32", "OFFSET": "constexpr"}
-    src = GluonASTSource(_two_copies_kernel, sig, {(4,): offset}, {(0,): [["tt.divisibility", 16]]})
-    k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 2})
+    attrs = {(0,): [["tt.divisibility", 16]]}
+    k = compile_gluon(_two_copies_kernel, sig, {(4,): offset}, attrs, {"num_warps": 2})
     copies = [(m.group(1), int(m.group(2) or "0", 16)) for m in _LDGSTS.finditer(sass_of(k.asm["cubin"]))]
     # The loop is unrolled once by ptxas: the first pair of copies stands for every pair.
     (reg_a, imm_a), (reg_b, imm_b) = copies[0], copies[1]

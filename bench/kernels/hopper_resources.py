@@ -64,8 +64,6 @@ def compile_hopper(
     lean: bool = False,
     even_shares: bool = False,
 ):  # type: ignore[no-untyped-def]
-    from triton.experimental.gluon._runtime import GluonASTSource
-
     fn = dh._decode_hopper_kernel
     del compressed  # one kernel reads coded and raw pages
     regs = launch.register_cap(maxnreg, head_dim, num_warps)  # as the launch does
@@ -78,8 +76,15 @@ def compile_hopper(
     constexprs = {(i,): const[n] for i, n in enumerate(fn.arg_names) if n in const}
     aligned = {n for n in ARG_TYPES if ARG_TYPES[n].startswith("*") or n.startswith("stride")}
     attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names) if n in aligned}
-    src = GluonASTSource(fn, signature, constexprs, attrs)
     options: dict[str, int] = {"num_warps": num_warps, **({"maxnreg": regs} if regs else {})}
+    return compile_gluon(fn, signature, constexprs, attrs, options, arch)
+
+
+def compile_gluon(fn, signature, constexprs, attrs, options, arch=90):  # type: ignore[no-untyped-def]
+    """A Gluon kernel compiled offline for sm_<arch>, no GPU needed (this and the offline probes)."""
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    src = GluonASTSource(fn, signature, constexprs, attrs)
     return triton.compile(src, target=GPUTarget("cuda", arch, 32), options=options)
 
 

@@ -20,14 +20,12 @@ import argparse
 import json
 from typing import Any
 
-import triton
-from triton.backends.compiler import GPUTarget
 from triton.experimental import gluon
 from triton.experimental.gluon import language as ttgl
 from triton.experimental.gluon.language.nvidia.ampere import mma_v2
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
 
-from bench.kernels.hopper_resources import sass_of
+from bench.kernels.hopper_resources import compile_gluon, sass_of
 from bench.kernels.sass_loops import instructions, loops, opcode_counts
 
 
@@ -72,14 +70,11 @@ def _tile_loop(sass: str) -> list[tuple[int, str]]:
 
 def probe(rows: int) -> dict[str, Any]:
     """One box of ``rows`` x 128 bytes a tile: the loop's SASS counts, or the refusal."""
-    from triton.experimental.gluon._runtime import GluonASTSource
-
     sig = {"desc": f"tensordesc<u8[{rows},128],NVMMASharedLayout(128, 8, 2)>", "out_ptr": "*fp32",
            "rows_ptr": "*i32", "n_tiles": "i32", "ROWS": "constexpr"}  # fmt: skip
     attrs = {(1,): [["tt.divisibility", 16]], (2,): [["tt.divisibility", 16]]}
-    src = GluonASTSource(_tma_ring_kernel, sig, {(4,): rows}, attrs)
     try:
-        k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 2})
+        k = compile_gluon(_tma_ring_kernel, sig, {(4,): rows}, attrs, {"num_warps": 2})
     except Exception as e:  # the refusal is the answer for this box
         return {"rows": rows, "compiles": False, "error": str(e).strip().splitlines()[-1][:200]}
     loop = _tile_loop(sass_of(k.asm["cubin"]))

@@ -26,11 +26,11 @@ import re
 import tempfile
 from typing import Any
 
-import triton
-from triton.backends.compiler import GPUTarget
 from triton.experimental import gluon
 from triton.experimental.gluon import language as ttgl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy, mbarrier
+
+from bench.kernels.hopper_resources import compile_gluon
 
 _ROWS = 32  # a slot: [32 tokens, 16 values] bf16, 1 KiB, one 16-byte chunk per producer thread and copy
 _COLS = 16
@@ -94,8 +94,6 @@ def _setmaxnreg(ptx: str, way: str) -> list[int]:
 def probe(consumers: int, producers: int, maxnreg: int) -> dict[str, Any]:
     """One shape: the kernel's threads and the ``setmaxnreg`` values its partitions run, or the compiler's
     refusal."""
-    from triton.experimental.gluon._runtime import GluonASTSource
-
     row: dict[str, Any] = {"consumer_warps": consumers, "producer_warps": producers, "maxnreg": maxnreg}
     sig = {"in_ptr": "*bf16", "out_ptr": "*fp32", "n_tiles": "i32"}
     names = list(_ring_kernel.arg_names)
@@ -103,13 +101,12 @@ def probe(consumers: int, producers: int, maxnreg: int) -> dict[str, Any]:
     sig.update({n: "constexpr" for n in const})
     constexprs = {(names.index(n),): v for n, v in const.items()}
     attrs = {(0,): [["tt.divisibility", 16]], (1,): [["tt.divisibility", 16]]}
-    src = GluonASTSource(_ring_kernel, sig, constexprs, attrs)
     options: dict[str, int] = {"num_warps": consumers, **({"maxnreg": maxnreg} if maxnreg else {})}
     with tempfile.TemporaryFile(mode="w+") as err:
         saved = os.dup(2)  # MLIR prints the reason on fd 2; the exception only says that parsing failed
         os.dup2(err.fileno(), 2)
         try:
-            k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
+            k = compile_gluon(_ring_kernel, sig, constexprs, attrs, options)
         except Exception:  # the refusal is the answer for this shape
             os.dup2(saved, 2)
             err.seek(0)
