@@ -157,6 +157,29 @@ def test_router_boots_against_a_password_protected_redis(tmp_path: Path, stop: l
 
 @pytest.mark.slow
 @pytest.mark.timeout(240)
+def _serve_workers(
+    serve_yaml: Path, env: dict[str, str], ready_url: str, worker_log: Path, stop: list[Any]
+) -> None:
+    """Real Ray Serve deploying ``serve_yaml`` with ``env`` (stopped first, by the ``stop`` fixture), until
+    the router at ``ready_url`` counts one worker; fails with Serve's log if it exits or none arrives in
+    180 s."""
+    with worker_log.open("wb") as out:
+        workers = subprocess.Popen(
+            [sys.executable, str(Path(__file__).with_name("serve_from_config.py")), str(serve_yaml)],
+            env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+        )  # fmt: skip
+    stop.insert(0, workers)
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline:
+        if workers.poll() is not None:
+            pytest.fail(f"Ray Serve exited with {workers.returncode}:\n{worker_log.read_text()[-4000:]}")
+        body = _get(ready_url)[1].replace(b" ", b"")
+        if b'"workers":1' in body:
+            return
+        time.sleep(0.5)
+    pytest.fail(f"no worker reached the router in 180 s:\n{worker_log.read_text()[-4000:]}")
+
+
 def test_rendered_serve_config_reports_to_the_router(tmp_path: Path, stop: list[Any]) -> None:
     """The RayService's Serve config, deployed by real Ray Serve with the Ray pods' environment, brings a
     worker that the router accepts: the report token from the chart's Secret matches on both sides.
@@ -190,23 +213,7 @@ def test_rendered_serve_config_reports_to_the_router(tmp_path: Path, stop: list[
     tls_dir = _tls_files(objs, tmp_path)  # the Ray pods mount the same Secret's worker files
     env = {k: v.replace(TLS_DIR, tls_dir) for k, v in env.items()}
     assert env["ZIPKV_TLS_CERT"].startswith(tls_dir) and env["ZIPKV_WORKER_IDENTITY"] == "zipkv-worker"
-    worker_log = tmp_path / "serve.log"
-    with worker_log.open("wb") as out:
-        workers = subprocess.Popen(
-            [sys.executable, str(Path(__file__).with_name("serve_from_config.py")), str(serve_yaml)],
-            env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-        )  # fmt: skip
-    stop.insert(0, workers)
-    deadline = time.monotonic() + 180
-    while time.monotonic() < deadline:
-        if workers.poll() is not None:
-            pytest.fail(f"Ray Serve exited with {workers.returncode}:\n{worker_log.read_text()[-4000:]}")
-        body = _get(urls[2])[1].replace(b" ", b"")
-        if b'"workers":1' in body:
-            break
-        time.sleep(0.5)
-    else:
-        pytest.fail(f"no worker reached the router in 180 s:\n{worker_log.read_text()[-4000:]}")
+    _serve_workers(serve_yaml, env, urls[2], tmp_path / "serve.log", stop)
     assert _get(urls[2])[0] == 200  # ready once a worker of the model reports
     router_env = container_env(next(containers(one(objs, "Deployment", "router"))), objs)
     key = json.loads(router_env["ZIPKV_SECURITY__API_KEYS"])[
