@@ -26,7 +26,7 @@ from zipkv.controlplane.dispatch_request import Opening, Sampling, UnreachableWo
 from zipkv.controlplane.grpc_auth import bearer_metadata, open_channel
 from zipkv.controlplane.headroom_claim import decide_or_wait
 from zipkv.controlplane.metrics import RouterMetrics
-from zipkv.controlplane.placement import Candidate, Decision, RequestShape, place
+from zipkv.controlplane.placement import Candidate, Decision, RequestShape, explain_filtered, place
 from zipkv.controlplane.prefix_index import PrefixIndex, PrefixMatch
 from zipkv.controlplane.state import Store, WorkerView
 from zipkv.controlplane.telemetry import trace_metadata
@@ -126,7 +126,7 @@ class Dispatcher:
         """Why no worker was ranked: 400 when every worker is too small for it, else 503."""
         if set(decision.filtered) == {"too_large"}:
             return self._too_large(shape)
-        why = ", ".join(f"{n} {r}" for r, n in sorted(decision.filtered.items())) or "no worker serves it"
+        why = explain_filtered(dict(decision.filtered)) or "no worker serves it"
         return DispatchError(
             503,
             "no_worker",

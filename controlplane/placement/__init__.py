@@ -23,6 +23,7 @@ Ties break on worker_id so the result is deterministic.
 
 from __future__ import annotations
 
+from zipkv.controlplane.placement.filters import explain_filtered
 from zipkv.controlplane.placement.pipeline import place
 from zipkv.controlplane.placement.predict import GIB, predict_ms, prefill_wait_ms, queued_prefill_tokens
 from zipkv.controlplane.placement.shapes import Candidate, Decision, RequestShape
@@ -32,6 +33,7 @@ __all__ = [
     "Candidate",
     "Decision",
     "RequestShape",
+    "explain_filtered",
     "place",
     "predict_ms",
     "prefill_wait_ms",

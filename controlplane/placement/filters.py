@@ -99,6 +99,22 @@ FILTERS: tuple[tuple[str | None, Filter], ...] = (
     ("headroom", no_headroom),
 )
 WAIT_FILTER: tuple[str, Filter] = ("slo_wait", long_wait)
+# Each reason as a client reads it in a 503's message ("1 worker without KV headroom for it").
+REASON_WORDS: dict[str, str] = {
+    "expired": "whose reports stopped",
+    "draining": "draining",
+    "context": "with a shorter context",
+    "too_large": "with a smaller KV budget",
+    "headroom": "without KV headroom for it",
+    "slo_wait": "that would start it past its TTFT SLO",
+}
+
+
+def explain_filtered(filtered: dict[str, int]) -> str:
+    """The workers each filter dropped, in words."""
+    return ", ".join(
+        f"{n} worker{'s' if n != 1 else ''} {REASON_WORDS.get(r, r)}" for r, n in sorted(filtered.items())
+    )
 
 
 def drop_reason(

@@ -182,7 +182,7 @@ def test_a_claim_is_given_back_when_the_wait_runs_out() -> None:
         w = st.add_worker(total_tokens=1000)
         assert st.report(w, headroom_tokens=100).accepted
         r = httpx.post(st.url + "/v1/completions", json={"model": MODEL, "prompt": "x", "max_tokens": 800})
-        assert r.status_code == 503 and "1 headroom" in r.json()["error"]["message"]
+        assert r.status_code == 503 and "1 worker without KV headroom for it" in r.json()["error"]["message"]
         metrics = httpx.get(st.url + "/metrics").text
         assert 'zipkv_router_claims_total{outcome="refused"} 1.0' in metrics
         store = st.router.router.store

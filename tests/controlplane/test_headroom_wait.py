@@ -63,7 +63,7 @@ def test_a_wait_past_the_bound_is_a_503_and_is_counted() -> None:
         t0 = time.monotonic()
         r = httpx.post(st.url + "/v1/completions", json=NEEDS_202, timeout=30)
         waited_s = time.monotonic() - t0
-        assert r.status_code == 503 and "1 headroom" in r.json()["error"]["message"]
+        assert r.status_code == 503 and "1 worker without KV headroom for it" in r.json()["error"]["message"]
         assert 0.35 < waited_s < 3.0, waited_s
         metrics = httpx.get(st.url + "/metrics").text
         assert 'zipkv_router_headroom_wait_ms_count{outcome="refused"} 1.0' in metrics

@@ -227,7 +227,7 @@ def test_503_with_retry_after_when_no_worker_fits() -> None:
         w = st.add_worker(total_tokens=1000)
         assert st.report(w, headroom_tokens=100).accepted  # busy: 100 of its 1000 tokens free
         r = _post(st, {"model": MODEL, "prompt": "x", "max_tokens": 200})  # needs 202 > 100 free
-        assert r.status_code == 503 and "1 headroom" in r.json()["error"]["message"]
+        assert r.status_code == 503 and "1 worker without KV headroom for it" in r.json()["error"]["message"]
         assert _post(st, {"model": MODEL, "prompt": "x", "max_tokens": 20}).status_code == 200
 
 

@@ -11,7 +11,7 @@ from dataclasses import fields, replace
 import pytest
 
 from zipkv.controlplane.config import PlacementConfig
-from zipkv.controlplane.placement import RequestShape, place, predict_ms
+from zipkv.controlplane.placement import RequestShape, explain_filtered, place, predict_ms
 from zipkv.controlplane.state import Snapshot, WorkerView
 from zipkv.protos.capacity import Capacity
 
@@ -221,3 +221,25 @@ def test_placement_is_pure() -> None:
     s = snap(view("a", 10_000), view("b", 9_000))
     assert place(s, req(), CFG, NOW) == place(s, req(), CFG, NOW)
     assert s.workers[0].capacity.headroom_tokens == 10_000
+
+
+@pytest.mark.parametrize(
+    ("filtered", "words"),
+    [
+        ({"headroom": 1}, "1 worker without KV headroom for it"),
+        # reasons in name order, counts pluralised
+        ({"headroom": 2, "draining": 1}, "1 worker draining, 2 workers without KV headroom for it"),
+        (
+            {"expired": 3, "slo_wait": 1},
+            "3 workers whose reports stopped, 1 worker that would start it past its TTFT SLO",
+        ),
+        (
+            {"context": 1, "too_large": 2},
+            "1 worker with a shorter context, 2 workers with a smaller KV budget",
+        ),
+        ({"new_reason": 1}, "1 worker new_reason"),  # a reason without words keeps its name
+        ({}, ""),
+    ],
+)
+def test_a_503_says_in_words_why_each_worker_was_passed_over(filtered: dict[str, int], words: str) -> None:
+    assert explain_filtered(filtered) == words
