@@ -54,8 +54,8 @@ def run_fault(stack: ServeStack, fault: str, args: argparse.Namespace) -> dict[s
     url, model = stack.base_urls[0], stack.model_name
     info = replica_info()
     load = InFlight(url, model, args.max_tokens, args.request_timeout_s).start()
-    time.sleep(args.fault_after_s)  # both requests admitted and generating
-    running = [w.get("running_requests", 0) for w in stack.workers()]
+    time.sleep(args.fault_after_s)
+    running = _wait_both_running(stack, args.in_flight_timeout_s)
     fault_s = time.time()
     signalled = _signal_fault(fault, int(info["pid"]))
     print(
@@ -72,9 +72,32 @@ def run_fault(stack: ServeStack, fault: str, args: argparse.Namespace) -> dict[s
         "fault": fault, "killed_worker": info["worker_id"], "pid": info["pid"], **signalled,
         "running_requests_at_fault": running, "fault_after_request_s": round(fault_s - load.started_s, 2),
         "requests": outcomes, "recovery": recovery, "probe_after": after,
-        # Passed: no client hung or got a short reply passed off as whole, and a replacement serves.
-        "ok": bool(after["ok"]) and all(o["class"] in ("whole", "clean_error") for o in outcomes.values()),
+        "both_in_flight": sum(running) >= 2,
+        # Passed: both requests were generating when the fault came, no client hung or got a short reply
+        # passed off as whole, and a replacement serves.
+        "ok": bool(after["ok"]) and sum(running) >= 2
+        and all(o["class"] in ("whole", "clean_error") for o in outcomes.values()),
     }  # fmt: skip
+
+
+def _wait_both_running(stack: ServeStack, timeout_s: float) -> list[int]:
+    """Each worker's running requests once both of the drill's are generating, or at ``timeout_s`` (then
+    the fault still comes, and the record says so: a KV budget that holds only one request of prompt +
+    max_tokens leaves the other waiting at the router, which tests less than the drill means to)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        running = [w.get("running_requests", 0) for w in stack.workers()]
+        if sum(running) >= 2 or time.monotonic() > deadline:
+            break
+        time.sleep(0.25)
+    if sum(running) < 2:
+        print(
+            f"[replica_faults] only {sum(running)} of the 2 requests running after {timeout_s:.0f} s: the KV "
+            "budget holds fewer requests of prompt + max_tokens; raise --kv-budget-mib (KV_BUDGET_MIB) or "
+            "lower --max-tokens. Faulting anyway.",
+            flush=True,
+        )
+    return running
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -126,6 +149,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--faults", default="kill,hang", help="comma-separated, in order: kill, hang")
     p.add_argument("--max-tokens", type=int, default=1900, help="per request: outlasts the fault")
     p.add_argument("--fault-after-s", type=float, default=3.0, help="from the requests' start to the fault")
+    p.add_argument("--in-flight-timeout-s", type=float, default=30.0, help="then the wait for both to run")
     p.add_argument("--engine-stall-s", type=float, default=20.0, help="the replica's stall watchdog")
     p.add_argument("--recover-timeout-s", type=float, default=240.0)
     p.add_argument("--request-timeout-s", type=float, default=120.0)
