@@ -1,6 +1,7 @@
 """The replica fault drill's judgement (bench/serving/replica_faults.py): which client outcomes pass (a whole
 reply, or an error the client is told of) and which fail (a hang, a short reply passed off as whole), from
-the SSE lines the router really sends; and the /proc walk that finds the engine's processes to stop."""
+the SSE lines the router really sends; the /proc walk that finds the engine's processes to stop; and the wait
+for both requests to run before the fault (bench/serving/replica_faults_gpu.py)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import subprocess
 import pytest
 
 from bench.serving.replica_faults import _read_event, child_pids, classify
+from bench.serving.replica_faults_gpu import _wait_both_running
 
 MAX = 8
 
@@ -71,3 +73,23 @@ def test_child_pids_finds_this_process_children_only() -> None:
     finally:
         child.kill()
         child.wait()
+
+
+class _Reports:
+    """Stands in for the live stack's worker list (what the router's status reports), one entry a call."""
+
+    def __init__(self, running: list[int]) -> None:
+        self.running = running
+
+    def workers(self) -> list[dict[str, int]]:
+        value = self.running.pop(0) if len(self.running) > 1 else self.running[0]
+        return [{"running_requests": value}]
+
+
+def test_the_fault_waits_until_both_requests_run() -> None:
+    assert _wait_both_running(_Reports([0, 1, 1, 2]), timeout_s=30) == [2]  # type: ignore[arg-type]
+
+
+def test_a_drill_with_one_request_running_says_so(capsys: pytest.CaptureFixture[str]) -> None:
+    assert _wait_both_running(_Reports([1]), timeout_s=0.3) == [1]  # type: ignore[arg-type]
+    assert "raise --kv-budget-mib" in capsys.readouterr().out
