@@ -126,7 +126,7 @@ class Dispatcher:
         """Why no worker was ranked: 400 when every worker is too small for it, else 503."""
         if set(decision.filtered) == {"too_large"}:
             return self._too_large(shape)
-        why = explain_filtered(dict(decision.filtered)) or "no worker serves it"
+        why = explain_filtered(decision.filtered) or "no worker serves it"
         return DispatchError(
             503,
             "no_worker",

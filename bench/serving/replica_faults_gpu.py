@@ -68,14 +68,15 @@ def run_fault(stack: ServeStack, fault: str, args: argparse.Namespace) -> dict[s
         if out.get("ended_s") is not None:
             out["ended_after_fault_s"] = round(out.pop("ended_s") - fault_s, 2)
     after = probe(url, model, args.request_timeout_s) if recovery["replacement"] else {"ok": False}
+    both_in_flight = sum(running) >= 2
     return {
         "fault": fault, "killed_worker": info["worker_id"], "pid": info["pid"], **signalled,
         "running_requests_at_fault": running, "fault_after_request_s": round(fault_s - load.started_s, 2),
         "requests": outcomes, "recovery": recovery, "probe_after": after,
-        "both_in_flight": sum(running) >= 2,
+        "both_in_flight": both_in_flight,
         # Passed: both requests were generating when the fault came, no client hung or got a short reply
         # passed off as whole, and a replacement serves.
-        "ok": bool(after["ok"]) and sum(running) >= 2
+        "ok": bool(after["ok"]) and both_in_flight
         and all(o["class"] in ("whole", "clean_error") for o in outcomes.values()),
     }  # fmt: skip
 
@@ -149,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--faults", default="kill,hang", help="comma-separated, in order: kill, hang")
     p.add_argument("--max-tokens", type=int, default=1900, help="per request: outlasts the fault")
     p.add_argument("--fault-after-s", type=float, default=3.0, help="from the requests' start to the fault")
-    p.add_argument("--in-flight-timeout-s", type=float, default=30.0, help="then the wait for both to run")
+    p.add_argument("--in-flight-timeout-s", type=float, default=30.0, help="then the most to wait for both")
     p.add_argument("--engine-stall-s", type=float, default=20.0, help="the replica's stall watchdog")
     p.add_argument("--recover-timeout-s", type=float, default=240.0)
     p.add_argument("--request-timeout-s", type=float, default=120.0)

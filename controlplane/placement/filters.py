@@ -29,7 +29,7 @@ Filters run before any scorer, so no scorer (prefix affinity included) can bring
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from zipkv.controlplane.context import fits_context
@@ -110,7 +110,7 @@ REASON_WORDS: dict[str, str] = {
 }
 
 
-def explain_filtered(filtered: dict[str, int]) -> str:
+def explain_filtered(filtered: Mapping[str, int]) -> str:
     """The workers each filter dropped, in words."""
     return ", ".join(
         f"{n} worker{'s' if n != 1 else ''} {REASON_WORDS.get(r, r)}" for r, n in sorted(filtered.items())

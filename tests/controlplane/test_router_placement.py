@@ -12,6 +12,7 @@ import pytest
 
 from zipkv.controlplane.config import PlacementConfig
 from zipkv.controlplane.placement import RequestShape, explain_filtered, place, predict_ms
+from zipkv.controlplane.placement.filters import FILTERS, REASON_WORDS, WAIT_FILTER
 from zipkv.controlplane.state import Snapshot, WorkerView
 from zipkv.protos.capacity import Capacity
 
@@ -243,3 +244,9 @@ def test_placement_is_pure() -> None:
 )
 def test_a_503_says_in_words_why_each_worker_was_passed_over(filtered: dict[str, int], words: str) -> None:
     assert explain_filtered(filtered) == words
+
+
+def test_every_filter_reason_has_words() -> None:
+    """A filter added without words would show clients its internal name."""
+    reasons = {r for r, _ in FILTERS if r is not None} | {WAIT_FILTER[0]}
+    assert reasons == set(REASON_WORDS)
