@@ -48,9 +48,10 @@ def _zipkv_fns(
     sms: int,
 ) -> tuple[dict[str, Callable[[], object]], dict[str, Callable[[], object]], dict[str, int]]:
     """zipkv's calls per config (a prefix of block_n:stages:ctas_per_sm:maxnreg:warps:warp_softmax:lazy:lean:
-    splits:even:pad; even 1: the batch's tiles shared evenly over ctas_per_sm (HOPPER_CONFIG's) programs per
-    SM, split_plan.program_items; pad 0: the lean tile's padding rows computed, launch.pads_hi's
-    otherwise): on the v3 pages (timed) and on raw pages holding the same values (timed for
+    splits:even:pad:producer; even 1: the batch's tiles shared evenly over ctas_per_sm (HOPPER_CONFIG's)
+    programs per SM, split_plan.program_items; pad 0: the lean tile's padding rows computed, launch.pads_hi's
+    otherwise; producer 1: the kernel with a producer partition, hopper/specialized.py, whose shape is
+    64:S:2:0:4): on the v3 pages (timed) and on raw pages holding the same values (timed for
     the first config, the uncompressed run; checked bit for bit against the v3 run for every config); the
     split count each used."""
     batch = q.shape[0]
@@ -63,7 +64,9 @@ def _zipkv_fns(
     for cfg in configs:
         # Without ctas_per_sm / maxnreg / warps a config runs the plan's own split choice, the launch's
         # registers and the default warps per program.
-        block_n, stages, ctas, maxnreg, warps, ws, lazy, lean, asked, even, pad = (*cfg, *[None] * 10)[:11]
+        block_n, stages, ctas, maxnreg, warps, ws, lazy, lean, asked, even, pad, prod = (*cfg, *[None] * 11)[
+            :12
+        ]
         # splits: each request's split count, asked outright (the wave model's otherwise, for ctas_per_sm)
         wave_splits = choose_max_splits(batch * 8, sms * ctas) if ctas and not even else None
         programs = _even_programs(sms, ctas) if even else None
@@ -85,6 +88,7 @@ def _zipkv_fns(
             maxnreg=plan.maxnreg if not maxnreg and plan.maxnreg else maxnreg,  # 0: the plan's, if it caps
             warp_softmax=None if ws is None else bool(ws), lazy_rescale=None if lazy is None else bool(lazy),
             lean=None if lean is None else bool(lean), pad_hi=None if pad is None else bool(pad),
+            producer=None if prod is None else bool(prod),
         )  # fmt: skip
         fns[tag] = partial(run, case["heap"], case["loc"], case["meta"])
         raw_fns[tag] = partial(run, case["raw_heap"], raw_loc, case["raw_meta"], compressed=False)

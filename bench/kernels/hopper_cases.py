@@ -101,6 +101,7 @@ def run_case(  # type: ignore[type-arg]
     warps: int | None = None,
     warp_softmax: bool | None = None,
     programs: int | None = None,
+    producer: bool | None = None,
 ) -> torch.Tensor:
     plan = plan_decode(
         case["page_ids"],
@@ -117,12 +118,13 @@ def run_case(  # type: ignore[type-arg]
     if compressed:
         return decode_attention_hopper(
             plan, q, case["heap"], case["loc"], case["meta"], scale, compressed=True, gather_all=gather_all,
-            warp_softmax=warp_softmax,
+            warp_softmax=warp_softmax, producer=producer,
         )  # fmt: skip
     loc = torch.arange(case["pages"].shape[0], dtype=torch.int64, device="cuda") * case["fmt"].raw_page_bytes
     return decode_attention_hopper(
-        plan, q, case["raw_heap"], loc, case["raw_meta"], scale, compressed=False, warp_softmax=warp_softmax
-    )
+        plan, q, case["raw_heap"], loc, case["raw_meta"], scale, compressed=False, warp_softmax=warp_softmax,
+        producer=producer,
+    )  # fmt: skip
 
 
 def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -164,6 +166,21 @@ def _warp_softmax_check(case: dict, q: torch.Tensor, scale: float, splits: int |
         rec["default" if w is None else f"warps{w}"] = r
     rec["ok"] = ok
     return rec
+
+
+def _producer_check(case: dict, q: torch.Tensor, scale: float, splits: int | None,  # type: ignore[type-arg]
+                    refo: torch.Tensor) -> dict[str, object]:  # fmt: skip
+    """The kernel with a producer partition (hopper/specialized.py, its 64-token tile over 4 warps) against
+    its own raw-page and gathered runs, bit for bit, and against the float64 reference."""
+    shape = dict(block_n=64, warps=4, producer=True)
+    got = run_case(case, q, scale, splits, compressed=True, **shape)  # type: ignore[arg-type]
+    raw = run_case(case, q, scale, splits, compressed=False, **shape)  # type: ignore[arg-type]
+    gathered = run_case(case, q, scale, splits, compressed=True, gather_all=True, **shape)  # type: ignore[arg-type]
+    err = rel_err(got, refo)
+    same, same_gathered = same_bits(got, raw), same_bits(got, gathered)
+    finite = bool(torch.isfinite(got.float()).all())
+    ok = same and same_gathered and finite and err < 1e-2
+    return dict(bit_identical=same, same_as_gathered=same_gathered, rel_err=err, finite=finite, ok=ok)
 
 
 EVEN_SHARES_PROGRAMS = (1, 3, 7)  # programs per KV head: one program holding every item, and a few
@@ -215,7 +232,8 @@ def map_in_processes(fn: Callable[[int], R], items: Iterable[int], jobs: int) ->
 
 def check_one(i: int) -> dict[str, object]:
     """Case ``i`` of CHECKS: v3 pages against raw pages and the gather path, bit for bit, and against the
-    float64 reference; the per-warp softmax, even shares and (WARP_CHECKS) 1 and 2 warps a program."""
+    float64 reference; the per-warp softmax, even shares, the producer partition and (WARP_CHECKS) 1 and 2
+    warps a program."""
     lens, h, d, group, raw_mid, shuffle, outliers, splits = CHECKS[i]
     rec: dict[str, object] = dict(
         lens=lens, kv_heads=h, head_dim=d, group=group, raw_mid=raw_mid, max_splits=splits
@@ -248,7 +266,9 @@ def check_one(i: int) -> dict[str, object]:
         rec["warp_softmax"] = warp_rec
         even_rec = _even_shares_check(case, q, scale, refo)
         rec["even_shares"] = even_rec
-        rec["ok"] = rec["ok"] and bool(warp_rec["ok"]) and bool(even_rec["ok"])
+        prod_rec = _producer_check(case, q, scale, splits, refo)
+        rec["producer"] = prod_rec
+        rec["ok"] = rec["ok"] and bool(warp_rec["ok"]) and bool(even_rec["ok"]) and bool(prod_rec["ok"])
         if i in WARP_CHECKS:  # fewer warps per program, one page per warp: the same bits on raw pages
             for w in (1, 2):
                 got_w = run_case(case, q, scale, splits, compressed=True, block_n=16 * w, warps=w)

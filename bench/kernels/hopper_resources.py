@@ -21,9 +21,10 @@ import tempfile
 import triton
 from triton.backends.compiler import GPUTarget
 
-from bench.kernels.sass_loops import coded_tile, loop_local_accesses, opcode_counts
+from bench.kernels.sass_loops import coded_tile, loop_local_accesses, opcode_counts, producer_loop
 from zipkv.kernels.attention.hopper import decode as dh
 from zipkv.kernels.attention.hopper import launch
+from zipkv.kernels.attention.hopper import specialized as sp
 from zipkv.kernels.attention.hopper.ring import NUM_WARPS
 
 ARG_TYPES = {
@@ -63,15 +64,20 @@ def compile_hopper(
     lazy_rescale: bool = False,
     lean: bool = False,
     even_shares: bool = False,
+    producer: bool = False,
 ):  # type: ignore[no-untyped-def]
-    fn = dh._decode_hopper_kernel
+    """``producer``: hopper/specialized.py's kernel (four consumer warps, capped as its launch caps it)."""
+    fn = sp._decode_hopper_producer_kernel if producer else dh._decode_hopper_kernel
     del compressed  # one kernel reads coded and raw pages
     regs = launch.register_cap(maxnreg, head_dim, num_warps)  # as the launch does
+    if producer:
+        regs = maxnreg or sp.PRODUCER_MAXNREG
     const = launch.hopper_constexprs(
         kv_heads, group, head_dim, pages, stages, split, warp_softmax=warp_softmax, lazy_rescale=lazy_rescale,
         lean=lean, pad_hi=launch.pads_hi(group, lean),
     )  # fmt: skip
     const = {**const, "EVEN_SHARES": even_shares}
+    const = {n: v for n, v in const.items() if n in fn.arg_names}
     signature = {n: ARG_TYPES.get(n, "constexpr") for n in fn.arg_names}
     constexprs = {(i,): const[n] for i, n in enumerate(fn.arg_names) if n in const}
     aligned = {n for n in ARG_TYPES if ARG_TYPES[n].startswith("*") or n.startswith("stride")}
@@ -127,10 +133,12 @@ def report(
     lean: bool = False,
     even_shares: bool = False,
     group: int = 4,
+    producer: bool = False,
 ) -> dict[str, object]:
     kernel = compile_hopper(
         head_dim, pages, stages, group=group, compressed=compressed, maxnreg=maxnreg, num_warps=num_warps,
         warp_softmax=warp_softmax, lazy_rescale=lazy_rescale, lean=lean, even_shares=even_shares,
+        producer=producer,
     )  # fmt: skip
     sass = sass_of(kernel.asm["cubin"])
     ptx = kernel.asm["ptx"]
@@ -143,6 +151,7 @@ def report(
         "lazy_rescale": lazy_rescale,
         "lean": lean,
         "even_shares": even_shares,
+        "producer": producer,
         "group": group,
         "compressed": compressed,
         "shared_bytes": kernel.metadata.shared,
@@ -150,6 +159,7 @@ def report(
         "sass_instructions": sum(opcode_counts(sass).values()),
         "loop_local_accesses": loop_local_accesses(sass),
         "coded_tile": coded_tile(sass),
+        **({"producer_loop": producer_loop(sass), "setmaxnreg": setmaxnreg(ptx)} if producer else {}),
         "sass_ops": opcode_counts(sass),
         "ptx_cp_async": len(re.findall(r"cp\.async\.c[ag]", ptx)),
         "ptx_ldmatrix": len(re.findall(r"ldmatrix", ptx)),
@@ -158,6 +168,12 @@ def report(
         "ptx_mma": len(re.findall(r"mma\.sync", ptx)),
         "ptx_prmt": len(re.findall(r"prmt\.", ptx)),
     }
+
+
+def setmaxnreg(ptx: str) -> dict[str, list[int]]:
+    """The registers each partition of a warp-specialized kernel asks for (``setmaxnreg.inc`` / ``.dec``)."""
+    found = re.findall(r"setmaxnreg\.(inc|dec)\.sync\.aligned\.u32\s+(\d+)", ptx)
+    return {way: sorted({int(n) for w, n in found if w == way}) for way in ("inc", "dec")}
 
 
 def main() -> None:
@@ -178,6 +194,9 @@ def main() -> None:
     ap.add_argument(
         "--even-shares", action="store_true", help="programs that run several work items (program_items)"
     )
+    ap.add_argument(
+        "--producer", action="store_true", help="the kernel with a producer partition (hopper/specialized.py)"
+    )
     ap.add_argument("--group", type=int, default=4, help="query heads per KV head (at most 16)")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--dump", default=None, help="folder for .ptx/.sass/.ttgir of each variant")
@@ -190,7 +209,7 @@ def main() -> None:
                 for comp, w in itertools.product((True, False) if a.twin else (True,), warp_counts):
                     r = report(
                         d, p, s, comp, a.maxnreg, w, a.warp_softmax, a.lazy_rescale, a.lean, a.even_shares,
-                        a.group,
+                        a.group, a.producer,
                     )  # fmt: skip
                     rows.append(r)
                     if a.dump:
@@ -198,6 +217,7 @@ def main() -> None:
                         k = compile_hopper(
                             d, p, s, group=a.group, compressed=comp, num_warps=w, warp_softmax=a.warp_softmax,
                             lazy_rescale=a.lazy_rescale, lean=a.lean, even_shares=a.even_shares,
+                            producer=a.producer,
                         )  # fmt: skip
                         tag = f"d{d}_p{p}_s{s}_w{w}_{'c' if comp else 't'}"
                         for ext in ("ptx", "ttgir"):

@@ -94,8 +94,9 @@ def coded_tile(sass: str) -> dict[str, object]:
                     for k, v in ops[j].items():
                         total[k] = total.get(k, 0) + v
                 found.append((total.get("LDGSTS", 0), total, path))
-        elif m:
+        elif m and int(m.group(1), 16) in first:
             walk(first[int(m.group(1), 16)], path)
+        # a branch out of the loop (an mbarrier wait's retry, placed after the kernel) is taken rarely
         if (not m or last.startswith("@")) and i + 1 < len(blocks):
             walk(i + 1, path)
 
@@ -128,3 +129,20 @@ def _phase(ops: dict[str, int]) -> str:
     if "STS" in ops and "LDS" in ops:
         return "pre-pass"
     return "loop control"
+
+
+def producer_loop(sass: str) -> dict[str, object]:
+    """The producer partition's tile loop (hopper/specialized.py): the innermost loop that copies (LDGSTS)
+    and multiplies nothing; its instructions in all, over every way through it, and by opcode."""
+    insts = instructions(sass)
+    every, with_mma = loops(insts)
+    copying = [
+        (h, t) for h, t in every
+        if (h, t) not in with_mma and any(h <= a <= t and "LDGSTS" in x for a, x in insts)
+    ]  # fmt: skip
+    if not copying:
+        return {}
+    head, tail = min(copying, key=lambda span: span[1] - span[0])
+    body = "".join(f"/*{a:04x}*/ {x};" for a, x in insts if head <= a <= tail)
+    ops = opcode_counts(body)
+    return {"instructions": sum(ops.values()), "ops": ops}

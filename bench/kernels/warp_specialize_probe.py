@@ -76,7 +76,8 @@ def _ring_kernel(in_ptr, out_ptr, n_tiles, CONSUMERS: ttgl.constexpr, PRODUCERS:
     empty = ttgl.allocate_shared_memory(ttgl.int64, [2, 1], bl)
     for s in ttgl.static_range(2):
         mbarrier.init(ready.index(s), count=32 * PRODUCERS)
-        mbarrier.init(empty.index(s), count=32 * CONSUMERS)
+        # Gluon's mbarrier.arrive is a partition barrier, then one elected thread arrives: one arrival a slot
+        mbarrier.init(empty.index(s), count=1)
     ttgl.warp_specialize(
         [
             (_consumer, (buf, ready, empty, out_ptr, n_tiles, CONSUMERS, ROWS, COLS)),

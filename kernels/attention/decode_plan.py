@@ -33,9 +33,11 @@ from .decode_config import (
     HOPPER_CONFIG,
     HOPPER_MAX_SPLITS,
     HOPPER_MAX_WAVES,
+    HOPPER_PRODUCER_CONFIG,
     DecodeKernelConfig,
     decode_impl,
     hopper_even_shares,
+    hopper_producer,
     kernel_config,
 )
 from .even_shares_triton import even_shares_triton
@@ -139,6 +141,18 @@ def _even_shares_on() -> bool:
     return hopper_even_shares()
 
 
+@lru_cache(maxsize=1)
+def _producer_on() -> bool:
+    """``$ZIPKV_HOPPER_PRODUCER``, read once per process (as the even shares above)."""
+    return hopper_producer()
+
+
+def _hopper_base(fmt: PageFormat) -> DecodeKernelConfig:
+    """The Hopper plan's shape: HOPPER_PRODUCER_CONFIG's with the producer partition on (head_dim 128, the
+    one it was built and compiled for; hopper/specialized.py), else HOPPER_CONFIG's."""
+    return HOPPER_PRODUCER_CONFIG if fmt.head_dim == 128 and _producer_on() else HOPPER_CONFIG
+
+
 def _even_shares(
     kv_lens: torch.Tensor, page_indptr: torch.Tensor, block_n: int, programs: int
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -212,7 +226,7 @@ def plan_decode(
     (split_plan.program_items); unset, where they pay when ``$ZIPKV_HOPPER_EVEN_SHARES`` is on."""
     batch = _check_batch(page_ids, page_indptr, kv_lens, fmt, num_q_heads)
     impl = decode_impl(impl, fmt, kv_lens.device)
-    base = config or (HOPPER_CONFIG if impl == "hopper" else kernel_config(fmt.head_dim))
+    base = config or (_hopper_base(fmt) if impl == "hopper" else kernel_config(fmt.head_dim))
     sizes = dict(block_n=block_n, num_warps=num_warps, num_stages=num_stages, twin_num_stages=twin_num_stages)
     cfg = _overridden(base, ctas_per_sm=ctas_per_sm, prefetch=prefetch, **sizes)
     device, hopper = kv_lens.device, impl == "hopper"

@@ -51,6 +51,7 @@ def test_every_switch_reads_through_env_choice(monkeypatch: pytest.MonkeyPatch) 
         (dc.HOPPER_LEAN_ENV, dc.hopper_lean),
         (dc.HOPPER_SPLIT_CAP_ENV, dc.hopper_split_cap),
         (dc.HOPPER_EVEN_SHARES_ENV, dc.hopper_even_shares),
+        (dc.HOPPER_PRODUCER_ENV, dc.hopper_producer),
     ]
     for name, call in calls:
         monkeypatch.setenv(name, "typo")

@@ -21,7 +21,7 @@ def test_every_choice_the_worker_reads_is_listed() -> None:
     read = {decode_config.KERNEL_CONFIG_ENV, decode_config.DECODE_IMPL_ENV, decode_config.PAGE_FORMAT_ENV,
             decode_config.HOPPER_WARP_SOFTMAX_ENV, decode_config.HOPPER_LAZY_RESCALE_ENV,
             decode_config.HOPPER_LEAN_ENV, decode_config.HOPPER_SPLIT_CAP_ENV,
-            decode_config.HOPPER_EVEN_SHARES_ENV,
+            decode_config.HOPPER_EVEN_SHARES_ENV, decode_config.HOPPER_PRODUCER_ENV,
             extend.EXTEND_KERNEL_ENV, flashinfer_prefill.PREFILL_KERNEL_ENV, pack.POOL_PACK_ENV,
             decode_plan.SPLIT_PLAN_ENV}  # fmt: skip
     assert read == set(KERNEL_CHOICE_ENV)

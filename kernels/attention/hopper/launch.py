@@ -16,6 +16,7 @@ from ..decode_plan import DecodePlan
 from ..merge import merge_splits
 from . import layouts as views
 from .decode import LOG2E, _decode_hopper_kernel
+from .producer_launch import producer_choice, run_producer
 from .softmax import M_ROWS
 
 # Registers per thread by (head_dim, warps per program): at 4 warps, 168 leaves three programs per SM at
@@ -106,6 +107,7 @@ def decode_attention_hopper(
     lazy_rescale: bool | None = None,
     lean: bool | None = None,
     pad_hi: bool | None = None,
+    producer: bool | None = None,
 ) -> torch.Tensor:
     """bf16 ``[B, Hq, D]`` attention of ``q`` over one layer's v3 pages (sm_90; see the module docstring).
 
@@ -120,22 +122,45 @@ def decode_attention_hopper(
     ``$ZIPKV_HOPPER_LAZY_RESCALE`` (decode_config.hopper_lazy_rescale). ``lean``: the lean tile
     (hopper/lean.py; shared softmax only); None: ``$ZIPKV_HOPPER_LEAN`` (decode_config.hopper_lean).
     ``pad_hi``: False keeps the lean tile's padding rows' arithmetic (the same bits; for side-by-side
-    timing); None: :func:`pads_hi`'s.
+    timing); None: :func:`pads_hi`'s. ``producer``: the kernel with a producer partition
+    (hopper/specialized.py; the shared softmax, no lazy rescale, no timing); None:
+    ``$ZIPKV_HOPPER_PRODUCER``'s where the plan is of its shape (producer_launch.producer_fits).
     """
     _check_plan(plan)
     if out is None:
         out = torch.empty_like(q)
     options = _tile_options(plan, warp_softmax, lazy_rescale, lean)
     consts, regs = _plan_constexprs(plan, stages, gather_all, options, maxnreg, pad_hi)
-    even = plan.program_items is not None
-    grid = (launch_programs(plan),)
     if not compressed:  # every page read as raw: what an uncompressed pool's metadata says anyway
         page_meta_layer = _raw_meta_like(page_meta_layer)
-    _decode_hopper_kernel[grid](
-        q, out, plan.o_partial, plan.lse_partial, heap, heap.view(torch.int16), page_loc_layer,
-        page_meta_layer, plan.page_ids, plan.work, plan.num_splits,
+    tables = (heap, page_loc_layer, page_meta_layer)
+    if producer_choice(plan, producer, options, timing is not None):
+        run_producer(plan, q, out, tables, sm_scale * LOG2E, consts, maxnreg)
+    else:
+        _run_kernel(plan, q, out, tables, sm_scale * LOG2E, consts, regs, timing)
+    if plan.max_splits > 1:
+        merge_splits(plan, out, skip_whole=True)  # the kernel wrote the unsplit requests' rows itself
+    return out
+
+
+def _run_kernel(
+    plan: DecodePlan,
+    q: torch.Tensor,
+    out: torch.Tensor,
+    tables: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+    qk_scale: float,
+    consts: dict[str, object],
+    regs: int | None,
+    timing: torch.Tensor | None,
+) -> None:
+    """decode.py's launch; ``tables``: (heap, page_loc, page_meta) of the layer."""
+    heap, page_loc, page_meta = tables
+    even = plan.program_items is not None
+    _decode_hopper_kernel[(launch_programs(plan),)](
+        q, out, plan.o_partial, plan.lse_partial, heap, heap.view(torch.int16), page_loc, page_meta,
+        plan.page_ids, plan.work, plan.num_splits,
         plan.program_items if even else plan.num_splits,  # (unread without even shares)
-        sm_scale * LOG2E, q.stride(0), q.stride(1), out.stride(0), out.stride(1),
+        qk_scale, q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         plan.kv_lens if timing is None else timing,
         **consts,
         TIMING=timing is not None,
@@ -143,9 +168,6 @@ def decode_attention_hopper(
         num_warps=plan.num_warps,
         **({"maxnreg": regs} if regs else {}),
     )  # fmt: skip
-    if plan.max_splits > 1:
-        merge_splits(plan, out, skip_whole=True)  # the kernel wrote the unsplit requests' rows itself
-    return out
 
 
 def _plan_constexprs(

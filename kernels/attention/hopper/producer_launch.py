@@ -1,0 +1,71 @@
+"""The launch of the Hopper decode kernel with a producer partition (specialized.py beside this): whether a
+plan runs it, and its launch and merge. launch.py's decode_attention_hopper calls these."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+import torch
+
+from ...format.layout import PAGE_TOKENS
+from ..decode_config import hopper_producer
+from ..decode_plan import DecodePlan
+from .specialized import PRODUCER_MAXNREG, _decode_hopper_producer_kernel
+
+
+@lru_cache(maxsize=1)
+def _default_producer() -> bool:
+    """``$ZIPKV_HOPPER_PRODUCER``, read once per process: the launch runs for every layer of every step
+    (the worker reads it at start-up too, so a malformed value stops it there)."""
+    return hopper_producer()
+
+
+def producer_fits(plan: DecodePlan) -> bool:
+    """Whether the producer kernel runs ``plan``: four consumer warps, one page each a tile, one work item
+    a program (no even shares)."""
+    return plan.num_warps == 4 and plan.block_n == PAGE_TOKENS * 4 and plan.program_items is None
+
+
+def producer_choice(
+    plan: DecodePlan, asked: bool | None, options: tuple[bool, bool, bool], timing: bool
+) -> bool:
+    """The producer kernel as asked, else ``$ZIPKV_HOPPER_PRODUCER``'s where the plan fits it; refused,
+    loudly, with what it does not run (``options``: _tile_options's)."""
+    on = (_default_producer() and producer_fits(plan)) if asked is None else asked
+    if not on:
+        return False
+    warp_softmax, lazy_rescale, _ = options
+    if not producer_fits(plan):
+        raise ValueError(
+            f"the producer kernel runs 64-token tiles over 4 warps, one item a program: this plan has "
+            f"block_n {plan.block_n}, {plan.num_warps} warps"
+            + (", even shares" if plan.program_items is not None else "")
+        )
+    if warp_softmax or lazy_rescale or timing:
+        raise ValueError(
+            "the producer kernel runs the shared softmax without the lazy rescale or timing stamps: unset "
+            "$ZIPKV_HOPPER_WARP_SOFTMAX / $ZIPKV_HOPPER_LAZY_RESCALE, or $ZIPKV_HOPPER_PRODUCER"
+        )
+    return True
+
+
+def run_producer(
+    plan: DecodePlan,
+    q: torch.Tensor,
+    out: torch.Tensor,
+    tables: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+    qk_scale: float,
+    consts: dict[str, object],
+    maxnreg: int | None,
+) -> None:
+    """The producer kernel's launch (hopper/specialized.py; the caller merges the splits); ``tables``:
+    (heap, page_loc, page_meta) of the layer. Capped at PRODUCER_MAXNREG registers a thread unless
+    ``maxnreg`` is given."""
+    heap, page_loc, page_meta = tables
+    fn = _decode_hopper_producer_kernel
+    kernel_consts = {k: v for k, v in consts.items() if k in fn.arg_names}
+    fn[(plan.num_pairs * plan.fmt.num_kv_heads,)](
+        q, out, plan.o_partial, plan.lse_partial, heap, heap.view(torch.int16), page_loc, page_meta,
+        plan.page_ids, plan.work, plan.num_splits, qk_scale, q.stride(0), q.stride(1), out.stride(0),
+        out.stride(1), **kernel_consts, num_warps=4, maxnreg=maxnreg or PRODUCER_MAXNREG,
+    )  # fmt: skip

@@ -1,0 +1,112 @@
+"""The Hopper kernel with a producer partition (kernels/attention/hopper/specialized.py) without a GPU: the
+switch that asks for it, the plan's shape for it, and which plans its launch takes or refuses, loudly.
+Its compile for sm_90 is in test_decode_hopper_compile.py; its numerics on the GPU in
+bench/kernels/hopper_cases.py (``_producer_check``)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from zipkv.kernels.attention import decode_config as dc
+from zipkv.kernels.attention import decode_plan
+from zipkv.kernels.attention.decode_plan import DecodePlan, plan_decode
+from zipkv.kernels.attention.hopper import producer_launch
+from zipkv.kernels.format.layout import PageFormat
+
+H200_SMS = 132
+
+
+def test_the_switch_is_off_by_default_and_takes_0_or_1() -> None:
+    name = dc.HOPPER_PRODUCER_ENV
+    assert dc.hopper_producer({}) is False and dc.hopper_producer({name: ""}) is False
+    assert dc.hopper_producer({name: "1"}) is True and dc.hopper_producer({name: "0"}) is False
+    with pytest.raises(ValueError, match=f"{name}='yes': expected one of 0, 1"):
+        dc.hopper_producer({name: "yes"})
+
+
+def _hopper_plan(
+    monkeypatch: pytest.MonkeyPatch, head_dim: int, batch: int, producer_on: bool, **asked: int
+) -> DecodePlan:
+    """A Hopper plan (the kernel choice forced: a CPU here) of ``batch`` requests of 8448 tokens, 8 KV
+    heads, with ``$ZIPKV_HOPPER_PRODUCER`` as ``producer_on`` and even shares on where they pay."""
+    lens = torch.full((batch,), 8448, dtype=torch.int32)
+    pages = (lens + 15) // 16
+    indptr = torch.cat([torch.zeros(1, dtype=torch.int32), pages.cumsum(0).to(torch.int32)])
+    ids = torch.arange(int(pages.sum()), dtype=torch.int32)
+    fmt = PageFormat(head_dim=head_dim, num_kv_heads=8, version=3)
+    monkeypatch.setattr(decode_plan, "decode_impl", lambda impl, fmt, device: "hopper")
+    monkeypatch.setattr(decode_plan, "_producer_on", lambda: producer_on)
+    monkeypatch.setattr(decode_plan, "_even_shares_on", lambda: True)
+    return plan_decode(ids, indptr, lens, fmt, 32, num_sms=H200_SMS, **asked)
+
+
+@pytest.mark.parametrize("batch", [1, 32, 59, 64])
+def test_with_the_switch_on_the_plan_takes_the_producers_shape_at_head_dim_128(
+    batch: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Four consumer warps over 64-token tiles, planned for two programs an SM (splits where those would
+    leave slots idle), never the two-warp kernel's register cap or even shares; off, or at another
+    head_dim, the plan is the two-warp kernel's as before."""
+    plan = _hopper_plan(monkeypatch, 128, batch, True)
+    assert (plan.block_n, plan.num_warps) == (64, 4) and producer_launch.producer_fits(plan)
+    assert plan.maxnreg is None and plan.program_items is None
+    slots = H200_SMS * dc.HOPPER_PRODUCER_CONFIG.ctas_per_sm
+    assert plan.num_pairs * 8 >= min(slots, batch * 8 * dc.HOPPER_MAX_SPLITS)  # one wave's programs at least
+    off = _hopper_plan(monkeypatch, 128, batch, False)
+    assert (off.block_n, off.num_warps) == (dc.HOPPER_CONFIG.block_n, dc.HOPPER_CONFIG.num_warps)
+    assert not producer_launch.producer_fits(off)
+    other = _hopper_plan(monkeypatch, 64, batch, True)
+    assert (other.block_n, other.num_warps) == (dc.HOPPER_CONFIG.block_n, dc.HOPPER_CONFIG.num_warps)
+
+
+NO_OPTIONS = (False, False, True)  # (per-warp softmax, lazy rescale, lean tile) as _tile_options gives them
+
+
+@pytest.mark.parametrize(
+    ("shape", "asked", "env_on", "options", "timing", "expected"),
+    [
+        ({}, None, True, NO_OPTIONS, False, True),  # the producer's plan, the switch on
+        ({}, None, False, NO_OPTIONS, False, False),  # switch off
+        ({}, False, True, NO_OPTIONS, False, False),  # asked off: honoured
+        ({}, True, False, NO_OPTIONS, False, True),  # asked on
+        ({"num_warps": 2, "block_n": 32}, None, True, NO_OPTIONS, False, False),  # not its shape: decode.py's
+        ({"num_warps": 2, "block_n": 32}, True, False, NO_OPTIONS, False, "64-token tiles over 4 warps"),
+        ({"block_n": 128}, True, False, NO_OPTIONS, False, "block_n 128, 4 warps"),
+        ({"programs": 3}, True, False, NO_OPTIONS, False, "even shares"),
+        ({}, True, False, (True, False, False), False, "shared softmax"),
+        ({}, None, True, (False, True, True), False, "ZIPKV_HOPPER_LAZY_RESCALE"),
+        ({}, True, False, NO_OPTIONS, True, "timing"),
+    ],
+)
+def test_the_launch_takes_the_producer_where_asked_and_its_plan_fits(
+    shape: dict[str, int],
+    asked: bool | None,
+    env_on: bool,
+    options: tuple[bool, bool, bool],
+    timing: bool,
+    expected: bool | str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    asked_shape = {"num_warps": 4, "block_n": 64, **shape}
+    plan = _hopper_plan(monkeypatch, 128, 4, False, **asked_shape)
+    monkeypatch.setattr(producer_launch, "_default_producer", lambda: env_on)
+    if isinstance(expected, str):
+        with pytest.raises(ValueError, match=expected):
+            producer_launch.producer_choice(plan, asked, options, timing)
+    else:
+        assert producer_launch.producer_choice(plan, asked, options, timing) is expected
+
+
+def test_the_launch_refuses_a_plan_not_of_its_shape_before_it_starts() -> None:
+    """Through decode_attention_hopper (no GPU here: refused before any launch)."""
+    from zipkv.kernels.attention.hopper.launch import decode_attention_hopper
+
+    v3 = PageFormat(head_dim=128, num_kv_heads=2, version=3)
+    ids, indptr, lens = (torch.tensor(x, dtype=torch.int32) for x in (range(2), [0, 2], [30]))
+    plan = plan_decode(ids, indptr, lens, v3, 8, block_n=32, num_warps=2)
+    q = torch.zeros(1, 8, 128, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="64-token tiles over 4 warps"):
+        decode_attention_hopper(
+            plan, q, torch.zeros(1, dtype=torch.uint8), ids.long(), ids.byte(), 0.1, producer=True
+        )
