@@ -161,7 +161,7 @@ def hopper_even_shares(env: Mapping[str, str] | None = None) -> bool:
 # The Hopper kernel's producer partition (hopper/specialized.py): "1" four producer warps load the page
 # tables and issue the copies, four consumer warps restore and multiply (64-token tiles, one page a consumer
 # warp, two programs of eight warps per SM: HOPPER_PRODUCER_CONFIG); "0" (the default) decode.py's programs,
-# whose warps do both. Offline sm_90 at head_dim 128 a consumer warp issues 398 SASS instructions a coded
+# whose warps do both. Offline sm_90 at head_dim 128 a consumer warp issues 387 SASS instructions a coded
 # tile against 544 (docs/benchmarks.md); off until the GPU has checked and timed it.
 HOPPER_PRODUCER_ENV = "ZIPKV_HOPPER_PRODUCER"
 HOPPER_PRODUCER_CONFIG = DecodeKernelConfig(64, 4, 2, 2, 2, prefetch=False)

@@ -192,7 +192,7 @@ def test_the_producer_kernel_compiles_for_sm90_with_its_copies_off_the_consumer_
     """hopper/specialized.py (four consumer warps, one page each, and a producer partition) at head_dims 64,
     128 and 256: the consumers' coded tile holds no global load or copy (the producer's loop holds them
     all), so at head_dim 128 a consumer warp issues at least 20% fewer SASS instructions a tile than a warp
-    of the two-warp lean kernel does for the same 16 tokens (398 against 544 offline); no spill in either
+    of the two-warp lean kernel does for the same 16 tokens (387 against 544 offline); no spill in either
     loop; ``setmaxnreg`` hands the consumers more registers than the 128 a thread of the launch; two
     programs fit an SM's shared memory at head_dim <= 128."""
     producer = _compile_rows(
