@@ -2,8 +2,9 @@
 # On the GPU machine, from the repo root: the first run of the Hopper kernel with a producer partition
 # (kernels/attention/hopper/specialized.py, ZIPKV_HOPPER_PRODUCER). Its smoke first, under a short timeout
 # (bench/kernels/producer_smoke.py: a wrong mbarrier count hangs, and the timeout says so); if every case
-# passes, the decode benchmark with its config beside today's kernel, then (NCU=1) the stall profile of the
-# producer kernel at 59 x 8448. Carry .carry/whl (or the SGLang carry: bench/gpu_env.sh takes either).
+# passes, the decode benchmark of its two modes (1: copies on the producer warps; 2: the pre-pass too, at two
+# and three stages) beside today's kernel, then (NCU=1) the stall profile of the producer kernel at 59 x 8448
+# (NCU_MODE, default 2). Carry .carry/whl (or the SGLang carry: bench/gpu_env.sh takes either).
 #   bash bench/run_producer_gpu.sh          SHAPES=..., CONFIGS=..., SMOKE_CASES=0,1,3,4,5 to change them
 set -uo pipefail
 source "${ZIPKV_GPU_ENV:-bench/gpu_env.sh}"
@@ -18,11 +19,11 @@ if [ "$rc" != 0 ]; then
   exit 0
 fi
 timeout "${BENCH_TIMEOUT:-240}" python3 -m bench.kernels.bench_decode_hopper --bench \
-  --configs "${CONFIGS:-32:2:0:0:2:0:0:1,64:2:2:0:4:0:0:1:0:0:1:1}" \
+  --configs "${CONFIGS:-32:2:0:0:2:0:0:1,64:2:2:0:4:0:0:1:0:0:1:1,64:2:2:0:4:0:0:1:0:0:1:2,64:3:2:0:4:0:0:1:0:0:1:2}" \
   --shapes "${SHAPES:-59x8448,64x8192,32x8192,128x8192,1x32768}" --out "$OUT/decode_hopper_producer.json" \
   2>&1 | cut -c1-700
 if [ "${NCU:-1}" != 0 ]; then
-  ZIPKV_HOPPER_PRODUCER=1 timeout "${NCU_TIMEOUT:-150}" ncu --clock-control none -k regex:_decode_hopper \
+  ZIPKV_HOPPER_PRODUCER=${NCU_MODE:-2} timeout "${NCU_TIMEOUT:-150}" ncu --clock-control none -k regex:_decode_hopper \
     --launch-skip 2 --launch-count 1 --section WarpStateStats --section SchedulerStats --section SpeedOfLight \
     --section InstructionStats --section LaunchStats --section Occupancy \
     python3 -m bench.kernels.bench_decode_hopper --ncu "${NCU_SHAPE:-59x8448}" >"$OUT/ncu_producer.txt" 2>&1

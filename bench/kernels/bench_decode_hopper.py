@@ -51,9 +51,9 @@ def _zipkv_fns(
     splits:even:pad:producer; even 1: the batch's tiles shared evenly over ctas_per_sm (HOPPER_CONFIG's)
     programs per SM, split_plan.program_items; pad 0: the lean tile's padding rows computed, launch.pads_hi's
     otherwise; producer 1: the kernel with a producer partition, hopper/specialized.py, whose shape is
-    64:S:2:0:4): on the v3 pages (timed) and on raw pages holding the same values (timed for
-    the first config, the uncompressed run; checked bit for bit against the v3 run for every config); the
-    split count each used."""
+    64:S:2:0:4; 2: its producer warps run the pre-pass too): on the v3 pages (timed) and on raw pages
+    holding the same values (timed for the first config, the uncompressed run; checked bit for bit against
+    the v3 run for every config); the split count each used."""
     batch = q.shape[0]
     raw_loc = (
         torch.arange(case["pages"].shape[0], dtype=torch.int64, device="cuda") * case["fmt"].raw_page_bytes
@@ -88,7 +88,7 @@ def _zipkv_fns(
             maxnreg=plan.maxnreg if not maxnreg and plan.maxnreg else maxnreg,  # 0: the plan's, if it caps
             warp_softmax=None if ws is None else bool(ws), lazy_rescale=None if lazy is None else bool(lazy),
             lean=None if lean is None else bool(lean), pad_hi=None if pad is None else bool(pad),
-            producer=None if prod is None else bool(prod),
+            producer=prod,
         )  # fmt: skip
         fns[tag] = partial(run, case["heap"], case["loc"], case["meta"])
         raw_fns[tag] = partial(run, case["raw_heap"], raw_loc, case["raw_meta"], compressed=False)

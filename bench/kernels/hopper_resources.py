@@ -65,8 +65,10 @@ def compile_hopper(
     lean: bool = False,
     even_shares: bool = False,
     producer: bool = False,
+    prepass: bool = False,
 ):  # type: ignore[no-untyped-def]
-    """``producer``: hopper/specialized.py's kernel (four consumer warps, capped as its launch caps it)."""
+    """``producer``: hopper/specialized.py's kernel (four consumer warps, capped as its launch caps it);
+    ``prepass``: with the pre-pass on its producer warps (PREPASS)."""
     fn = sp._decode_hopper_producer_kernel if producer else dh._decode_hopper_kernel
     del compressed  # one kernel reads coded and raw pages
     regs = launch.register_cap(maxnreg, head_dim, num_warps)  # as the launch does
@@ -76,7 +78,7 @@ def compile_hopper(
         kv_heads, group, head_dim, pages, stages, split, warp_softmax=warp_softmax, lazy_rescale=lazy_rescale,
         lean=lean, pad_hi=launch.pads_hi(group, lean),
     )  # fmt: skip
-    const = {**const, "EVEN_SHARES": even_shares}
+    const = {**const, "EVEN_SHARES": even_shares, "PREPASS": prepass}
     const = {n: v for n, v in const.items() if n in fn.arg_names}
     signature = {n: ARG_TYPES.get(n, "constexpr") for n in fn.arg_names}
     constexprs = {(i,): const[n] for i, n in enumerate(fn.arg_names) if n in const}
@@ -134,11 +136,12 @@ def report(
     even_shares: bool = False,
     group: int = 4,
     producer: bool = False,
+    prepass: bool = False,
 ) -> dict[str, object]:
     kernel = compile_hopper(
         head_dim, pages, stages, group=group, compressed=compressed, maxnreg=maxnreg, num_warps=num_warps,
         warp_softmax=warp_softmax, lazy_rescale=lazy_rescale, lean=lean, even_shares=even_shares,
-        producer=producer,
+        producer=producer, prepass=prepass,
     )  # fmt: skip
     sass = sass_of(kernel.asm["cubin"])
     ptx = kernel.asm["ptx"]
@@ -152,6 +155,7 @@ def report(
         "lean": lean,
         "even_shares": even_shares,
         "producer": producer,
+        "prepass": prepass,
         "group": group,
         "compressed": compressed,
         "shared_bytes": kernel.metadata.shared,
@@ -197,6 +201,7 @@ def main() -> None:
     ap.add_argument(
         "--producer", action="store_true", help="the kernel with a producer partition (hopper/specialized.py)"
     )
+    ap.add_argument("--prepass", action="store_true", help="--producer: the pre-pass on the producer warps")
     ap.add_argument("--group", type=int, default=4, help="query heads per KV head (at most 16)")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--dump", default=None, help="folder for .ptx/.sass/.ttgir of each variant")
@@ -209,7 +214,7 @@ def main() -> None:
                 for comp, w in itertools.product((True, False) if a.twin else (True,), warp_counts):
                     r = report(
                         d, p, s, comp, a.maxnreg, w, a.warp_softmax, a.lazy_rescale, a.lean, a.even_shares,
-                        a.group, a.producer,
+                        a.group, a.producer, a.prepass,
                     )  # fmt: skip
                     rows.append(r)
                     if a.dump:
@@ -217,7 +222,7 @@ def main() -> None:
                         k = compile_hopper(
                             d, p, s, group=a.group, compressed=comp, num_warps=w, warp_softmax=a.warp_softmax,
                             lazy_rescale=a.lazy_rescale, lean=a.lean, even_shares=a.even_shares,
-                            producer=a.producer,
+                            producer=a.producer, prepass=a.prepass,
                         )  # fmt: skip
                         tag = f"d{d}_p{p}_s{s}_w{w}_{'c' if comp else 't'}"
                         for ext in ("ptx", "ttgir"):

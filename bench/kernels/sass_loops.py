@@ -75,7 +75,7 @@ def coded_tile(sass: str) -> dict[str, object]:
     blocks = _loop_blocks(sass)
     first = {int(b[0].split()[0], 16): i for i, b in enumerate(blocks)}
     ops = [_ops(b) for b in blocks]
-    found: list[tuple[int, dict[str, int], list[int]]] = []
+    found: list[tuple[int, dict[str, int], list[int], bool]] = []
 
     def walk(i: int, path: list[int]) -> None:  # the loop's branches all go forward but the last
         path = [*path, i]
@@ -88,12 +88,12 @@ def coded_tile(sass: str) -> dict[str, object]:
             shared = [
                 ("LDS" in ops[j], "STS" in ops[j]) for j in path if not any(a in ops[j] for a in attend)
             ]
-            if (True, True) in shared and (False, True) not in shared:
+            if (False, True) not in shared:
                 total: dict[str, int] = {}
                 for j in path:
                     for k, v in ops[j].items():
                         total[k] = total.get(k, 0) + v
-                found.append((total.get("LDGSTS", 0), total, path))
+                found.append((total.get("LDGSTS", 0), total, path, (True, True) in shared))
         elif m and int(m.group(1), 16) in first:
             walk(first[int(m.group(1), 16)], path)
         # a branch out of the loop (an mbarrier wait's retry, placed after the kernel) is taken rarely
@@ -101,10 +101,14 @@ def coded_tile(sass: str) -> dict[str, object]:
             walk(i + 1, path)
 
     walk(0, [])
+    # the paths through a pre-pass, or where the producer warps run it (specialized.py's PREPASS) every path
+    # that does not gather
+    found = [f for f in found if f[3]] or found
     if not found:
         return {}
-    most_copies = max(c for c, _, _ in found)  # the coded copies (the raw copies are fewer)
-    counts = sorted(((sum(t.values()), t, p) for c, t, p in found if c == most_copies), key=lambda x: x[0])
+    most_copies = max(f[0] for f in found)  # the coded copies (the raw copies are fewer)
+    paths = [(sum(f[1].values()), f[1], f[2]) for f in found if f[0] == most_copies]
+    counts = sorted(paths, key=lambda x: x[0])
     phases: dict[str, int] = {}
     for j in counts[0][2]:
         phases[_phase(ops[j])] = phases.get(_phase(ops[j]), 0) + len(blocks[j])

@@ -160,16 +160,21 @@ def hopper_even_shares(env: Mapping[str, str] | None = None) -> bool:
 
 # The Hopper kernel's producer partition (hopper/specialized.py): "1" four producer warps load the page
 # tables and issue the copies, four consumer warps restore and multiply (64-token tiles, one page a consumer
-# warp, two programs of eight warps per SM: HOPPER_PRODUCER_CONFIG); "0" (the default) decode.py's programs,
-# whose warps do both. Offline sm_90 at head_dim 128 a consumer warp issues 387 SASS instructions a coded
-# tile against 544 (docs/benchmarks.md); off until the GPU has checked and timed it.
+# warp, two programs of eight warps per SM: HOPPER_PRODUCER_CONFIG); "2" the producer warps also run each
+# coded tile's pre-pass (codes to high bytes), so the consumers only load operands, multiply and take the
+# softmax; "0" (the default) decode.py's programs, whose warps do everything. Offline sm_90 at head_dim 128 a
+# consumer warp issues 387 ("1") or 199 ("2") SASS instructions a coded tile against 544 (docs/benchmarks.md);
+# off until the GPU has checked and timed them.
 HOPPER_PRODUCER_ENV = "ZIPKV_HOPPER_PRODUCER"
 HOPPER_PRODUCER_CONFIG = DecodeKernelConfig(64, 4, 2, 2, 2, prefetch=False)
+PRODUCER_MODES = ("0", "1", "2")
 
 
-def hopper_producer(env: Mapping[str, str] | None = None) -> bool:
-    """Whether the Hopper kernel runs its producer partition (``$ZIPKV_HOPPER_PRODUCER``, see above)."""
-    return env_flag(HOPPER_PRODUCER_ENV, "one kind of warp", env)
+def hopper_producer(env: Mapping[str, str] | None = None) -> int:
+    """The Hopper kernel's producer partition (``$ZIPKV_HOPPER_PRODUCER``, see above): 0 none, 1 copies and
+    table loads, 2 those and the pre-pass."""
+    hint = "0: one kind of warp, 1: producer warps copy, 2: they also run the pre-pass"
+    return int(env_choice(HOPPER_PRODUCER_ENV, PRODUCER_MODES, "0", env, hint=hint))
 
 
 def hopper_warp_softmax(env: Mapping[str, str] | None = None) -> bool:

@@ -143,8 +143,8 @@ def _even_shares_on() -> bool:
 
 @lru_cache(maxsize=1)
 def _producer_on() -> bool:
-    """``$ZIPKV_HOPPER_PRODUCER``, read once per process (as the even shares above)."""
-    return hopper_producer()
+    """``$ZIPKV_HOPPER_PRODUCER`` set to 1 or 2, read once per process (as the even shares above)."""
+    return hopper_producer() > 0
 
 
 def _hopper_base(fmt: PageFormat) -> DecodeKernelConfig:

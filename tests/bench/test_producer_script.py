@@ -49,4 +49,4 @@ def test_a_passing_smoke_goes_on_to_the_benchmark_of_both_kernels(tmp_path: Path
         "bench.kernels.producer_smoke",
         "bench.kernels.bench_decode_hopper",
     ]
-    assert "--configs 32:2:0:0:2:0:0:1,64:2:2:0:4:0:0:1:0:0:1:1" in calls[1], calls
+    assert "--configs 32:2:0:0:2:0:0:1,64:2:2:0:4:0:0:1:0:0:1:1,64:2:2:0:4:0:0:1:0:0:1:2" in calls[1], calls

@@ -17,11 +17,11 @@ from zipkv.kernels.format.layout import PageFormat
 H200_SMS = 132
 
 
-def test_the_switch_is_off_by_default_and_takes_0_or_1() -> None:
+def test_the_switch_is_off_by_default_and_takes_0_1_or_2() -> None:
     name = dc.HOPPER_PRODUCER_ENV
-    assert dc.hopper_producer({}) is False and dc.hopper_producer({name: ""}) is False
-    assert dc.hopper_producer({name: "1"}) is True and dc.hopper_producer({name: "0"}) is False
-    with pytest.raises(ValueError, match=f"{name}='yes': expected one of 0, 1"):
+    assert dc.hopper_producer({}) == 0 and dc.hopper_producer({name: ""}) == 0
+    assert [dc.hopper_producer({name: v}) for v in ("0", "1", "2", " 2 ")] == [0, 1, 2, 2]
+    with pytest.raises(ValueError, match=f"{name}='yes': expected one of 0, 1, 2"):
         dc.hopper_producer({name: "yes"})
 
 
@@ -64,38 +64,40 @@ NO_OPTIONS = (False, False, True)  # (per-warp softmax, lazy rescale, lean tile)
 
 
 @pytest.mark.parametrize(
-    ("shape", "asked", "env_on", "options", "timing", "expected"),
+    ("shape", "asked", "env", "options", "timing", "expected"),
     [
-        ({}, None, True, NO_OPTIONS, False, True),  # the producer's plan, the switch on
-        ({}, None, False, NO_OPTIONS, False, False),  # switch off
-        ({}, False, True, NO_OPTIONS, False, False),  # asked off: honoured
-        ({}, True, False, NO_OPTIONS, False, True),  # asked on
-        ({"num_warps": 2, "block_n": 32}, None, True, NO_OPTIONS, False, False),  # not its shape: decode.py's
-        ({"num_warps": 2, "block_n": 32}, True, False, NO_OPTIONS, False, "64-token tiles over 4 warps"),
-        ({"block_n": 128}, True, False, NO_OPTIONS, False, "block_n 128, 4 warps"),
-        ({"programs": 3}, True, False, NO_OPTIONS, False, "even shares"),
-        ({}, True, False, (True, False, False), False, "shared softmax"),
-        ({}, None, True, (False, True, True), False, "ZIPKV_HOPPER_LAZY_RESCALE"),
-        ({}, True, False, NO_OPTIONS, True, "timing"),
+        ({}, None, 1, NO_OPTIONS, False, 1),  # the producer's plan, the switch on: its mode
+        ({}, None, 2, NO_OPTIONS, False, 2),
+        ({}, None, 0, NO_OPTIONS, False, 0),  # switch off
+        ({}, 0, 2, NO_OPTIONS, False, 0),  # asked off: honoured
+        ({}, 2, 0, NO_OPTIONS, False, 2),  # asked on
+        ({}, 3, 0, NO_OPTIONS, False, "producer must be 0, 1 or 2, got 3"),
+        ({"num_warps": 2, "block_n": 32}, None, 2, NO_OPTIONS, False, 0),  # not its shape: decode.py's
+        ({"num_warps": 2, "block_n": 32}, 1, 0, NO_OPTIONS, False, "64-token tiles over 4 warps"),
+        ({"block_n": 128}, 1, 0, NO_OPTIONS, False, "block_n 128, 4 warps"),
+        ({"programs": 3}, 2, 0, NO_OPTIONS, False, "even shares"),
+        ({}, 1, 0, (True, False, False), False, "shared softmax"),
+        ({}, None, 1, (False, True, True), False, "ZIPKV_HOPPER_LAZY_RESCALE"),
+        ({}, 2, 0, NO_OPTIONS, True, "timing"),
     ],
 )
 def test_the_launch_takes_the_producer_where_asked_and_its_plan_fits(
     shape: dict[str, int],
-    asked: bool | None,
-    env_on: bool,
+    asked: int | None,
+    env: int,
     options: tuple[bool, bool, bool],
     timing: bool,
-    expected: bool | str,
+    expected: int | str,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     asked_shape = {"num_warps": 4, "block_n": 64, **shape}
     plan = _hopper_plan(monkeypatch, 128, 4, False, **asked_shape)
-    monkeypatch.setattr(producer_launch, "_default_producer", lambda: env_on)
+    monkeypatch.setattr(producer_launch, "_default_producer", lambda: env)
     if isinstance(expected, str):
         with pytest.raises(ValueError, match=expected):
             producer_launch.producer_choice(plan, asked, options, timing)
     else:
-        assert producer_launch.producer_choice(plan, asked, options, timing) is expected
+        assert producer_launch.producer_choice(plan, asked, options, timing) == expected
 
 
 def test_the_launch_refuses_a_plan_not_of_its_shape_before_it_starts() -> None:
@@ -108,5 +110,5 @@ def test_the_launch_refuses_a_plan_not_of_its_shape_before_it_starts() -> None:
     q = torch.zeros(1, 8, 128, dtype=torch.bfloat16)
     with pytest.raises(ValueError, match="64-token tiles over 4 warps"):
         decode_attention_hopper(
-            plan, q, torch.zeros(1, dtype=torch.uint8), ids.long(), ids.byte(), 0.1, producer=True
+            plan, q, torch.zeros(1, dtype=torch.uint8), ids.long(), ids.byte(), 0.1, producer=1
         )

@@ -107,7 +107,7 @@ def decode_attention_hopper(
     lazy_rescale: bool | None = None,
     lean: bool | None = None,
     pad_hi: bool | None = None,
-    producer: bool | None = None,
+    producer: int | None = None,
 ) -> torch.Tensor:
     """bf16 ``[B, Hq, D]`` attention of ``q`` over one layer's v3 pages (sm_90; see the module docstring).
 
@@ -123,8 +123,9 @@ def decode_attention_hopper(
     (hopper/lean.py; shared softmax only); None: ``$ZIPKV_HOPPER_LEAN`` (decode_config.hopper_lean).
     ``pad_hi``: False keeps the lean tile's padding rows' arithmetic (the same bits; for side-by-side
     timing); None: :func:`pads_hi`'s. ``producer``: the kernel with a producer partition
-    (hopper/specialized.py; the shared softmax, no lazy rescale, no timing); None:
-    ``$ZIPKV_HOPPER_PRODUCER``'s where the plan is of its shape (producer_launch.producer_fits).
+    (hopper/specialized.py; 1 copies on it, 2 the pre-pass too; the shared softmax, no lazy rescale, no
+    timing); None: ``$ZIPKV_HOPPER_PRODUCER``'s where the plan is of its shape
+    (producer_launch.producer_fits).
     """
     _check_plan(plan)
     if out is None:
@@ -134,8 +135,9 @@ def decode_attention_hopper(
     if not compressed:  # every page read as raw: what an uncompressed pool's metadata says anyway
         page_meta_layer = _raw_meta_like(page_meta_layer)
     tables = (heap, page_loc_layer, page_meta_layer)
-    if producer_choice(plan, producer, options, timing is not None):
-        run_producer(plan, q, out, tables, sm_scale * LOG2E, consts, maxnreg)
+    mode = producer_choice(plan, producer, options, timing is not None)
+    if mode:
+        run_producer(plan, q, out, tables, sm_scale * LOG2E, consts, maxnreg, mode)
     else:
         _run_kernel(plan, q, out, tables, sm_scale * LOG2E, consts, regs, timing)
     if plan.max_splits > 1:

@@ -14,9 +14,9 @@ from .specialized import PRODUCER_MAXNREG, _decode_hopper_producer_kernel
 
 
 @lru_cache(maxsize=1)
-def _default_producer() -> bool:
-    """``$ZIPKV_HOPPER_PRODUCER``, read once per process: the launch runs for every layer of every step
-    (the worker reads it at start-up too, so a malformed value stops it there)."""
+def _default_producer() -> int:
+    """``$ZIPKV_HOPPER_PRODUCER`` (0, 1, 2), read once per process: the launch runs for every layer of every
+    step (the worker reads it at start-up too, so a malformed value stops it there)."""
     return hopper_producer()
 
 
@@ -27,13 +27,16 @@ def producer_fits(plan: DecodePlan) -> bool:
 
 
 def producer_choice(
-    plan: DecodePlan, asked: bool | None, options: tuple[bool, bool, bool], timing: bool
-) -> bool:
-    """The producer kernel as asked, else ``$ZIPKV_HOPPER_PRODUCER``'s where the plan fits it; refused,
-    loudly, with what it does not run (``options``: _tile_options's)."""
-    on = (_default_producer() and producer_fits(plan)) if asked is None else asked
-    if not on:
-        return False
+    plan: DecodePlan, asked: int | None, options: tuple[bool, bool, bool], timing: bool
+) -> int:
+    """The producer kernel's mode as asked (0 none, 1 copies, 2 copies and the pre-pass), else
+    ``$ZIPKV_HOPPER_PRODUCER``'s where the plan fits it; refused, loudly, with what it does not run
+    (``options``: _tile_options's)."""
+    mode = (_default_producer() if producer_fits(plan) else 0) if asked is None else int(asked)
+    if mode not in (0, 1, 2):
+        raise ValueError(f"producer must be 0, 1 or 2, got {asked!r}")
+    if not mode:
+        return 0
     warp_softmax, lazy_rescale, _ = options
     if not producer_fits(plan):
         raise ValueError(
@@ -46,7 +49,7 @@ def producer_choice(
             "the producer kernel runs the shared softmax without the lazy rescale or timing stamps: unset "
             "$ZIPKV_HOPPER_WARP_SOFTMAX / $ZIPKV_HOPPER_LAZY_RESCALE, or $ZIPKV_HOPPER_PRODUCER"
         )
-    return True
+    return mode
 
 
 def run_producer(
@@ -57,15 +60,16 @@ def run_producer(
     qk_scale: float,
     consts: dict[str, object],
     maxnreg: int | None,
+    mode: int = 1,
 ) -> None:
     """The producer kernel's launch (hopper/specialized.py; the caller merges the splits); ``tables``:
     (heap, page_loc, page_meta) of the layer. Capped at PRODUCER_MAXNREG registers a thread unless
-    ``maxnreg`` is given."""
+    ``maxnreg`` is given. ``mode``: producer_choice's (2: the pre-pass on the producer warps)."""
     heap, page_loc, page_meta = tables
     fn = _decode_hopper_producer_kernel
     kernel_consts = {k: v for k, v in consts.items() if k in fn.arg_names}
     fn[(plan.num_pairs * plan.fmt.num_kv_heads,)](
         q, out, plan.o_partial, plan.lse_partial, heap, heap.view(torch.int16), page_loc, page_meta,
         plan.page_ids, plan.work, plan.num_splits, qk_scale, q.stride(0), q.stride(1), out.stride(0),
-        out.stride(1), **kernel_consts, num_warps=4, maxnreg=maxnreg or PRODUCER_MAXNREG,
+        out.stride(1), **kernel_consts, PREPASS=mode == 2, num_warps=4, maxnreg=maxnreg or PRODUCER_MAXNREG,
     )  # fmt: skip

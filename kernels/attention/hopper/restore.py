@@ -250,10 +250,12 @@ def _prepass(b_k, m_k, b_v, m_v, pre_l: ttgl.constexpr, CW: ttgl.constexpr, HW: 
 def tile_operands(kind, slot, glob, tables, tok0, OP_K: ttgl.constexpr, OP_V: ttgl.constexpr,
                   CW: ttgl.constexpr, HW: ttgl.constexpr, PG1: ttgl.constexpr, H: ttgl.constexpr,
                   D: ttgl.constexpr, NP: ttgl.constexpr, mma: ttgl.constexpr,
-                  LEAN: ttgl.constexpr = False):  # fmt: skip
+                  LEAN: ttgl.constexpr = False, PREPASSED: ttgl.constexpr = False):  # fmt: skip
     """(K_a, K_b, V_a, V_b) bf16 operands of a landed tile in the MMA B fragments (``kind``: how it is read;
     ``slot``: its ring buffers; ``glob``: (heap_ptr, heap16_ptr); ``tables``: ring.tile_info's; ``mma``:
-    the kernel's MMA layout, 2D ``[M, X]`` or, per-warp softmax, 3D ``[NP, M, X]``, one page per warp)."""
+    the kernel's MMA layout, 2D ``[M, X]`` or, per-warp softmax, 3D ``[NP, M, X]``, one page per warp).
+    PREPASSED: a coded tile's B already holds high-byte pairs (hopper/specialized.py's producer ran the
+    pre-pass, and an mbarrier orders its writes before these reads: no barrier here)."""
     a_k, b_k, a_v, b_v, m_k, m_v = slot
     head = tables[5]
     N: ttgl.constexpr = NP * _PT
@@ -268,8 +270,9 @@ def tile_operands(kind, slot, glob, tables, tok0, OP_K: ttgl.constexpr, OP_V: tt
         _stage_tile(a_v, b_v, glob, tables, tok0, H + head, st_l, PG1, H, D, NP)
         ttgl.thread_barrier()
     elif kind == CODED:  # raw blocks (a sixth of tiles hold none, on real KV) keep their code slot and patch
-        _prepass(b_k, m_k, b_v, m_v, pre_l, CW, HW, D, NP, True, LEAN)
-    else:
+        if not PREPASSED:
+            _prepass(b_k, m_k, b_v, m_v, pre_l, CW, HW, D, NP, True, LEAN)
+    elif not PREPASSED:
         # Every path ends on a barrier of its own, the coded one at its pre-pass's end: the compiler then
         # puts none where they join (it cannot tell this slot from the one the next tile's copies fill,
         # and merges the paths' pending writes), one CTA barrier fewer a coded tile (7 -> 6, offline sm_90).

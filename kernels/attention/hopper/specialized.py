@@ -15,6 +15,11 @@ Gluon's ``mbarrier.arrive`` is a partition barrier, then one elected thread arri
 how to read a landed tile from the block markers the producer copied with it (a raw page's are 0xFF), the
 same bytes the producer decided from, so no other word crosses between the partitions.
 
+PREPASS (``$ZIPKV_HOPPER_PRODUCER=2``): the producer warps also run each coded tile's pre-pass (codes to
+high-byte pairs, restore._prepass) once its copies have landed, and arrive on ``ready`` once (count 1) after
+it, so the consumers only load operands, multiply and take the softmax (199 SASS instructions a coded tile
+against 387 without, offline). The producer finishes one tile before it waits for the next one's slot.
+
 Scope (checked by the launch): the shared softmax, one work item per program (no even shares), tiles of one
 page per consumer warp. Off by default (``$ZIPKV_HOPPER_PRODUCER``) until measured on a GPU.
 """
@@ -28,8 +33,8 @@ from triton.experimental.gluon.language.nvidia.ampere import async_copy, mbarrie
 from .decode import _item_work, _load_q, _q_operands, _ring, _slot
 from .epilogue import store_out
 from .lean import lean_scratch
-from .restore import tile_operands
-from .ring import _PT, CODED, GATHER, RAW, issue_tile, meta_layout, tile_ids, tile_info
+from .restore import _prepass, prepass_layout, tile_operands
+from .ring import _PT, CODED, EMPTY, GATHER, RAW, issue_tile, meta_layout, tile_ids, tile_info
 from .softmax import _M, attend_tile, final_state, init_state, kernel_mma_layout
 
 PRODUCER_WARPS = 4  # a worker partition is padded to a warpgroup anyway: every warp copies a page
@@ -37,6 +42,8 @@ PRODUCER_REGS = 56  # registers a producer thread keeps; the consumers get the r
 PRODUCER_MAXNREG = 128  # registers a thread at launch: two programs of eight warps an SM
 _PW = ttgl.constexpr(PRODUCER_WARPS)  # Gluon reads globals only as constexpr
 _PREGS = ttgl.constexpr(PRODUCER_REGS)
+PRODUCER_REGS_PREPASS = 104  # with the pre-pass: its code words and high bytes, ~40 more a thread
+_PREGS_PREPASS = ttgl.constexpr(PRODUCER_REGS_PREPASS)
 
 
 @gluon.jit
@@ -50,13 +57,28 @@ def _copy_marks(m_dst, meta_ptr, pm, ph, H: ttgl.constexpr, D: ttgl.constexpr, N
 
 
 @gluon.jit
+def _finish_tile(ring, ready, s, kind, CW: ttgl.constexpr, HW: ttgl.constexpr, D: ttgl.constexpr,
+                 NP: ttgl.constexpr, LEAN: ttgl.constexpr):  # fmt: skip
+    """PREPASS: the producer's last step of the tile in slot ``s`` once its copies have landed: a coded
+    tile's pre-pass (restore._prepass, the consumers' otherwise), then one arrival on ``ready``."""
+    _, b_k, _, b_v, m_k, m_v = _slot(ring, s)
+    async_copy.wait_group(0)  # this thread's copies of the tile (the next tile's are not issued yet)
+    ttgl.thread_barrier()  # every producer thread's
+    if kind == CODED:
+        pre_l: ttgl.constexpr = prepass_layout(D, NP, ttgl.num_warps())
+        _prepass(b_k, m_k, b_v, m_v, pre_l, CW, HW, D, NP, True, LEAN)
+    mbarrier.arrive(ready.index(s))
+
+
+@gluon.jit
 def _produce(ring, ready, empty, heap_ptr, tabs, item, head, H: ttgl.constexpr, D: ttgl.constexpr,
-             NP: ttgl.constexpr, STAGES: ttgl.constexpr, GATHER_ALL: ttgl.constexpr,
-             LEAN: ttgl.constexpr):  # fmt: skip
+             NP: ttgl.constexpr, STAGES: ttgl.constexpr, GATHER_ALL: ttgl.constexpr, LEAN: ttgl.constexpr,
+             CW: ttgl.constexpr, HW: ttgl.constexpr, PREPASS: ttgl.constexpr):  # fmt: skip
     """The producer partition: the item's tiles into the ring, each once its slot is released. A full tile
     that is not coded still gets K's markers (the consumers read how to take it from them); a coded one
     gets both sides' (issue_tile). Table loads run one tile ahead of the copies, page ids two. GATHER_ALL
-    (a test mode, as decode.py's): nothing but markers is copied, every tile is gathered."""
+    (a test mode, as decode.py's): nothing but markers is copied, every tile is gathered. PREPASS: a tile
+    is handed over after its pre-pass (:func:`_finish_tile`), done while the next tile's slot frees."""
     N: ttgl.constexpr = NP * _PT
     page_ids_ptr, page_loc_ptr, meta_ptr, work_ptr = tabs
     req, first, end, page_base = _item_work(item, work_ptr)
@@ -65,8 +87,11 @@ def _produce(ring, ready, empty, heap_ptr, tabs, item, head, H: ttgl.constexpr, 
         tables = (page_ids_ptr, page_loc_ptr, meta_ptr, page_base, end, head)
         info = tile_info(tables, first, tile_ids(tables, first, D, NP), H, D, NP)
         ids_n = tile_ids(tables, first + N, D, NP)
+        kind = n_tiles * 0 + EMPTY  # (a tensor: the loop carries the last tile's kind)
         for i in range(n_tiles):
             s = i % STAGES
+            if PREPASS and i > 0:
+                _finish_tile(ring, ready, (i + STAGES - 1) % STAGES, kind, CW, HW, D, NP, LEAN)
             # slot s is free once the consumers released it (not before its first use)
             mbarrier.wait(empty.index(s), ((i // STAGES) & 1) ^ 1, pred=i >= STAGES)
             tok0 = first + i * N
@@ -74,9 +99,14 @@ def _produce(ring, ready, empty, heap_ptr, tabs, item, head, H: ttgl.constexpr, 
             kind = issue_tile(slot, heap_ptr, tables, tok0, info, H, D, NP, GATHER_ALL, LEAN)
             if kind != CODED and tok0 + N <= end:
                 _copy_marks(slot[4], meta_ptr, info[5], head, H, D, NP)
-            async_copy.mbarrier_arrive(ready.index(s), increment_count=False)
+            if PREPASS:
+                async_copy.commit_group()
+            else:
+                async_copy.mbarrier_arrive(ready.index(s), increment_count=False)
             info = tile_info(tables, tok0 + N, ids_n, H, D, NP)
             ids_n = tile_ids(tables, tok0 + 2 * N, D, NP)
+        if PREPASS and n_tiles > 0:
+            _finish_tile(ring, ready, (n_tiles - 1) % STAGES, kind, CW, HW, D, NP, LEAN)
 
 
 @gluon.jit
@@ -100,9 +130,10 @@ def _consume(ring, ready, empty, scratch, io, glob, tabs, item, head, qk_scale, 
              H: ttgl.constexpr, GROUP: ttgl.constexpr, D: ttgl.constexpr, NP: ttgl.constexpr,
              STAGES: ttgl.constexpr, SPLIT: ttgl.constexpr, GATHER_ALL: ttgl.constexpr,
              OP_K: ttgl.constexpr, OP_V: ttgl.constexpr, CW: ttgl.constexpr, HW: ttgl.constexpr,
-             PG1: ttgl.constexpr, LEAN: ttgl.constexpr, PAD_HI: ttgl.constexpr):  # fmt: skip
+             PG1: ttgl.constexpr, LEAN: ttgl.constexpr, PAD_HI: ttgl.constexpr,
+             PREPASS: ttgl.constexpr):  # fmt: skip
     """The default partition: decode.py's _attend_item with the ring's waits on ``ready`` and a release of
-    each slot on ``empty`` once its operands are in registers."""
+    each slot on ``empty`` once its operands are in registers (PREPASS: coded tiles come pre-passed)."""
     N: ttgl.constexpr = NP * _PT
     mma: ttgl.constexpr = kernel_mma_layout(ttgl.num_warps(), False)
     a_l: ttgl.constexpr = ttgl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
@@ -124,7 +155,9 @@ def _consume(ring, ready, empty, scratch, io, glob, tabs, item, head, qk_scale, 
             tok0 = first + i * N
             slot = _slot(ring, s)
             kind = _landed_kind(slot[4], tok0, end, NP, GATHER_ALL)
-            ops = tile_operands(kind, slot, glob, tables, tok0, OP_K, OP_V, CW, HW, PG1, H, D, NP, mma, LEAN)
+            ops = tile_operands(
+                kind, slot, glob, tables, tok0, OP_K, OP_V, CW, HW, PG1, H, D, NP, mma, LEAN, PREPASS
+            )
             mbarrier.arrive(empty.index(s))
             state = attend_tile(qa, qb, ops, tok0, end, state, qk_scale, mma, a_l, N, False, False, scratch,
                                 LEAN, PAD_HI)  # fmt: skip
@@ -142,15 +175,18 @@ def _decode_hopper_producer_kernel(
     STAGES: ttgl.constexpr, SPLIT: ttgl.constexpr, GATHER_ALL: ttgl.constexpr, OP_K: ttgl.constexpr,
     OP_V: ttgl.constexpr, CW: ttgl.constexpr, HW: ttgl.constexpr, PG1: ttgl.constexpr,
     LEAN: ttgl.constexpr = False, PX: ttgl.constexpr = None, PAD_HI: ttgl.constexpr = False,
+    PREPASS: ttgl.constexpr = False,
 ):  # fmt: skip
-    """Program ``pid`` = (work item, KV head), heads fastest, as decode.py's without even shares."""
+    """Program ``pid`` = (work item, KV head), heads fastest, as decode.py's without even shares. PREPASS:
+    the producer also runs each coded tile's pre-pass (:func:`_finish_tile`), on more registers."""
     pid = ttgl.program_id(0)
     ring = _ring(STAGES, NP, D)
     bar_l: ttgl.constexpr = mbarrier.MBarrierLayout()
     ready = ttgl.allocate_shared_memory(ttgl.int64, [STAGES, 1], bar_l)
     empty = ttgl.allocate_shared_memory(ttgl.int64, [STAGES, 1], bar_l)
     for s in ttgl.static_range(STAGES):
-        mbarrier.init(ready.index(s), count=32 * _PW)
+        # without the pre-pass every producer thread arrives as its copies land; with it one, after it
+        mbarrier.init(ready.index(s), count=1 if PREPASS else 32 * _PW)
         mbarrier.init(empty.index(s), count=1)
     scratch = lean_scratch(_M, NP * _PT, PX) if LEAN else None
     io = (q_ptr, out_ptr, o_part_ptr, lse_part_ptr, num_splits_ptr)
@@ -162,9 +198,10 @@ def _decode_hopper_producer_kernel(
     ttgl.warp_specialize(
         [
             (_consume, (ring, ready, empty, scratch, io, glob, tabs, item, head, qk_scale, strides, H, GROUP,
-                        D, NP, STAGES, SPLIT, GATHER_ALL, OP_K, OP_V, CW, HW, PG1, LEAN, PAD_HI)),
-            (_produce, (ring, ready, empty, heap_ptr, tabs, item, head, H, D, NP, STAGES, GATHER_ALL, LEAN)),
+                        D, NP, STAGES, SPLIT, GATHER_ALL, OP_K, OP_V, CW, HW, PG1, LEAN, PAD_HI, PREPASS)),
+            (_produce, (ring, ready, empty, heap_ptr, tabs, item, head, H, D, NP, STAGES, GATHER_ALL, LEAN,
+                        CW, HW, PREPASS)),
         ],
         [_PW],
-        [_PREGS],
+        [_PREGS_PREPASS if PREPASS else _PREGS],
     )  # fmt: skip
