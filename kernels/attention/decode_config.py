@@ -177,6 +177,19 @@ def hopper_producer(env: Mapping[str, str] | None = None) -> int:
     return int(env_choice(HOPPER_PRODUCER_ENV, PRODUCER_MODES, "0", env, hint=hint))
 
 
+def hopper_producer_for_serving(env: Mapping[str, str] | None = None) -> int:
+    """``$ZIPKV_HOPPER_PRODUCER`` as the SGLang worker reads it at start-up: refused when set, because the
+    first SGLang run with it (an H100, 2026-12-07, docs/benchmarks.md) never scheduled its first batch,
+    with either mode; the kernel benchmarks and the checks take it."""
+    mode = hopper_producer(env)
+    if mode:
+        raise ValueError(
+            f"{HOPPER_PRODUCER_ENV}={mode}: the producer kernel is for the kernel benchmarks only for now "
+            "(SGLang end to end stalled with it, docs/benchmarks.md); unset it to serve"
+        )
+    return mode
+
+
 def hopper_warp_softmax(env: Mapping[str, str] | None = None) -> bool:
     """Whether the Hopper kernel runs one softmax per warp (``$ZIPKV_HOPPER_WARP_SOFTMAX``, see above)."""
     return env_flag(HOPPER_WARP_SOFTMAX_ENV, "one softmax per program", env)

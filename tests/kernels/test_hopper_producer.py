@@ -25,6 +25,15 @@ def test_the_switch_is_off_by_default_and_takes_0_1_or_2() -> None:
         dc.hopper_producer({name: "yes"})
 
 
+def test_the_sglang_worker_refuses_it_until_it_serves() -> None:
+    """The first SGLang run with it stalled (docs/benchmarks.md): the worker's start-up read refuses it with
+    what to do, and takes it unset."""
+    assert dc.hopper_producer_for_serving({}) == 0
+    for mode in ("1", "2"):
+        with pytest.raises(ValueError, match=r"kernel benchmarks only .* unset it to serve"):
+            dc.hopper_producer_for_serving({dc.HOPPER_PRODUCER_ENV: mode})
+
+
 def _hopper_plan(
     monkeypatch: pytest.MonkeyPatch, head_dim: int, batch: int, producer_on: bool, **asked: int
 ) -> DecodePlan:

@@ -106,7 +106,7 @@ class ZipkvAttention:
             hopper_even_shares,
             hopper_lazy_rescale,
             hopper_lean,
-            hopper_producer,
+            hopper_producer_for_serving,
             hopper_split_cap,
             hopper_warp_softmax,
         )
@@ -121,7 +121,7 @@ class ZipkvAttention:
         hopper_lean()
         hopper_split_cap()
         hopper_even_shares()
-        hopper_producer()
+        hopper_producer_for_serving()
         self.kernel_config = step_kernel_config(kv.fmt, req_to_token.device)
         self.fused_extend = extend_kernel_choice() == "fused"
         self.flashinfer = flashinfer_prefill_for(num_q_heads, kv.fmt, req_to_token.device)
