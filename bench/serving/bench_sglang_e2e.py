@@ -42,6 +42,7 @@ import contextlib
 import datetime
 import json
 import os
+import resource
 import shlex
 import signal
 import subprocess
@@ -171,11 +172,19 @@ def timed_log_metrics(text: str) -> dict[str, Any]:
     return log_metrics(text.split(PROFILE_MARK)[0])
 
 
+def _no_core_files() -> None:
+    """A run stopped by SIGABRT leaves no core files (a GPU process's would be gigabytes)."""
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+
+
 def run_one(args: argparse.Namespace, spec: RunSpec, left_s: int) -> dict[str, Any]:
     logs = Path(args.logs)
     js, log = logs / f"{spec.name}.json", logs / f"{spec.name}.log"
     timeout_s = min(spec.timeout_s or args.timeout_s, left_s)
-    cmd = ["timeout", str(timeout_s), sys.executable, "-m", "bench.serving.bench_sglang_e2e"]  # this module
+    # On the limit, SIGABRT to the run's whole process group (timeout signals its group): with Python's fault
+    # handler on in every process of it, the log ends on each one's stacks (a stalled scheduler shows where).
+    cmd = ["timeout", "-s", "ABRT", "-k", "15", str(timeout_s)]  # -k: SIGKILL 15 s later if still alive
+    cmd += [sys.executable, "-m", "bench.serving.bench_sglang_e2e"]  # this module
     cmd += ["--model", args.model]
     cmd += ["--child", spec.system, "--json", str(js), "--milestone", spec.milestone]
     cmd += ["--workload", next(k for k, w in WORKLOADS.items() if w == spec.workload)]
@@ -184,7 +193,15 @@ def run_one(args: argparse.Namespace, spec: RunSpec, left_s: int) -> dict[str, A
     with open(log, "w") as f:
         # Own process group: SGLang's scheduler and detokenizer die with it, even on a timeout, so the next
         # system starts on a free GPU.
-        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
+        env = {**os.environ, "PYTHONFAULTHANDLER": "1"}
+        proc = subprocess.Popen(
+            cmd,
+            stdout=f,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            env=env,
+            preexec_fn=_no_core_files,
+        )
         rc = proc.wait()
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
