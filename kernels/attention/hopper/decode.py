@@ -77,6 +77,18 @@ def _item_work(item, work_ptr):
 
 
 @gluon.jit
+def item_start(item, work_ptr, num_splits_ptr, SPLIT: ttgl.constexpr):
+    """:func:`_item_work`'s four scalars and the request's split count (1 without SPLIT). The count is
+    loaded now and tested at the end (a test here would wait on the load): a request of one split is
+    whole, the count the merge reads to skip it."""
+    req, first, end, page_base = _item_work(item, work_ptr)
+    req_splits = 1
+    if SPLIT:
+        req_splits = ttgl.load(num_splits_ptr + ttgl.maximum(req, 0))
+    return req, first, end, page_base, req_splits
+
+
+@gluon.jit
 def _ring(STAGES: ttgl.constexpr, NP: ttgl.constexpr, D: ttgl.constexpr):
     """The ring's shared memory: per stage and KV side, the A and B buffers and the block markers
     (ring.py's docstring). Plain row-major; the stage dimension is indexed away before any view."""
@@ -168,12 +180,7 @@ def _attend_item(item, head, ring, scratch, io, glob, tabs, qk_scale, strides,
     page_ids_ptr, page_loc_ptr, meta_ptr, work_ptr, num_splits_ptr = tabs
     stride_qb, stride_qh, stride_ob, stride_oh = strides
     heap_ptr = glob[0]
-    req, first, end, page_base = _item_work(item, work_ptr)
-    # Loaded now, tested at the end (a test here would wait on the load): a request of one split is whole,
-    # the count the merge reads to skip it.
-    req_splits = 1
-    if SPLIT:
-        req_splits = ttgl.load(num_splits_ptr + ttgl.maximum(req, 0))
+    req, first, end, page_base, req_splits = item_start(item, work_ptr, num_splits_ptr, SPLIT)
     if req >= 0:
         n_tiles = (end - first + N - 1) // N
         tables = (page_ids_ptr, page_loc_ptr, meta_ptr, page_base, end, head)

@@ -30,7 +30,7 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as ttgl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy, mbarrier
 
-from .decode import _item_work, _load_q, _q_operands, _ring, _slot
+from .decode import _item_work, _load_q, _q_operands, _ring, _slot, item_start
 from .epilogue import store_out
 from .lean import lean_scratch
 from .restore import _prepass, prepass_layout, tile_operands
@@ -140,10 +140,7 @@ def _consume(ring, ready, empty, scratch, io, glob, tabs, item, head, qk_scale, 
     q_ptr, out_ptr, o_part_ptr, lse_part_ptr, num_splits_ptr = io
     page_ids_ptr, page_loc_ptr, meta_ptr, work_ptr = tabs
     stride_qb, stride_qh, stride_ob, stride_oh = strides
-    req, first, end, page_base = _item_work(item, work_ptr)
-    req_splits = 1
-    if SPLIT:
-        req_splits = ttgl.load(num_splits_ptr + ttgl.maximum(req, 0))
+    req, first, end, page_base, req_splits = item_start(item, work_ptr, num_splits_ptr, SPLIT)
     if req >= 0:
         n_tiles = (end - first + N - 1) // N
         tables = (page_ids_ptr, page_loc_ptr, meta_ptr, page_base, end, head)
