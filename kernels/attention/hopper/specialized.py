@@ -38,11 +38,11 @@ from .ring import _PT, CODED, EMPTY, GATHER, RAW, issue_tile, meta_layout, tile_
 from .softmax import _M, attend_tile, final_state, init_state, kernel_mma_layout
 
 PRODUCER_WARPS = 4  # a worker partition is padded to a warpgroup anyway: every warp copies a page
-PRODUCER_REGS = 56  # registers a producer thread keeps; the consumers get the rest (ptxas checks it)
 PRODUCER_MAXNREG = 128  # registers a thread at launch: two programs of eight warps an SM
+PRODUCER_REGS = 56  # registers a producer thread keeps (setmaxnreg); the consumers get the rest
+PRODUCER_REGS_PREPASS = 104  # with the pre-pass: its code words and high bytes, ~40 more a thread
 _PW = ttgl.constexpr(PRODUCER_WARPS)  # Gluon reads globals only as constexpr
 _PREGS = ttgl.constexpr(PRODUCER_REGS)
-PRODUCER_REGS_PREPASS = 104  # with the pre-pass: its code words and high bytes, ~40 more a thread
 _PREGS_PREPASS = ttgl.constexpr(PRODUCER_REGS_PREPASS)
 
 
