@@ -160,7 +160,8 @@ def hopper_even_shares(env: Mapping[str, str] | None = None) -> bool:
 
 # The Hopper kernel's producer partition (hopper/specialized.py): "1" four producer warps load the page
 # tables and issue the copies, four consumer warps restore and multiply (64-token tiles, one page a consumer
-# warp, two programs of eight warps per SM: HOPPER_PRODUCER_CONFIG); "2" the producer warps also run each
+# warp, two programs of eight warps per SM: HOPPER_PRODUCER_CONFIG, taken where the batch fills that wave,
+# plan_shape.producer_fills); "2" the producer warps also run each
 # coded tile's pre-pass (codes to high bytes), so the consumers only load operands, multiply and take the
 # softmax; "0" (the default) decode.py's programs, whose warps do everything. Offline sm_90 at head_dim 128 a
 # consumer warp issues 387 ("1") or 199 ("2") SASS instructions a coded tile against 544 (docs/benchmarks.md);

@@ -41,7 +41,7 @@ from .decode_config import (
     kernel_config,
 )
 from .even_shares_triton import even_shares_triton
-from .plan_shape import MAX_SPLITS, even_shares_programs, hopper_shape, pair_slots, sm_count
+from .plan_shape import MAX_SPLITS, even_shares_programs, hopper_shape, pair_slots, producer_fills, sm_count
 from .split_plan import balanced_splits, even_split_tiles, program_items, work_items
 from .split_plan_triton import split_work_triton
 
@@ -147,10 +147,13 @@ def _producer_on() -> bool:
     return hopper_producer() > 0
 
 
-def _hopper_base(fmt: PageFormat) -> DecodeKernelConfig:
-    """The Hopper plan's shape: HOPPER_PRODUCER_CONFIG's with the producer partition on (head_dim 128, the
-    one it was built and compiled for; hopper/specialized.py), else HOPPER_CONFIG's."""
-    return HOPPER_PRODUCER_CONFIG if fmt.head_dim == 128 and _producer_on() else HOPPER_CONFIG
+def _hopper_base(fmt: PageFormat, batch: int, num_sms: int) -> DecodeKernelConfig:
+    """The Hopper plan's shape: HOPPER_PRODUCER_CONFIG's with the producer partition on, where the batch
+    fills its wave (plan_shape.producer_fills; head_dim 128, the one it was built and compiled for), else
+    HOPPER_CONFIG's."""
+    cfg = HOPPER_PRODUCER_CONFIG
+    fills = producer_fills(batch, fmt.num_kv_heads, num_sms, cfg.ctas_per_sm)
+    return cfg if fmt.head_dim == 128 and _producer_on() and fills else HOPPER_CONFIG
 
 
 def _even_shares(
@@ -226,7 +229,8 @@ def plan_decode(
     (split_plan.program_items); unset, where they pay when ``$ZIPKV_HOPPER_EVEN_SHARES`` is on."""
     batch = _check_batch(page_ids, page_indptr, kv_lens, fmt, num_q_heads)
     impl = decode_impl(impl, fmt, kv_lens.device)
-    base = config or (_hopper_base(fmt) if impl == "hopper" else kernel_config(fmt.head_dim))
+    sms = sm_count(num_sms, kv_lens.device)
+    base = config or (_hopper_base(fmt, batch, sms) if impl == "hopper" else kernel_config(fmt.head_dim))
     sizes = dict(block_n=block_n, num_warps=num_warps, num_stages=num_stages, twin_num_stages=twin_num_stages)
     cfg = _overridden(base, ctas_per_sm=ctas_per_sm, prefetch=prefetch, **sizes)
     device, hopper = kv_lens.device, impl == "hopper"

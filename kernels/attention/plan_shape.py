@@ -95,6 +95,21 @@ def even_shares_programs(
     return slots // kv_heads
 
 
+# The producer kernel (hopper/specialized.py) holds two programs an SM, eight consumer warps, against the
+# split cap's six two-warp programs (twelve). Where the batch leaves that wave's slots idle, the default
+# kernel's extra splits win (an H100, 2026-12-07: 55.1 against 71.9 us at 1 x 32768, 224.5 against 277.4 us
+# for a skewed batch of 18, docs/benchmarks.md). Where the batch fills the wave, the producer's tile does
+# (283.3 against 293.5 us at 32 x 8192, 381.1 against 395.6 us at 40 x 8448). The line sits between:
+# nine tenths of a wave.
+PRODUCER_MIN_FILL = 0.9
+
+
+def producer_fills(batch: int, kv_heads: int, num_sms: int, ctas_per_sm: int) -> bool:
+    """Whether a batch of ``batch`` requests fills PRODUCER_MIN_FILL of the producer kernel's wave (one
+    program per request and KV head, ``ctas_per_sm`` an SM)."""
+    return batch * kv_heads >= PRODUCER_MIN_FILL * num_sms * ctas_per_sm
+
+
 def sm_count(num_sms: int | None, device: torch.device) -> int:
     """``num_sms`` if given, else the device's (CPU_NUM_SMS for the interpreter)."""
     if num_sms is not None:

@@ -50,18 +50,21 @@ def _hopper_plan(
     return plan_decode(ids, indptr, lens, fmt, 32, num_sms=H200_SMS, **asked)
 
 
-@pytest.mark.parametrize("batch", [1, 32, 59, 64])
-def test_with_the_switch_on_the_plan_takes_the_producers_shape_at_head_dim_128(
-    batch: int, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize(("batch", "takes_it"), [(1, False), (18, False), (29, False), (30, True), (32, True),
+                                                (59, True), (64, True)])  # fmt: skip
+def test_with_the_switch_on_the_plan_takes_the_producers_shape_where_the_batch_fills_its_wave(
+    batch: int, takes_it: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Four consumer warps over 64-token tiles, planned for two programs an SM (splits where those would
-    leave slots idle), never the two-warp kernel's register cap or even shares; off, or at another
-    head_dim, the plan is the two-warp kernel's as before."""
+    """Four consumer warps over 64-token tiles, planned for two programs an SM (264 slots on 132 SMs, 8 KV
+    heads: batch >= 30 fills nine tenths of them), never the two-warp kernel's register cap or even shares;
+    a smaller batch, the switch off, or another head_dim: the two-warp kernel's plan as before."""
     plan = _hopper_plan(monkeypatch, 128, batch, True)
-    assert (plan.block_n, plan.num_warps) == (64, 4) and producer_launch.producer_fits(plan)
-    assert plan.maxnreg is None and plan.program_items is None
-    slots = H200_SMS * dc.HOPPER_PRODUCER_CONFIG.ctas_per_sm
-    assert plan.num_pairs * 8 >= min(slots, batch * 8 * dc.HOPPER_MAX_SPLITS)  # one wave's programs at least
+    assert producer_launch.producer_fits(plan) is takes_it
+    if takes_it:
+        assert (plan.block_n, plan.num_warps) == (64, 4)
+        assert plan.maxnreg is None and plan.program_items is None
+    else:
+        assert (plan.block_n, plan.num_warps) == (dc.HOPPER_CONFIG.block_n, dc.HOPPER_CONFIG.num_warps)
     off = _hopper_plan(monkeypatch, 128, batch, False)
     assert (off.block_n, off.num_warps) == (dc.HOPPER_CONFIG.block_n, dc.HOPPER_CONFIG.num_warps)
     assert not producer_launch.producer_fits(off)
