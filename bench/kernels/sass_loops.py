@@ -47,10 +47,11 @@ def _main_loop(insts: list[tuple[int, str]]) -> tuple[int, int]:
     return min(with_mma or every or [(0, -1)], key=lambda span: span[1] - span[0])
 
 
-def _loop_blocks(sass: str) -> list[list[str]]:
-    """The main loop's basic blocks (the last backward branch's body), each a list of instructions."""
+def _loop_blocks(sass: str, span: tuple[int, int] | None = None) -> list[list[str]]:
+    """The main loop's basic blocks (the last backward branch's body; or ``span``'s), each a list of
+    instructions."""
     insts = instructions(sass)
-    head, tail = _main_loop(insts)
+    head, tail = span or _main_loop(insts)
     body = [(a, t) for a, t in insts if head <= a <= tail]
     targets = {int(m.group(1), 16) for _, t in body if (m := _BRA.search(t))}
     blocks: list[list[tuple[int, str]]] = [[]]
@@ -67,40 +68,53 @@ def _ops(block: list[str]) -> dict[str, int]:
     return opcode_counts("".join(f"/*{line.split()[0]:0>4}*/ {line.split(' ', 1)[1]};" for line in block))
 
 
+def _paths(blocks: list[list[str]]) -> list[list[int]]:
+    """Every way through a loop's blocks from its head to its backward branch (the loop's branches all go
+    forward but the last; one out of the loop, an mbarrier wait's retry placed after the kernel, is taken
+    rarely and not followed)."""
+    first = {int(b[0].split()[0], 16): i for i, b in enumerate(blocks)}
+    head = int(blocks[0][0].split()[0], 16)
+    found: list[list[int]] = []
+
+    def walk(i: int, path: list[int]) -> None:
+        path = [*path, i]
+        last = blocks[i][-1].split(" ", 1)[1]
+        m = _BRA.search(last)
+        if m and int(m.group(1), 16) == head:
+            found.append(path)
+        elif m and int(m.group(1), 16) in first:
+            walk(first[int(m.group(1), 16)], path)
+        if (not m or last.startswith("@")) and i + 1 < len(blocks):
+            walk(i + 1, path)
+
+    walk(0, [])
+    return found
+
+
+def _total(ops: list[dict[str, int]], path: list[int]) -> dict[str, int]:
+    total: dict[str, int] = {}
+    for j in path:
+        for k, v in ops[j].items():
+            total[k] = total.get(k, 0) + v
+    return total
+
+
 def coded_tile(sass: str) -> dict[str, object]:
     """Instructions one warp issues for a tile read the common way (every page coded: the coded copies of
     a tile ahead, the pre-pass, the attention), over each path through the main loop that takes those
     blocks and not the gather's: the fewest (a full tile; with the lazy rescale, its rescale skipped) and
     the most (a split's last tile, or rescaled), and the fewest by opcode."""
     blocks = _loop_blocks(sass)
-    first = {int(b[0].split()[0], 16): i for i, b in enumerate(blocks)}
     ops = [_ops(b) for b in blocks]
     found: list[tuple[int, dict[str, int], list[int], bool]] = []
-
-    def walk(i: int, path: list[int]) -> None:  # the loop's branches all go forward but the last
-        path = [*path, i]
-        last = blocks[i][-1].split(" ", 1)[1]
-        m = _BRA.search(last)
-        if m and int(m.group(1), 16) == int(blocks[0][0].split()[0], 16):
-            # the pre-pass reads and writes shared memory outside the attention (MMAs, softmax exchanges);
-            # the gather writes what it loaded
-            attend = ("HMMA", "MUFU", "FMNMX")
-            shared = [
-                ("LDS" in ops[j], "STS" in ops[j]) for j in path if not any(a in ops[j] for a in attend)
-            ]
-            if (False, True) not in shared:
-                total: dict[str, int] = {}
-                for j in path:
-                    for k, v in ops[j].items():
-                        total[k] = total.get(k, 0) + v
-                found.append((total.get("LDGSTS", 0), total, path, (True, True) in shared))
-        elif m and int(m.group(1), 16) in first:
-            walk(first[int(m.group(1), 16)], path)
-        # a branch out of the loop (an mbarrier wait's retry, placed after the kernel) is taken rarely
-        if (not m or last.startswith("@")) and i + 1 < len(blocks):
-            walk(i + 1, path)
-
-    walk(0, [])
+    for path in _paths(blocks):
+        # the pre-pass reads and writes shared memory outside the attention (MMAs, softmax exchanges); the
+        # gather writes what it loaded
+        attend = ("HMMA", "MUFU", "FMNMX")
+        shared = [("LDS" in ops[j], "STS" in ops[j]) for j in path if not any(a in ops[j] for a in attend)]
+        if (False, True) not in shared:
+            total = _total(ops, path)
+            found.append((total.get("LDGSTS", 0), total, path, (True, True) in shared))
     # the paths through a pre-pass, or where the producer warps run it (specialized.py's PREPASS) every path
     # that does not gather
     found = [f for f in found if f[3]] or found
@@ -137,7 +151,8 @@ def _phase(ops: dict[str, int]) -> str:
 
 def producer_loop(sass: str) -> dict[str, object]:
     """The producer partition's tile loop (hopper/specialized.py): the innermost loop that copies (LDGSTS)
-    and multiplies nothing; its instructions in all, over every way through it, and by opcode."""
+    and multiplies nothing; its instructions in all, over every way through it, and by opcode, and its
+    coded tile's way through it (:func:`_producer_coded_path`)."""
     insts = instructions(sass)
     every, with_mma = loops(insts)
     copying = [
@@ -149,4 +164,24 @@ def producer_loop(sass: str) -> dict[str, object]:
     head, tail = min(copying, key=lambda span: span[1] - span[0])
     body = "".join(f"/*{a:04x}*/ {x};" for a, x in insts if head <= a <= tail)
     ops = opcode_counts(body)
-    return {"instructions": sum(ops.values()), "ops": ops}
+    return {
+        "instructions": sum(ops.values()),
+        "ops": ops,
+        "coded_path": _producer_coded_path(sass, (head, tail)),
+    }
+
+
+def _producer_coded_path(sass: str, span: tuple[int, int]) -> dict[str, object]:
+    """A producer warp's way through its loop for a coded tile: the most copies (a coded tile's, both
+    sides' planes and patches) and, where it runs the pre-pass (PREPASS), through it; the fewest
+    instructions of those, and by opcode."""
+    blocks = _loop_blocks(sass, span)
+    ops = [_ops(b) for b in blocks]
+    totals = [_total(ops, p) for p in _paths(blocks)]
+    if not totals:
+        return {}
+    most = max(t.get("LDGSTS", 0) for t in totals)
+    coded = [t for t in totals if t.get("LDGSTS", 0) == most]
+    coded = [t for t in coded if "STS" in t] or coded
+    fewest = min(coded, key=lambda t: sum(t.values()))
+    return {"instructions": sum(fewest.values()), "ops": dict(sorted(fewest.items(), key=lambda kv: -kv[1]))}

@@ -213,6 +213,10 @@ def test_the_producer_kernel_compiles_for_sm90_with_its_copies_off_the_consumer_
     tile, b_tile = producer[128]["coded_tile"], base["coded_tile"]
     assert isinstance(tile, dict) and isinstance(b_tile, dict)
     assert tile["fewest"] <= 0.8 * b_tile["fewest"], (tile["fewest"], b_tile["fewest"])
+    # A producer warp's coded tile (its copies and table loads of one page, 243 offline) stays shorter
+    # than a consumer warp's: the consumers remain the chain that sets the pace.
+    loop = producer[128]["producer_loop"]
+    assert isinstance(loop, dict) and 0 < loop["coded_path"]["instructions"] < tile["fewest"], loop
 
 
 def test_the_producer_warps_can_take_the_pre_pass_too() -> None:
@@ -232,5 +236,7 @@ def test_the_producer_warps_can_take_the_pre_pass_too() -> None:
     assert prepass["loop_local_accesses"] == 0 and prepass["stack_bytes"] == 0, prepass
     loop = prepass["producer_loop"]
     assert isinstance(loop, dict) and loop["ops"].get("STS", 0) > 0  # the pre-pass's stores: on the producer
+    # and with it the producer warp's coded tile (443 offline) is the longer chain, the consumers' the shorter
+    assert loop["coded_path"]["instructions"] > tile["fewest"], (loop["coded_path"], tile["fewest"])
     regs = prepass["setmaxnreg"]
     assert isinstance(regs, dict) and 104 in regs["inc"] and 152 in regs["dec"], regs
