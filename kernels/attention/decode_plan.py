@@ -142,18 +142,23 @@ def _even_shares_on() -> bool:
 
 
 @lru_cache(maxsize=1)
-def _producer_on() -> bool:
-    """``$ZIPKV_HOPPER_PRODUCER`` set to 1 or 2, read once per process (as the even shares above)."""
-    return hopper_producer() > 0
+def producer_mode() -> int:
+    """``$ZIPKV_HOPPER_PRODUCER`` (0, 1, 2), read once per process (as the even shares above); the plan and
+    the Hopper launch (hopper/producer_launch.py) both read it here."""
+    return hopper_producer()
 
 
-def _hopper_base(fmt: PageFormat, batch: int, num_sms: int) -> DecodeKernelConfig:
+def _hopper_base(
+    fmt: PageFormat, batch: int, num_sms: int | None, device: torch.device
+) -> DecodeKernelConfig:
     """The Hopper plan's shape: HOPPER_PRODUCER_CONFIG's with the producer partition on, where the batch
     fills its wave (plan_shape.producer_fills; head_dim 128, the one it was built and compiled for), else
-    HOPPER_CONFIG's."""
+    HOPPER_CONFIG's. The SM count is asked for only then: a plan is built every step."""
     cfg = HOPPER_PRODUCER_CONFIG
-    fills = producer_fills(batch, fmt.num_kv_heads, num_sms, cfg.ctas_per_sm)
-    return cfg if fmt.head_dim == 128 and _producer_on() and fills else HOPPER_CONFIG
+    if fmt.head_dim != 128 or not producer_mode():
+        return HOPPER_CONFIG
+    fills = producer_fills(batch, fmt.num_kv_heads, sm_count(num_sms, device), cfg.ctas_per_sm)
+    return cfg if fills else HOPPER_CONFIG
 
 
 def _even_shares(
@@ -229,11 +234,10 @@ def plan_decode(
     (split_plan.program_items); unset, where they pay when ``$ZIPKV_HOPPER_EVEN_SHARES`` is on."""
     batch = _check_batch(page_ids, page_indptr, kv_lens, fmt, num_q_heads)
     impl = decode_impl(impl, fmt, kv_lens.device)
-    sms = sm_count(num_sms, kv_lens.device)
-    base = config or (_hopper_base(fmt, batch, sms) if impl == "hopper" else kernel_config(fmt.head_dim))
+    device, hopper = kv_lens.device, impl == "hopper"
+    base = config or (_hopper_base(fmt, batch, num_sms, device) if hopper else kernel_config(fmt.head_dim))
     sizes = dict(block_n=block_n, num_warps=num_warps, num_stages=num_stages, twin_num_stages=twin_num_stages)
     cfg = _overridden(base, ctas_per_sm=ctas_per_sm, prefetch=prefetch, **sizes)
-    device, hopper = kv_lens.device, impl == "hopper"
     free = hopper and config is None and ctas_per_sm is None and max_splits is None and programs is None
     if free and _even_shares_on():  # where equal requests would leave slots idle (plan_shape.py)
         programs = even_shares_programs(cfg, batch, fmt.num_kv_heads, fmt.head_dim, sm_count(num_sms, device))

@@ -45,7 +45,7 @@ def _hopper_plan(
     ids = torch.arange(int(pages.sum()), dtype=torch.int32)
     fmt = PageFormat(head_dim=head_dim, num_kv_heads=8, version=3)
     monkeypatch.setattr(decode_plan, "decode_impl", lambda impl, fmt, device: "hopper")
-    monkeypatch.setattr(decode_plan, "_producer_on", lambda: producer_on)
+    monkeypatch.setattr(decode_plan, "producer_mode", lambda: int(producer_on))
     monkeypatch.setattr(decode_plan, "_even_shares_on", lambda: True)
     return plan_decode(ids, indptr, lens, fmt, 32, num_sms=H200_SMS, **asked)
 
@@ -104,7 +104,7 @@ def test_the_launch_takes_the_producer_where_asked_and_its_plan_fits(
 ) -> None:
     asked_shape = {"num_warps": 4, "block_n": 64, **shape}
     plan = _hopper_plan(monkeypatch, 128, 4, False, **asked_shape)
-    monkeypatch.setattr(producer_launch, "_default_producer", lambda: env)
+    monkeypatch.setattr(producer_launch, "producer_mode", lambda: env)
     if isinstance(expected, str):
         with pytest.raises(ValueError, match=expected):
             producer_launch.producer_choice(plan, asked, options, timing)

@@ -1,23 +1,13 @@
 """The launch of the Hopper decode kernel with a producer partition (specialized.py beside this): whether a
-plan runs it, and its launch and merge. launch.py's decode_attention_hopper calls these."""
+plan runs it, and its launch (launch.py's decode_attention_hopper calls these, and merges the splits)."""
 
 from __future__ import annotations
-
-from functools import lru_cache
 
 import torch
 
 from ...format.layout import PAGE_TOKENS
-from ..decode_config import hopper_producer
-from ..decode_plan import DecodePlan
+from ..decode_plan import DecodePlan, producer_mode
 from .specialized import PRODUCER_MAXNREG, _decode_hopper_producer_kernel
-
-
-@lru_cache(maxsize=1)
-def _default_producer() -> int:
-    """``$ZIPKV_HOPPER_PRODUCER`` (0, 1, 2), read once per process: the launch runs for every layer of every
-    step (the worker reads it at start-up too, so a malformed value stops it there)."""
-    return hopper_producer()
 
 
 def producer_fits(plan: DecodePlan) -> bool:
@@ -30,15 +20,16 @@ def producer_choice(
     plan: DecodePlan, asked: int | None, options: tuple[bool, bool, bool], timing: bool
 ) -> int:
     """The producer kernel's mode as asked (0 none, 1 copies, 2 copies and the pre-pass), else
-    ``$ZIPKV_HOPPER_PRODUCER``'s where the plan fits it; refused, loudly, with what it does not run
-    (``options``: _tile_options's)."""
-    mode = (_default_producer() if producer_fits(plan) else 0) if asked is None else int(asked)
+    ``$ZIPKV_HOPPER_PRODUCER``'s (decode_plan.producer_mode, read once per process) where the plan fits
+    it; refused, loudly, with what it does not run (``options``: _tile_options's)."""
+    fits = producer_fits(plan)
+    mode = (producer_mode() if fits else 0) if asked is None else int(asked)
     if mode not in (0, 1, 2):
         raise ValueError(f"producer must be 0, 1 or 2, got {asked!r}")
     if not mode:
         return 0
     warp_softmax, lazy_rescale, _ = options
-    if not producer_fits(plan):
+    if not fits:
         raise ValueError(
             f"the producer kernel runs 64-token tiles over 4 warps, one item a program: this plan has "
             f"block_n {plan.block_n}, {plan.num_warps} warps"
