@@ -237,25 +237,31 @@ def map_in_processes(fn: Callable[[int], R], items: Iterable[int], jobs: int) ->
             yield futures[fut], fut.result()
 
 
+def check_inputs(i: int) -> tuple[dict, torch.Tensor, float, torch.Tensor]:  # type: ignore[type-arg]
+    """Case ``i`` of CHECKS built: (its pages, the queries, the softmax scale, the float64 reference), the
+    same in any process."""
+    lens, h, d, group, raw_mid, shuffle, outliers, _ = CHECKS[i]
+    torch.manual_seed(i)
+    case = make_case(lens, h, d, group, seed=i, raw_mid=raw_mid, shuffle=shuffle, outliers=outliers)
+    q = torch.randn(len(lens), h * group, d, device="cuda").to(torch.bfloat16)
+    scale = 1 / math.sqrt(d)
+    refo = decode_attention_reference(q, case["pages"], case["page_ids"], case["indptr"], case["lens"], scale)
+    return case, q, scale, refo
+
+
 def check_one(i: int) -> dict[str, object]:
     """Case ``i`` of CHECKS: v3 pages against raw pages and the gather path, bit for bit, and against the
     float64 reference; the per-warp softmax, even shares, the producer partition and (WARP_CHECKS) 1 and 2
     warps a program."""
-    lens, h, d, group, raw_mid, shuffle, outliers, splits = CHECKS[i]
+    lens, h, d, group, raw_mid, _, _, splits = CHECKS[i]
     rec: dict[str, object] = dict(
         lens=lens, kv_heads=h, head_dim=d, group=group, raw_mid=raw_mid, max_splits=splits
     )
-    torch.manual_seed(i)  # the same queries in any process
     try:
-        case = make_case(lens, h, d, group, seed=i, raw_mid=raw_mid, shuffle=shuffle, outliers=outliers)
-        q = torch.randn(len(lens), h * group, d, device="cuda").to(torch.bfloat16)
-        scale = 1 / math.sqrt(d)
+        case, q, scale, refo = check_inputs(i)
         got = run_case(case, q, scale, splits, compressed=True)
         twin = run_case(case, q, scale, splits, compressed=False)
         gathered = run_case(case, q, scale, splits, compressed=True, gather_all=True)
-        refo = decode_attention_reference(
-            q, case["pages"], case["page_ids"], case["indptr"], case["lens"], scale
-        )
         err = rel_err(got, refo)
         twin_err = rel_err(twin, refo)
         same = same_bits(got, twin)

@@ -13,33 +13,25 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 import time
 import traceback
 
 import torch
 
-from bench.kernels.hopper_cases import CHECKS, _producer_check, make_case
-from zipkv.kernels.reference.attention import decode_attention_reference
+from bench.kernels.hopper_cases import CHECKS, _producer_check, check_inputs
 
 # every page raw, partial tiles only, raw blocks and splits, 8 KV heads, group 8 (hopper_cases.CHECKS)
 DEFAULT_CASES = "0,1,3,4,5"
 
 
 def smoke_case(i: int) -> dict[str, object]:
-    """Case ``i`` of hopper_cases.CHECKS through the producer kernel, as hopper_cases.check_one builds it."""
-    lens, h, d, group, raw_mid, shuffle, outliers, splits = CHECKS[i]
+    """Case ``i`` of hopper_cases.CHECKS through the producer kernel, built as check_one builds it."""
+    lens, h, d, group, _, _, _, splits = CHECKS[i]
     rec: dict[str, object] = dict(case=i, lens=lens, kv_heads=h, head_dim=d, group=group, max_splits=splits)
-    torch.manual_seed(i)
     start = time.monotonic()
     try:
-        case = make_case(lens, h, d, group, seed=i, raw_mid=raw_mid, shuffle=shuffle, outliers=outliers)
-        q = torch.randn(len(lens), h * group, d, device="cuda").to(torch.bfloat16)
-        scale = 1 / math.sqrt(d)
-        refo = decode_attention_reference(
-            q, case["pages"], case["page_ids"], case["indptr"], case["lens"], scale
-        )
+        case, q, scale, refo = check_inputs(i)
         rec.update(_producer_check(case, q, scale, splits, refo))
     except Exception as exc:  # the error is the finding: record it and go on to the next case
         rec.update(ok=False, error=f"{type(exc).__name__}: {exc}"[:1000], tb=traceback.format_exc()[-2000:])
