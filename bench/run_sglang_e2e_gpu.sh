@@ -46,6 +46,13 @@ else
   DEFAULT_RUNS="zipkv:m2:offline:200,zipkv_uncompressed:m2:offline:130,triton:m2:offline:130,flashinfer:m2:offline"
 fi
 RUNS=${RUNS:-$DEFAULT_RUNS}
+# FlashInfer's prefill JIT for the zipkv worker, built beside the servers' start instead of inside the first
+# zipkv run's first extend (minutes on a fresh machine; bench/serving/warm_prefill.py). Its log: prefill_warm.log.
+case ",$RUNS" in
+  *,zipkv*) if [ "${ZIPKV_PREFILL_KERNEL:-auto}" != triton ]; then
+      python3 -m bench.serving.warm_prefill --model .carry/llama31_8b >"$OUT/prefill_warm.log" 2>&1 &
+    fi ;;
+esac
 # MERGE_WITH=FILE: add this call's runs to an earlier call's record (e.g. FlashInfer after zipkv, when the
 # three offline runs of a cold machine do not fit one call).
 if [ -n "${MERGE_WITH:-}" ]; then cp "$MERGE_WITH" "$OUT/sglang_e2e.json" && MERGE=(--merge); fi
