@@ -20,7 +20,7 @@
 # Duration (H200, 2026-11-30, call 1 ran SGLang engines so the JIT caches were warm): 103 s in all; Ray up
 # in 7.7 s, the replica's first report 64.5 s after serve.run, both requests < 1 s, stop 3 s. Cold caches
 # (call 1 only extracted SGLang) add ~190 s of nvcc JIT inside the replica, inside READY_S and the 420 s
-# overall deadline.
+# overall deadline; FlashInfer's prefill modules, part of that, now build in the background from the start.
 set -uo pipefail
 T0=$(date +%s)
 OUT=${OUT:?set OUT to a folder for the JSON record and logs}
@@ -64,6 +64,11 @@ if [ -n "$PYPATH" ]; then  # a bare machine: zipkv itself (the `zipkv` module na
 fi
 step "versions: $(timeout 60 python3 -c 'import ray, grpc, google.protobuf as p; print("ray", ray.__version__, "grpcio", grpc.__version__, "protobuf", p.__version__)')"
 [ "$ENGINE" = sglang ] && nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used --format=csv,noheader
+# FlashInfer's prefill JIT for the worker, built beside Ray's and the replica's start instead of inside the first
+# request (minutes on a fresh machine; bench/serving/warm_prefill.py). Its log: prefill_warm.log.
+if [ "$ENGINE" = sglang ] && [ "${ZIPKV_PREFILL_KERNEL:-auto}" != triton ]; then
+  python3 -m bench.serving.warm_prefill --model "$MODEL" >"$OUT/prefill_warm.log" 2>&1 &
+fi
 
 LEFT=$(( ${DEADLINE_S:-420} - ($(date +%s) - T0) ))
 step "starting router + Ray Serve replica (engine $ENGINE${DRILL:+, drill $DRILL}); deadline ${LEFT}s"

@@ -1,4 +1,4 @@
-"""The prefill warm-up's model shape, and when the SGLang end-to-end script starts it (its GPU half,
+"""The prefill warm-up's model shape, and when the SGLang end-to-end and Ray Serve scripts start it (its GPU half,
 FlashInfer's build, runs only on the GPU machine)."""
 
 from __future__ import annotations
@@ -41,11 +41,11 @@ def test_the_benchmarked_model_is_llama_8b_shaped(tmp_path: Path) -> None:
     assert model_heads(tmp_path) == (32, 8, 128)
 
 
-def _starts(tmp_path: Path, runs: str, prefill_kernel: str | None) -> bool:
-    """Run the script's warm-up block under bash with a stand-in python3; whether it was called."""
-    script = (ROOT / "bench/run_sglang_e2e_gpu.sh").read_text()
-    block = re.search(r'\ncase ",\$RUNS" in\n.*?\nesac\n', script, re.S)
-    assert block, "the warm-up's case block is gone from run_sglang_e2e_gpu.sh"
+def _starts(tmp_path: Path, script: str, block_re: str, env_set: dict[str, str]) -> list[str] | None:
+    """Run a script's warm-up block under bash with a stand-in python3: its arguments, None if not called."""
+    text = (ROOT / "bench" / script).read_text()
+    block = re.search(block_re, text, re.S)
+    assert block, f"the warm-up's block is gone from bench/{script}"
     stub = tmp_path / "bin" / "python3"
     stub.parent.mkdir(exist_ok=True)
     called = tmp_path / "called"
@@ -53,14 +53,16 @@ def _starts(tmp_path: Path, runs: str, prefill_kernel: str | None) -> bool:
     stub.write_text(f'#!/bin/bash\necho "$@" > {called}\n')
     stub.chmod(0o755)
     env = {k: v for k, v in os.environ.items() if k != "ZIPKV_PREFILL_KERNEL"}
-    env.update(PATH=f"{stub.parent}:{env['PATH']}", OUT=str(tmp_path), RUNS=runs)
-    if prefill_kernel is not None:
-        env["ZIPKV_PREFILL_KERNEL"] = prefill_kernel
+    env.update(PATH=f"{stub.parent}:{env['PATH']}", OUT=str(tmp_path), **env_set)
     subprocess.run(["bash", "-c", block.group(0) + "wait\n"], env=env, check=True, timeout=30)
-    if not called.exists():
-        return False
-    assert called.read_text().split() == ["-m", "bench.serving.warm_prefill", "--model", ".carry/llama31_8b"]
-    return True
+    return called.read_text().split() if called.exists() else None
+
+
+E2E_BLOCK = r'\ncase ",\$RUNS" in\n.*?\nesac\n'
+RAY_BLOCK = (
+    r'\nif \[ "\$ENGINE" = sglang \] && \[ "\$\{ZIPKV_PREFILL_KERNEL:-auto\}" != triton \]; then\n.*?\nfi\n'
+)
+WARM = ["-m", "bench.serving.warm_prefill", "--model", ".carry/llama31_8b"]
 
 
 @pytest.mark.parametrize(
@@ -77,4 +79,22 @@ def _starts(tmp_path: Path, runs: str, prefill_kernel: str | None) -> bool:
 def test_the_e2e_script_starts_it_for_zipkv_runs_on_flashinfer_prefill(
     tmp_path: Path, runs: str, prefill_kernel: str | None, want: bool
 ) -> None:
-    assert _starts(tmp_path, runs, prefill_kernel) is want
+    env = {"RUNS": runs, **({"ZIPKV_PREFILL_KERNEL": prefill_kernel} if prefill_kernel else {})}
+    assert _starts(tmp_path, "run_sglang_e2e_gpu.sh", E2E_BLOCK, env) == (WARM if want else None)
+
+
+@pytest.mark.parametrize(
+    ("engine", "prefill_kernel", "want"),
+    [
+        ("sglang", None, True),
+        ("sglang", "flashinfer", True),
+        ("sglang", "triton", False),
+        ("reference", None, False),
+    ],
+)
+def test_the_ray_serve_script_starts_it_for_the_sglang_engine(
+    tmp_path: Path, engine: str, prefill_kernel: str | None, want: bool
+) -> None:
+    env = {"ENGINE": engine, "MODEL": ".carry/llama31_8b"}
+    env.update({"ZIPKV_PREFILL_KERNEL": prefill_kernel} if prefill_kernel else {})
+    assert _starts(tmp_path, "run_ray_serve_gpu.sh", RAY_BLOCK, env) == (WARM if want else None)
