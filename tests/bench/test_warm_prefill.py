@@ -1,5 +1,5 @@
-"""The prefill warm-up's model shape, and when the SGLang end-to-end and Ray Serve scripts start it (its GPU half,
-FlashInfer's build, runs only on the GPU machine)."""
+"""The prefill warm-up's model shape, and when the SGLang end-to-end and Ray Serve scripts start it (its
+GPU half, FlashInfer's build, runs only on the GPU machine)."""
 
 from __future__ import annotations
 
