@@ -20,8 +20,7 @@ from pathlib import Path
 
 import torch
 
-from zipkv.kernels.format.layout import PAGE_TOKENS
-from zipkv.worker.engines.sglang.flashinfer_prefill import FlashInferPrefill, PrefixPages
+from zipkv.worker.engines.sglang.flashinfer_prefill import PAGE_TOKENS, FlashInferPrefill, PrefixPages
 
 
 def model_heads(model_dir: Path) -> tuple[int, int, int]:
