@@ -43,7 +43,7 @@ def warm(q_heads: int, kv_heads: int, head_dim: int, device: torch.device) -> di
     for name, prefix in (("ragged", None), ("paged", PrefixPages([1, 1], [PAGE_TOKENS, 5]))):
         t0 = time.monotonic()
         prefill.plan(qo_indptr, prefix)
-        out = prefill.run(q, k, k, head_dim**-0.5, pages if prefix else None)
+        out = prefill.run(q, k, k, head_dim**-0.5, pages if prefix is not None else None)
         torch.cuda.synchronize(device)
         if not bool(torch.isfinite(out.float()).all()):
             raise RuntimeError(f"FlashInfer's {name} prefill gave non-finite values on random inputs")
