@@ -20,15 +20,15 @@ from pathlib import Path
 
 import torch
 
+from zipkv.worker.checkpoint import model_shape, read_config
 from zipkv.worker.engines.sglang.flashinfer_prefill import PAGE_TOKENS, FlashInferPrefill, PrefixPages
 
 
 def model_heads(model_dir: Path) -> tuple[int, int, int]:
-    """(query heads, KV heads, head_dim) from a Hugging Face config.json."""
-    cfg = json.loads((model_dir / "config.json").read_text())
-    q_heads = int(cfg["num_attention_heads"])
-    head_dim = int(cfg.get("head_dim") or cfg["hidden_size"] // q_heads)
-    return q_heads, int(cfg.get("num_key_value_heads", q_heads)), head_dim
+    """(query heads, KV heads, head_dim) from a Hugging Face config.json, read as the worker reads it."""
+    cfg = read_config(model_dir)
+    shape = model_shape(cfg)
+    return int(cfg["num_attention_heads"]), shape.num_kv_heads, shape.head_dim
 
 
 def warm(q_heads: int, kv_heads: int, head_dim: int, device: torch.device) -> dict[str, float]:

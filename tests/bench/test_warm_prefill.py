@@ -31,7 +31,10 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_model_heads_reads_the_config(
     tmp_path: Path, cfg: dict[str, int], want: tuple[int, int, int]
 ) -> None:
-    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    # the fields every config the worker reads has besides the heads (worker/checkpoint.py's model_shape)
+    (tmp_path / "config.json").write_text(
+        json.dumps({"num_hidden_layers": 2, "max_position_embeddings": 4096, **cfg})
+    )
     assert model_heads(tmp_path) == want
 
 
